@@ -1,0 +1,238 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Org is an organization: the unit of ownership and isolation.
+type Org struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	MaxSandboxes int       `json:"max_sandboxes"`
+	MaxRunning   int       `json:"max_running"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// APIKey describes an API key. The secret itself is never stored.
+type APIKey struct {
+	ID        string     `json:"id"`
+	OrgID     string     `json:"org_id"`
+	Name      string     `json:"name"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// Default quotas for a new organization.
+const (
+	DefaultMaxSandboxes = 50
+	DefaultMaxRunning   = 20
+)
+
+// keyPrefix starts every API key secret, so a leaked key is recognisable.
+const keyPrefix = "hl_"
+
+// CreateOrg creates an organization. A zero quota takes the default.
+func (s *Store) CreateOrg(ctx context.Context, name string, maxSandboxes, maxRunning int) (Org, error) {
+	if maxSandboxes == 0 {
+		maxSandboxes = DefaultMaxSandboxes
+	}
+	if maxRunning == 0 {
+		maxRunning = DefaultMaxRunning
+	}
+	o := Org{ID: NewID("org"), Name: name, MaxSandboxes: maxSandboxes, MaxRunning: maxRunning, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
+	_, err := s.write.ExecContext(ctx, `INSERT INTO orgs (id, name, max_sandboxes, max_running, created_at) VALUES (?, ?, ?, ?, ?)`,
+		o.ID, o.Name, o.MaxSandboxes, o.MaxRunning, ms(o.CreatedAt))
+	if isUnique(err) {
+		return Org{}, fmt.Errorf("create org %q: %w", name, ErrConflict)
+	}
+	if err != nil {
+		return Org{}, fmt.Errorf("create org: %w", err)
+	}
+	return o, nil
+}
+
+// SetQuota changes an organization's quotas.
+func (s *Store) SetQuota(ctx context.Context, orgID string, maxSandboxes, maxRunning int) error {
+	res, err := s.write.ExecContext(ctx, `UPDATE orgs SET max_sandboxes = ?, max_running = ? WHERE id = ?`, maxSandboxes, maxRunning, orgID)
+	if err != nil {
+		return fmt.Errorf("set quota: %w", err)
+	}
+	return affected(res, "org")
+}
+
+// Org returns one organization by id or name.
+func (s *Store) Org(ctx context.Context, idOrName string) (Org, error) {
+	var o Org
+	var created int64
+	err := s.read.QueryRowContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs WHERE id = ? OR name = ?`, idOrName, idOrName).
+		Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Org{}, fmt.Errorf("org %q: %w", idOrName, ErrNotFound)
+	}
+	if err != nil {
+		return Org{}, fmt.Errorf("get org: %w", err)
+	}
+	o.CreatedAt = fromMS(created)
+	return o, nil
+}
+
+// Orgs lists every organization by name.
+func (s *Store) Orgs(ctx context.Context) ([]Org, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list orgs: %w", err)
+	}
+	defer rows.Close()
+	var out []Org
+	for rows.Next() {
+		var o Org
+		var created int64
+		if err := rows.Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created); err != nil {
+			return nil, err
+		}
+		o.CreatedAt = fromMS(created)
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
+// CreateKey issues a new API key for an organization and returns it with its
+// secret, which is shown to the caller once and never stored.
+func (s *Store) CreateKey(ctx context.Context, orgID, name string) (APIKey, string, error) {
+	secret := newSecret()
+	k := APIKey{ID: NewID("key"), OrgID: orgID, Name: name, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
+	_, err := s.write.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, ?, ?, ?)`,
+		k.ID, k.OrgID, k.Name, hashKey(secret), ms(k.CreatedAt))
+	if err != nil {
+		if strings.Contains(err.Error(), "FOREIGN KEY") {
+			return APIKey{}, "", fmt.Errorf("create key: org %q: %w", orgID, ErrNotFound)
+		}
+		return APIKey{}, "", fmt.Errorf("create key: %w", err)
+	}
+	return k, secret, nil
+}
+
+// Authenticate returns the live key whose secret is given. Any failure,
+// including a revoked key, is ErrNotFound.
+func (s *Store) Authenticate(ctx context.Context, secret string) (APIKey, error) {
+	if !strings.HasPrefix(secret, keyPrefix) {
+		return APIKey{}, ErrNotFound
+	}
+	var k APIKey
+	var created int64
+	err := s.read.QueryRowContext(ctx, `SELECT id, org_id, name, created_at FROM api_keys WHERE hash = ? AND revoked_at IS NULL`, hashKey(secret)).
+		Scan(&k.ID, &k.OrgID, &k.Name, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return APIKey{}, ErrNotFound
+	}
+	if err != nil {
+		return APIKey{}, fmt.Errorf("authenticate: %w", err)
+	}
+	k.CreatedAt = fromMS(created)
+	return k, nil
+}
+
+// Keys lists an organization's keys.
+func (s *Store) Keys(ctx context.Context, orgID string) ([]APIKey, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT id, org_id, name, created_at, revoked_at FROM api_keys WHERE org_id = ? ORDER BY created_at, id`, orgID)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		var k APIKey
+		var created int64
+		var revoked sql.NullInt64
+		if err := rows.Scan(&k.ID, &k.OrgID, &k.Name, &created, &revoked); err != nil {
+			return nil, err
+		}
+		k.CreatedAt, k.RevokedAt = fromMS(created), fromNullMS(revoked)
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeKey revokes one of an organization's keys.
+func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string) error {
+	res, err := s.write.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND org_id = ? AND revoked_at IS NULL`, ms(s.now()), keyID, orgID)
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	return affected(res, "key")
+}
+
+// Setting returns a deployment setting, or ErrNotFound.
+func (s *Store) Setting(ctx context.Context, key string) (string, error) {
+	var v string
+	err := s.read.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	return v, err
+}
+
+// Bootstrap creates the admin organization and its first key when no
+// organization exists yet, and records that it did, in one transaction. It
+// returns the secret, or "" when the deployment was already bootstrapped.
+func (s *Store) Bootstrap(ctx context.Context, orgName string) (Org, string, error) {
+	var org Org
+	var secret string
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM orgs) + (SELECT count(*) FROM settings WHERE key = 'bootstrapped_at')`).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+		now := s.now().UTC().Truncate(time.Millisecond)
+		org = Org{ID: NewID("org"), Name: orgName, MaxSandboxes: DefaultMaxSandboxes, MaxRunning: DefaultMaxRunning, CreatedAt: now}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (id, name, max_sandboxes, max_running, created_at) VALUES (?, ?, ?, ?, ?)`,
+			org.ID, org.Name, org.MaxSandboxes, org.MaxRunning, ms(now)); err != nil {
+			return err
+		}
+		secret = newSecret()
+		if _, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, 'admin', ?, ?)`,
+			NewID("key"), org.ID, hashKey(secret), ms(now)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO settings (key, value) VALUES ('bootstrapped_at', ?)`, now.Format(time.RFC3339Nano))
+		return err
+	})
+	if err != nil {
+		return Org{}, "", fmt.Errorf("bootstrap: %w", err)
+	}
+	return org, secret, nil
+}
+
+// newSecret returns a fresh API key secret: the prefix and 256 random bits.
+func newSecret() string {
+	raw := make([]byte, 32)
+	rand.Read(raw)
+	return keyPrefix + base64.RawURLEncoding.EncodeToString(raw)
+}
+
+func hashKey(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+func affected(res sql.Result, what string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	return nil
+}

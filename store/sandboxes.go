@@ -1,0 +1,461 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// State is a sandbox's observed state. Only the status mirror (and the
+// explicit failure of a cluster write) sets it; see docs/states.md.
+type State string
+
+// The states of DESIGN.md, plus failed: the cluster refused the write that
+// would have made the sandbox, so it never existed there.
+const (
+	StatePending     State = "pending"
+	StateStarting    State = "starting"
+	StateRunning     State = "running"
+	StateStopping    State = "stopping"
+	StateStopped     State = "stopped"
+	StateExited      State = "exited"
+	StateExpired     State = "expired"
+	StateDeleted     State = "deleted"
+	StateLost        State = "lost"
+	StateAttention   State = "attention"
+	StateQuarantined State = "quarantined"
+	StateFailed      State = "failed"
+)
+
+// States lists every state, for validation of filters.
+var States = []State{StatePending, StateStarting, StateRunning, StateStopping, StateStopped, StateExited,
+	StateExpired, StateDeleted, StateLost, StateAttention, StateQuarantined, StateFailed}
+
+// Terminal reports whether no cluster object stands behind a sandbox in
+// state s any more, so the mirror has nothing left to observe.
+func (s State) Terminal() bool {
+	return s == StateDeleted || s == StateLost || s == StateFailed
+}
+
+// terminalSQL is the SQL list of the terminal states.
+const terminalSQL = `('deleted', 'lost', 'failed')`
+
+// Mode is what the API last asked for.
+type Mode string
+
+// Desired modes.
+const (
+	ModeRunning Mode = "running"
+	ModeStopped Mode = "stopped"
+	ModeDeleted Mode = "deleted"
+)
+
+// Spec is the sandbox the user asked for, as validated by the API.
+type Spec struct {
+	Image          string            `json:"image"`
+	CPURequest     string            `json:"cpu_request,omitempty"`
+	CPULimit       string            `json:"cpu_limit,omitempty"`
+	MemoryRequest  string            `json:"memory_request,omitempty"`
+	MemoryLimit    string            `json:"memory_limit,omitempty"`
+	TTLSeconds     int64             `json:"ttl_seconds,omitempty"`
+	ShutdownPolicy string            `json:"shutdown_policy"`
+	Volumes        []Volume          `json:"volumes,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+}
+
+// Volume is a persistent volume that lives as long as its sandbox.
+type Volume struct {
+	Name         string `json:"name"`
+	Size         string `json:"size"`
+	MountPath    string `json:"mount_path"`
+	StorageClass string `json:"storage_class,omitempty"`
+}
+
+// Sandbox is one sandbox's record.
+type Sandbox struct {
+	ID          string
+	OrgID       string
+	Spec        Spec
+	DesiredMode Mode
+	State       State
+	Anomaly     string
+	ExitCode    *int
+	Reason      string
+	ExpiresAt   *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Observation is what the mirror concluded from the cluster.
+type Observation struct {
+	State    State
+	Anomaly  string
+	ExitCode *int
+	Reason   string
+}
+
+// Event is one recorded state transition.
+type Event struct {
+	Seq    int64     `json:"seq"`
+	At     time.Time `json:"at"`
+	From   State     `json:"from"`
+	To     State     `json:"to"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// NewSandbox is what CreateSandbox needs.
+type NewSandbox struct {
+	OrgID     string
+	Spec      Spec
+	ExpiresAt *time.Time
+	// IdempotencyKey, when set, makes a retried create return the first
+	// sandbox. RequestHash tells a true retry from a reuse of the key.
+	IdempotencyKey string
+	RequestHash    string
+}
+
+const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at`
+
+func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
+	var sb Sandbox
+	var spec string
+	var exit sql.NullInt64
+	var expires sql.NullInt64
+	var created, updated int64
+	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated); err != nil {
+		return Sandbox{}, err
+	}
+	if err := json.Unmarshal([]byte(spec), &sb.Spec); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: spec: %w", sb.ID, err)
+	}
+	if exit.Valid {
+		c := int(exit.Int64)
+		sb.ExitCode = &c
+	}
+	sb.ExpiresAt = fromNullMS(expires)
+	sb.CreatedAt, sb.UpdatedAt = fromMS(created), fromMS(updated)
+	return sb, nil
+}
+
+// CreateSandbox writes a new sandbox record in state pending, desired
+// running, after checking the organization's quotas in the same transaction.
+// When the idempotency key was used before with the same request hash it
+// returns that sandbox and created=false; with another hash, ErrConflict.
+func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, created bool, err error) {
+	spec, err := json.Marshal(n.Spec)
+	if err != nil {
+		return Sandbox{}, false, err
+	}
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		if n.IdempotencyKey != "" {
+			var id, hash string
+			err := tx.QueryRowContext(ctx, `SELECT id, request_hash FROM sandboxes WHERE org_id = ? AND idempotency_key = ?`, n.OrgID, n.IdempotencyKey).Scan(&id, &hash)
+			if err == nil {
+				if hash != n.RequestHash {
+					return fmt.Errorf("idempotency key reused with a different request: %w", ErrConflict)
+				}
+				sb, err = scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
+				return err
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+		if err := checkQuota(ctx, tx, n.OrgID, true); err != nil {
+			return err
+		}
+		now := s.now().UTC().Truncate(time.Millisecond)
+		sb = Sandbox{ID: NewID("sbx"), OrgID: n.OrgID, Spec: n.Spec, DesiredMode: ModeRunning, State: StatePending,
+			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now}
+		var idem, hash sql.NullString
+		if n.IdempotencyKey != "" {
+			idem = sql.NullString{String: n.IdempotencyKey, Valid: true}
+			hash = sql.NullString{String: n.RequestHash, Valid: true}
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`, idempotency_key, request_hash)
+			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, ?)`,
+			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), idem, hash); err != nil {
+			return err
+		}
+		created = true
+		return insertEvent(ctx, tx, sb.ID, now, "", StatePending, "created")
+	})
+	if err != nil {
+		return Sandbox{}, false, fmt.Errorf("create sandbox: %w", err)
+	}
+	return sb, created, nil
+}
+
+// checkQuota returns ErrQuota when the organization has no room for one more
+// sandbox (all=true) or one more running sandbox.
+func checkQuota(ctx context.Context, tx *sql.Tx, orgID string, all bool) error {
+	var maxAll, maxRunning, live, running int
+	err := tx.QueryRowContext(ctx, `SELECT o.max_sandboxes, o.max_running,
+		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND state NOT IN `+terminalSQL+`),
+		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND state NOT IN `+terminalSQL+` AND state NOT IN ('exited', 'expired'))
+		FROM orgs o WHERE o.id = ?`, orgID).Scan(&maxAll, &maxRunning, &live, &running)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("org %q: %w", orgID, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if all && live >= maxAll {
+		return fmt.Errorf("organization has %d of %d sandboxes: %w", live, maxAll, ErrQuota)
+	}
+	if running >= maxRunning {
+		return fmt.Errorf("organization has %d of %d running sandboxes: %w", running, maxRunning, ErrQuota)
+	}
+	return nil
+}
+
+// Sandbox returns one sandbox. An orgID other than "" restricts the lookup to
+// that organization, so another org's sandbox is ErrNotFound like an absent one.
+func (s *Store) Sandbox(ctx context.Context, orgID, id string) (Sandbox, error) {
+	sb, err := scanSandbox(s.read.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND (? = '' OR org_id = ?)`, id, orgID, orgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// ListOptions filter and page ListSandboxes.
+type ListOptions struct {
+	OrgID  string
+	State  State
+	Labels map[string]string
+	// After is the id of the last sandbox of the previous page.
+	After string
+	Limit int
+}
+
+// ListSandboxes lists an organization's sandboxes in creation order, one page
+// at a time. next is the cursor of the following page, "" on the last.
+func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbox, next string, err error) {
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	q := `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE org_id = ?`
+	args := []any{o.OrgID}
+	if o.State != "" {
+		q += ` AND state = ?`
+		args = append(args, o.State)
+	}
+	keys := make([]string, 0, len(o.Labels))
+	for k := range o.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if strings.ContainsAny(k, `"\`) {
+			return nil, "", fmt.Errorf("label key %q: %w", k, ErrNotFound)
+		}
+		q += ` AND json_extract(spec, ?) = ?`
+		args = append(args, `$.labels."`+k+`"`, o.Labels[k])
+	}
+	if o.After != "" {
+		q += ` AND rowid > coalesce((SELECT rowid FROM sandboxes WHERE id = ? AND org_id = ?), -1)`
+		args = append(args, o.After, o.OrgID)
+	}
+	q += ` ORDER BY rowid LIMIT ?`
+	args = append(args, o.Limit+1)
+	list, err = s.querySandboxes(ctx, q, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("list sandboxes: %w", err)
+	}
+	if len(list) > o.Limit {
+		list = list[:o.Limit]
+		next = list[len(list)-1].ID
+	}
+	return list, next, nil
+}
+
+// Unsettled lists, across organizations, every sandbox that still has (or
+// should have) a cluster object: the ones the mirror must reconcile.
+func (s *Store) Unsettled(ctx context.Context) ([]Sandbox, error) {
+	return s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE state NOT IN `+terminalSQL+` ORDER BY rowid`)
+}
+
+func (s *Store) querySandboxes(ctx context.Context, q string, args ...any) ([]Sandbox, error) {
+	rows, err := s.read.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// SetDesiredMode records what the API asked for. Asking a sandbox to run
+// checks the running quota in the same transaction. A sandbox in a terminal
+// state cannot be changed (ErrConflict), except that deleting it again is a
+// no-op.
+func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (Sandbox, error) {
+	var sb Sandbox
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		sb, err = scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if sb.DesiredMode == mode {
+			return nil
+		}
+		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted {
+			if mode == ModeDeleted {
+				return nil
+			}
+			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
+		}
+		if mode == ModeRunning {
+			if err := checkQuota(ctx, tx, orgID, false); err != nil {
+				return err
+			}
+		}
+		sb.DesiredMode, sb.UpdatedAt = mode, s.now().UTC().Truncate(time.Millisecond)
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, updated_at = ? WHERE id = ?`, mode, ms(sb.UpdatedAt), id)
+		return err
+	})
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("set mode %s: %w", mode, err)
+	}
+	return sb, nil
+}
+
+func stateOrDeleting(sb Sandbox) string {
+	if sb.DesiredMode == ModeDeleted && !sb.State.Terminal() {
+		return "being deleted"
+	}
+	return string(sb.State)
+}
+
+// SetExpiry records a new expiry. It is refused (ErrConflict) for a sandbox
+// that is terminal or being deleted.
+func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, ttlSeconds int64) (Sandbox, error) {
+	var sb Sandbox
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		sb, err = scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted || sb.State == StateExpired {
+			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
+		}
+		at = at.UTC().Truncate(time.Millisecond)
+		sb.ExpiresAt, sb.Spec.TTLSeconds, sb.UpdatedAt = &at, ttlSeconds, s.now().UTC().Truncate(time.Millisecond)
+		spec, err := json.Marshal(sb.Spec)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = ?, updated_at = ? WHERE id = ?`, ms(at), string(spec), ms(sb.UpdatedAt), id)
+		return err
+	})
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("set expiry: %w", err)
+	}
+	return sb, nil
+}
+
+// Observe records what the mirror observed. It writes nothing when the
+// observation equals the record, and records an event when the state changes.
+// It reports whether it wrote.
+func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
+	changed := false
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason && equalCode(sb.ExitCode, o.ExitCode) {
+			return nil
+		}
+		// A terminal state is final: nothing observed later can revive it.
+		if sb.State.Terminal() {
+			return nil
+		}
+		now := s.now().UTC().Truncate(time.Millisecond)
+		var exit sql.NullInt64
+		if o.ExitCode != nil {
+			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, updated_at = ? WHERE id = ?`,
+			o.State, o.Anomaly, exit, o.Reason, ms(now), id); err != nil {
+			return err
+		}
+		changed = true
+		if sb.State == o.State {
+			return nil
+		}
+		reason := o.Reason
+		if o.Anomaly != "" {
+			reason = strings.TrimSuffix(o.Anomaly+": "+o.Reason, ": ")
+		}
+		return insertEvent(ctx, tx, id, now, sb.State, o.State, reason)
+	})
+	if err != nil {
+		return false, fmt.Errorf("observe: %w", err)
+	}
+	return changed, nil
+}
+
+func equalCode(a, b *int) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func insertEvent(ctx context.Context, tx *sql.Tx, id string, at time.Time, from, to State, reason string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)`,
+		id, ms(at), from, to, reason)
+	return err
+}
+
+// Events returns a sandbox's state transitions in order. An orgID other than
+// "" restricts the lookup to that organization.
+func (s *Store) Events(ctx context.Context, orgID, id string) ([]Event, error) {
+	if _, err := s.Sandbox(ctx, orgID, id); err != nil {
+		return nil, err
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT seq, at, from_state, to_state, reason FROM sandbox_events WHERE sandbox_id = ? ORDER BY seq`, id)
+	if err != nil {
+		return nil, fmt.Errorf("events: %w", err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		var at int64
+		if err := rows.Scan(&e.Seq, &at, &e.From, &e.To, &e.Reason); err != nil {
+			return nil, err
+		}
+		e.At = fromMS(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

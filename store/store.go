@@ -1,0 +1,252 @@
+// Package store is hiloop's product record: an embedded SQLite database,
+// opened on purpose (WAL, busy timeout, foreign keys) and migrated from the
+// numbered SQL files of package migrations.
+//
+// Reads go through a pool of connections; every write goes through a single
+// connection whose transactions begin IMMEDIATE, so that read-check-write
+// sequences such as quota checks are serialised by the database itself.
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/hiloop/hiloop/migrations"
+)
+
+// Sentinel errors. Callers compare with errors.Is; the server maps them to
+// HTTP status codes in one place.
+var (
+	// ErrNotFound reports that the record does not exist, or is not visible to
+	// the organization that asked.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict reports that the write contradicts what the record holds
+	// (a duplicate name, a reused idempotency key with another body, ...).
+	ErrConflict = errors.New("conflict")
+	// ErrQuota reports that the write would exceed an organization's quota.
+	ErrQuota = errors.New("quota exceeded")
+)
+
+// Store is an open product record.
+type Store struct {
+	read  *sql.DB
+	write *sql.DB
+	now   func() time.Time
+}
+
+// Options configure Open.
+type Options struct {
+	// Path is the database file. It is created if missing.
+	Path string
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// Migrations overrides the embedded migrations (tests use it to build a
+	// database of an older schema).
+	Migrations fs.FS
+}
+
+// Open opens (creating if needed) and migrates the database at opts.Path.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Path == "" {
+		return nil, errors.New("open store: empty path")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Migrations == nil {
+		opts.Migrations = migrations.FS
+	}
+	read, err := sql.Open("sqlite", dsn(opts.Path, false))
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	write, err := sql.Open("sqlite", dsn(opts.Path, true))
+	if err != nil {
+		read.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	write.SetMaxOpenConns(1)
+	read.SetMaxOpenConns(8)
+	s := &Store{read: read, write: write, now: opts.Now}
+	if err := s.check(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open store %s: %w", opts.Path, err)
+	}
+	if err := migrate(ctx, write, opts.Migrations, opts.Now); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", opts.Path, err)
+	}
+	return s, nil
+}
+
+// dsn returns a modernc DSN that sets the pragmas on every pooled connection.
+// synchronous=NORMAL is the decision: in WAL mode it never corrupts the
+// database, and a power loss can only drop the last transactions.
+func dsn(p string, writer bool) string {
+	q := url.Values{}
+	for _, pragma := range []string{"journal_mode(WAL)", "busy_timeout(10000)", "foreign_keys(1)", "synchronous(NORMAL)"} {
+		q.Add("_pragma", pragma)
+	}
+	if writer {
+		q.Set("_txlock", "immediate")
+	}
+	return "file:" + p + "?" + q.Encode()
+}
+
+// check verifies that the pragmas actually took: WAL can silently fall back
+// (for example on a file system without shared memory).
+func (s *Store) check(ctx context.Context) error {
+	var mode string
+	if err := s.write.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return err
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("journal_mode is %q, want wal", mode)
+	}
+	var fk int
+	if err := s.read.QueryRowContext(ctx, "PRAGMA foreign_keys").Scan(&fk); err != nil {
+		return err
+	}
+	if fk != 1 {
+		return errors.New("foreign keys are off")
+	}
+	return nil
+}
+
+// JournalMode reports the journal mode the database is in.
+func (s *Store) JournalMode(ctx context.Context) (string, error) {
+	var mode string
+	err := s.read.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode)
+	return mode, err
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	return errors.Join(s.read.Close(), s.write.Close())
+}
+
+// migrate applies, in name order, every NNNN_*.sql file of fsys that the
+// schema_migrations table does not yet record, each in its own transaction.
+func migrate(ctx context.Context, db *sql.DB, fsys fs.FS, now func() time.Time) error {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := applyMigration(ctx, db, fsys, name, now); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func applyMigration(ctx context.Context, db *sql.DB, fsys fs.FS, name string, now func() time.Time) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations WHERE name = ?", name).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	body, err := fs.ReadFile(fsys, path.Clean(name))
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)", name, now().UnixMilli()); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// Migrations lists the applied migrations in order.
+func (s *Store) Migrations(ctx context.Context) ([]string, error) {
+	rows, err := s.read.QueryContext(ctx, "SELECT name FROM schema_migrations ORDER BY name")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	return names, rows.Err()
+}
+
+// inTx runs fn in one write transaction, committed when fn returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.write.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// NewID returns a random opaque id with the given prefix, such as "sbx".
+// The random part is lower-case base32, so it is also valid in a Kubernetes
+// name and label value.
+func NewID(prefix string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+	b := make([]byte, 16)
+	rand.Read(b)
+	out := make([]byte, len(b))
+	for i, c := range b {
+		out[i] = alphabet[int(c)%len(alphabet)]
+	}
+	return prefix + "_" + string(out)
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+func nullMS(t *time.Time) sql.NullInt64 {
+	if t == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: t.UnixMilli(), Valid: true}
+}
+
+func fromNullMS(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := fromMS(v.Int64)
+	return &t
+}
+
+// isUnique reports whether err is a SQLite UNIQUE constraint failure.
+func isUnique(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}

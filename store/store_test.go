@@ -1,0 +1,255 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/hiloop/hiloop/migrations"
+	"github.com/hiloop/hiloop/store"
+)
+
+func open(t *testing.T, path string, m fs.FS) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), store.Options{Path: path, Migrations: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func allMigrations(t *testing.T) []string {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(names) < 2 {
+		t.Fatalf("embedded migrations: %v %v", names, err)
+	}
+	return names
+}
+
+func TestMigrateEmptyAndRerun(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "h.db")
+	s := open(t, path, nil)
+	mode, err := s.JournalMode(ctx)
+	if err != nil || mode != "wal" {
+		t.Fatalf("journal mode %q %v, want wal", mode, err)
+	}
+	got, err := s.Migrations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(allMigrations(t), got); diff != "" {
+		t.Fatalf("applied migrations (-want +got):\n%s", diff)
+	}
+	org, err := s.CreateOrg(ctx, "acme", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	// Re-opening re-runs the migrations: a no-op that keeps the data.
+	s2 := open(t, path, nil)
+	got2, _ := s2.Migrations(ctx)
+	if diff := cmp.Diff(got, got2); diff != "" {
+		t.Fatalf("rerun changed migrations:\n%s", diff)
+	}
+	if _, err := s2.Org(ctx, org.ID); err != nil {
+		t.Fatalf("org lost across reopen: %v", err)
+	}
+}
+
+func TestMigrateOlderSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	first := allMigrations(t)[0]
+	body, err := fs.ReadFile(migrations.FS, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := open(t, path, fstest.MapFS{first: {Data: body}})
+	org, err := old.CreateOrg(ctx, "legacy", 3, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	s := open(t, path, nil)
+	applied, _ := s.Migrations(ctx)
+	if diff := cmp.Diff(allMigrations(t), applied); diff != "" {
+		t.Fatalf("upgrade (-want +got):\n%s", diff)
+	}
+	got, err := s.Org(ctx, "legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(org, got); diff != "" {
+		t.Fatalf("org across upgrade (-want +got):\n%s", diff)
+	}
+	// The newer schema's features work on the upgraded file.
+	if _, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}, IdempotencyKey: "k", RequestHash: "h"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBrokenMigrationRollsBack(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "b.db")
+	m := fstest.MapFS{
+		"0001_a.sql": {Data: []byte("CREATE TABLE a (x INTEGER);")},
+		"0002_b.sql": {Data: []byte("CREATE TABLE b (x INTEGER); INSERT INTO nope VALUES (1);")},
+	}
+	if _, err := store.Open(ctx, store.Options{Path: path, Migrations: m}); err == nil {
+		t.Fatal("broken migration applied")
+	}
+	m["0002_b.sql"] = &fstest.MapFile{Data: []byte("CREATE TABLE b (x INTEGER);")}
+	s := open(t, path, m)
+	got, _ := s.Migrations(ctx)
+	if diff := cmp.Diff([]string{"0001_a.sql", "0002_b.sql"}, got); diff != "" {
+		t.Fatal(diff)
+	}
+}
+
+func TestKeysAndBootstrap(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "k.db"), nil)
+	org, secret, err := s.Bootstrap(ctx, "admin")
+	if err != nil || secret == "" {
+		t.Fatalf("bootstrap: %v %q", err, secret)
+	}
+	if _, again, err := s.Bootstrap(ctx, "admin"); err != nil || again != "" {
+		t.Fatalf("second bootstrap issued a key: %q %v", again, err)
+	}
+	k, err := s.Authenticate(ctx, secret)
+	if err != nil || k.OrgID != org.ID {
+		t.Fatalf("authenticate: %+v %v", k, err)
+	}
+	for _, bad := range []string{"", "hl_", secret + "x", "Bearer " + secret} {
+		if _, err := s.Authenticate(ctx, bad); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Authenticate(%q) = %v, want ErrNotFound", bad, err)
+		}
+	}
+	if err := s.RevokeKey(ctx, org.ID, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, secret); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("revoked key authenticated: %v", err)
+	}
+	if _, err := s.CreateOrg(ctx, "admin", 0, 0); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("duplicate org: %v", err)
+	}
+	if _, _, err := s.CreateKey(ctx, "org_missing", "x"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("key for missing org: %v", err)
+	}
+}
+
+func TestQuotaUnderConcurrency(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	org, _ := s.CreateOrg(ctx, "q", 5, 3)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	created, refused := 0, 0
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				created++
+			case errors.Is(err, store.ErrQuota):
+				refused++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if created != 3 || refused != 17 {
+		t.Fatalf("created %d refused %d, want 3 and 17 (max running 3)", created, refused)
+	}
+}
+
+func TestIdempotencyAndIsolation(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "i.db"), nil)
+	a, _ := s.CreateOrg(ctx, "a", 0, 0)
+	b, _ := s.CreateOrg(ctx, "b", 0, 0)
+	n := store.NewSandbox{OrgID: a.ID, Spec: store.Spec{Image: "busybox"}, IdempotencyKey: "k1", RequestHash: "h1"}
+	first, created, err := s.CreateSandbox(ctx, n)
+	if err != nil || !created {
+		t.Fatal(err)
+	}
+	again, created, err := s.CreateSandbox(ctx, n)
+	if err != nil || created || again.ID != first.ID {
+		t.Fatalf("retry made a new sandbox: %v %v %v", again.ID, created, err)
+	}
+	n.RequestHash = "h2"
+	if _, _, err := s.CreateSandbox(ctx, n); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("reused key with other body: %v", err)
+	}
+	// The same key in another org is another sandbox.
+	other, created, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: b.ID, Spec: store.Spec{Image: "busybox"}, IdempotencyKey: "k1", RequestHash: "h1"})
+	if err != nil || !created || other.ID == first.ID {
+		t.Fatalf("cross-org idempotency: %v %v", created, err)
+	}
+	for _, tc := range []struct{ org, id string }{{b.ID, first.ID}, {a.ID, other.ID}} {
+		if _, err := s.Sandbox(ctx, tc.org, tc.id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("org %s sees %s: %v", tc.org, tc.id, err)
+		}
+		if _, err := s.SetDesiredMode(ctx, tc.org, tc.id, store.ModeStopped); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("org %s stops %s: %v", tc.org, tc.id, err)
+		}
+		if _, err := s.Events(ctx, tc.org, tc.id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("org %s reads events of %s: %v", tc.org, tc.id, err)
+		}
+	}
+	list, _, _ := s.ListSandboxes(ctx, store.ListOptions{OrgID: b.ID})
+	if len(list) != 1 || list[0].ID != other.ID {
+		t.Fatalf("org b lists %+v", list)
+	}
+}
+
+func TestObserveWritesOnlyOnChange(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "o.db"), nil)
+	org, _ := s.CreateOrg(ctx, "o", 0, 0)
+	sb, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	code := 3
+	steps := []struct {
+		obs   store.Observation
+		wrote bool
+	}{
+		{store.Observation{State: store.StateStarting}, true},
+		{store.Observation{State: store.StateStarting}, false},
+		{store.Observation{State: store.StateRunning}, true},
+		{store.Observation{State: store.StateExited, ExitCode: &code, Reason: "Error"}, true},
+		{store.Observation{State: store.StateExited, ExitCode: &code, Reason: "Error"}, false},
+		{store.Observation{State: store.StateLost}, true},
+		{store.Observation{State: store.StateRunning}, false}, // terminal is final
+	}
+	for i, st := range steps {
+		wrote, err := s.Observe(ctx, sb.ID, st.obs)
+		if err != nil || wrote != st.wrote {
+			t.Fatalf("step %d: wrote %v err %v, want wrote %v", i, wrote, err, st.wrote)
+		}
+	}
+	evs, _ := s.Events(ctx, org.ID, sb.ID)
+	var got []string
+	for _, e := range evs {
+		got = append(got, string(e.From)+">"+string(e.To))
+	}
+	want := []string{">pending", "pending>starting", "starting>running", "running>exited", "exited>lost"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+}

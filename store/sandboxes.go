@@ -459,3 +459,45 @@ func (s *Store) Events(ctx context.Context, orgID, id string) ([]Event, error) {
 	}
 	return out, rows.Err()
 }
+
+// RestoreDesiredMode puts back the desired mode a failed cluster write was
+// meant to change. It checks nothing: it undoes, it does not ask.
+func (s *Store) RestoreDesiredMode(ctx context.Context, id string, mode Mode) error {
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, updated_at = ? WHERE id = ?`, mode, ms(s.now()), id)
+	if err != nil {
+		return fmt.Errorf("restore desired mode: %w", err)
+	}
+	return nil
+}
+
+// ClearExpiry removes a sandbox's expiry (undoing a failed TTL change).
+func (s *Store) ClearExpiry(ctx context.Context, id string) error {
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = NULL, spec = json_remove(spec, '$.ttl_seconds'), updated_at = ? WHERE id = ?`, ms(s.now()), id)
+	if err != nil {
+		return fmt.Errorf("clear expiry: %w", err)
+	}
+	return nil
+}
+
+// Errors of CheckReachable.
+var (
+	ErrNotRunning  = errors.New("sandbox is not running")
+	ErrQuarantined = errors.New("sandbox is quarantined")
+)
+
+// CheckReachable reports whether exec and sessions may reach a sandbox of
+// the organization: ErrNotFound (absent or another org's), ErrQuarantined,
+// ErrNotRunning, or nil when the record says running.
+func (s *Store) CheckReachable(ctx context.Context, orgID, id string) (Sandbox, error) {
+	sb, err := s.Sandbox(ctx, orgID, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	switch {
+	case sb.State == StateQuarantined:
+		return sb, ErrQuarantined
+	case sb.State != StateRunning || sb.DesiredMode != ModeRunning:
+		return sb, fmt.Errorf("%w (state %s)", ErrNotRunning, sb.State)
+	}
+	return sb, nil
+}

@@ -1,0 +1,437 @@
+// Package k8stest starts a real, local Kubernetes control plane for tests and
+// for `hiloop dev`, in the spirit of net/http/httptest: a real etcd,
+// kube-apiserver, kube-controller-manager and kube-scheduler run by kwokctl's
+// binary runtime, pods faked by kwok on a node whose pod IPs are loopback
+// addresses, the agent-sandbox Sandbox CRD at v1beta1, and the upstream
+// agent-sandbox controller.
+//
+// The binaries come from testdata/cluster/build.sh, found through
+// $HILOOP_CLUSTER_BIN. Every process started is ended by Stop, and by a
+// reaper process when the process that started the cluster dies without
+// stopping it (even by SIGKILL).
+package k8stest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// Pinned module versions whose files the cluster reads (CRD, kwok stages).
+// They match testdata/cluster/versions.env.
+const (
+	AgentSandboxModule = "sigs.k8s.io/agent-sandbox@v0.5.6"
+	KwokModule         = "sigs.k8s.io/kwok@v0.8.0"
+)
+
+// Defaults of Options.
+const (
+	DefaultNamespace = "hiloop-sandboxes"
+	NodeName         = "kwok-node-0"
+	// RuntimeClass is the gVisor runtime class the cluster defines.
+	RuntimeClass = "gvisor"
+	// PodCIDR gives pods loopback addresses, which a test may listen on.
+	PodCIDR = "127.0.100.0/24"
+)
+
+// Options configure Start.
+type Options struct {
+	// BinDir holds the cluster binaries; $HILOOP_CLUSTER_BIN when empty.
+	BinDir string
+	// Namespace is created for sandboxes; DefaultNamespace when empty.
+	Namespace string
+	// Log receives progress lines; discarded when nil.
+	Log io.Writer
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	// Kubeconfig is the path of an admin kubeconfig for the cluster.
+	Kubeconfig string
+	// Clients are hiloop's clients for the cluster.
+	Clients *k8s.Clients
+	// Namespace is the sandbox namespace.
+	Namespace string
+	// Workdir holds the cluster's state and logs (KWOK_WORKDIR).
+	Workdir string
+
+	name       string
+	bin        string
+	controller *exec.Cmd
+	reaper     *exec.Cmd
+	reaperIn   io.WriteCloser
+	stopOnce   sync.Once
+	stopErr    error
+}
+
+// New starts a cluster for a test and stops it in t.Cleanup. It fails the
+// test when the cluster cannot start.
+func New(t testing.TB) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Options{Log: testLog{t}})
+	if c != nil {
+		t.Cleanup(func() {
+			if err := c.Stop(); err != nil {
+				t.Errorf("stop cluster: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("start cluster: %v", err)
+	}
+	return c
+}
+
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
+
+// Start starts a cluster. On error the returned Cluster, when not nil, must
+// still be stopped.
+func Start(ctx context.Context, o Options) (*Cluster, error) {
+	if o.BinDir == "" {
+		o.BinDir = os.Getenv("HILOOP_CLUSTER_BIN")
+	}
+	if o.BinDir == "" {
+		return nil, errors.New("HILOOP_CLUSTER_BIN is not set: build the cluster with testdata/cluster/build.sh (make cluster) and point it at the printed directory")
+	}
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwokctl", "agent-sandbox-controller"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("cluster binary %s missing in %s: run testdata/cluster/build.sh", b, o.BinDir)
+		}
+	}
+	workdir, err := os.MkdirTemp("", "hiloop-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Workdir: workdir, Namespace: o.Namespace, name: "hiloop", bin: o.BinDir,
+		Kubeconfig: filepath.Join(workdir, "kubeconfig")}
+	if err := c.startReaper(); err != nil {
+		os.RemoveAll(workdir)
+		return nil, err
+	}
+	start := time.Now()
+	step := func(what string, fn func() error) error {
+		t := time.Now()
+		if err := fn(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		fmt.Fprintf(o.Log, "k8stest: %s (%s)\n", what, time.Since(t).Round(time.Millisecond))
+		return nil
+	}
+	err = step("create control plane", func() error { return c.createControlPlane(ctx) })
+	if err == nil {
+		err = step("prepare cluster", func() error { return c.prepare(ctx) })
+	}
+	if err == nil {
+		err = step("start agent-sandbox controller", c.startController)
+	}
+	if err != nil {
+		return c, err
+	}
+	fmt.Fprintf(o.Log, "k8stest: cluster up in %s, KWOK_WORKDIR=%s\n", time.Since(start).Round(time.Millisecond), workdir)
+	return c, nil
+}
+
+func (c *Cluster) env() []string {
+	return append(os.Environ(), "KWOK_WORKDIR="+c.Workdir)
+}
+
+// startReaper starts a detached shell that waits for its stdin to close,
+// which happens when this process exits for any reason, and then tears the
+// cluster down. Stop closes stdin itself and waits for it.
+func (c *Cluster) startReaper() error {
+	script := `read _ignored
+kill -9 $(cat "$KWOK_WORKDIR/controller.pid" 2>/dev/null) 2>/dev/null
+"$KWOKCTL" delete cluster --name "$CLUSTER" >"$KWOK_WORKDIR/reaper.log" 2>&1
+# Any component kwokctl could not stop still holds a pid file.
+for f in "$KWOK_WORKDIR"/clusters/*/pids/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
+rm -rf "$KWOK_WORKDIR"
+`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(c.env(), "KWOKCTL="+filepath.Join(c.bin, "kwokctl"), "CLUSTER="+c.name)
+	// Its own session: a Ctrl-C to the test's process group must not kill the
+	// reaper before it has reaped.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start reaper: %w", err)
+	}
+	c.reaper, c.reaperIn = cmd, in
+	return nil
+}
+
+const kwokConfig = `apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  runtime: binary
+  disableQPSLimits: true
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
+  name: local
+spec:
+  execs:
+  - local: {}
+`
+
+// kwokStages are the kwok Stage files the cluster runs: kwokctl's defaults
+// for nodes and pods, plus fake volume provisioning. Listing any stage
+// replaces kwokctl's defaults, so the defaults are listed too.
+var kwokStages = []string{
+	"kustomize/stage/node/fast/node-initialize.yaml",
+	"kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+	"kustomize/stage/pod/fast/pod-ready.yaml",
+	"kustomize/stage/pod/fast/pod-complete.yaml",
+	"kustomize/stage/pod/fast/pod-delete.yaml",
+	"kustomize/stage/volume/fast/pvc-provision.yaml",
+	"kustomize/stage/volume/fast/pv-bind.yaml",
+	"kustomize/stage/volume/fast/pvc-delete.yaml",
+	"kustomize/stage/volume/fast/pv-delete.yaml",
+}
+
+func (c *Cluster) createControlPlane(ctx context.Context) error {
+	kwokDir, err := ModuleDir(ctx, KwokModule)
+	if err != nil {
+		return err
+	}
+	config := kwokConfig
+	for _, f := range kwokStages {
+		b, err := os.ReadFile(filepath.Join(kwokDir, f))
+		if err != nil {
+			return err
+		}
+		config += "---\n" + string(b)
+	}
+	configPath := filepath.Join(c.Workdir, "kwok.yaml")
+	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
+		return err
+	}
+	b := func(name string) string { return filepath.Join(c.bin, name) }
+	cmd := exec.CommandContext(ctx, b("kwokctl"), "-c", configPath, "create", "cluster", "--name", c.name,
+		"--runtime", "binary",
+		"--etcd-binary", b("etcd"),
+		"--kube-apiserver-binary", b("kube-apiserver"),
+		"--kube-controller-manager-binary", b("kube-controller-manager"),
+		"--kube-scheduler-binary", b("kube-scheduler"),
+		"--kwok-controller-binary", b("kwok"),
+		"--kubeconfig", c.Kubeconfig,
+		"--wait", "90s")
+	cmd.Env = c.env()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kwokctl create cluster: %w\n%s", err, out)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	c.Clients, err = k8s.NewClients(cfg)
+	return err
+}
+
+// prepare makes the fake node, the namespace, a default storage class that
+// kwok provisions, and installs the Sandbox CRD.
+func (c *Cluster) prepare(ctx context.Context) error {
+	kube := c.Clients.Kube
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: NodeName,
+			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+			Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": NodeName}},
+		Spec: corev1.NodeSpec{PodCIDR: PodCIDR, PodCIDRs: []string{PodCIDR}},
+		Status: corev1.NodeStatus{
+			Allocatable: corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("5000")},
+			Capacity:    corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("5000")},
+			Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: "localhost"}},
+		},
+	}
+	if _, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.Namespace}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("namespace: %w", err)
+	}
+	sc := &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: "kwok-volume", Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}},
+		Provisioner:       "kwok.x-k8s.io/volume",
+		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
+	}
+	if _, err := kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("storage class: %w", err)
+	}
+	rc := &nodev1.RuntimeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass},
+		Handler:    "runsc",
+		Overhead:   &nodev1.Overhead{PodFixed: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
+	}
+	if _, err := kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("runtime class: %w", err)
+	}
+	return InstallCRD(ctx, c.Clients)
+}
+
+// InstallCRD installs the agent-sandbox Sandbox CRD, read from the module
+// cache, with only its v1beta1 version and no conversion webhook, and waits
+// until it is established.
+func InstallCRD(ctx context.Context, clients *k8s.Clients) error {
+	dir, err := ModuleDir(ctx, AgentSandboxModule)
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "k8s", "crds", "agents.x-k8s.io_sandboxes.yaml"))
+	if err != nil {
+		return err
+	}
+	var crd unstructured.Unstructured
+	if err := yaml.Unmarshal(raw, &crd.Object); err != nil {
+		return fmt.Errorf("sandbox crd: %w", err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	var keep []any
+	for _, v := range versions {
+		m := v.(map[string]any)
+		if m["name"] == k8s.SandboxVersion {
+			m["served"], m["storage"] = true, true
+			keep = append(keep, m)
+		}
+	}
+	if len(keep) != 1 {
+		return fmt.Errorf("sandbox crd: no %s version", k8s.SandboxVersion)
+	}
+	if err := unstructured.SetNestedSlice(crd.Object, keep, "spec", "versions"); err != nil {
+		return err
+	}
+	unstructured.RemoveNestedField(crd.Object, "spec", "conversion")
+	dyn, err := dynamic.NewForConfig(clients.Config)
+	if err != nil {
+		return err
+	}
+	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dyn.Resource(gvr).Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("sandbox crd: %w", err)
+	}
+	for {
+		if err := clients.CheckSandboxAPI(ctx); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox crd not served: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) startController() error {
+	logf, err := os.Create(filepath.Join(c.Workdir, "agent-sandbox-controller.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(c.bin, "agent-sandbox-controller"),
+		"--enable-webhook=false", "--leader-elect=false", "--kubeconfig", c.Kubeconfig,
+		"--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The controller dies with this process even before the reaper runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	c.controller = cmd
+	return os.WriteFile(filepath.Join(c.Workdir, "controller.pid"), []byte(fmt.Sprint(cmd.Process.Pid)), 0o600)
+}
+
+// Stop tears the cluster down and removes its work directory. It is safe to
+// call more than once.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() {
+		if c.controller != nil {
+			c.controller.Process.Kill()
+			c.controller.Wait()
+		}
+		// Closing the reaper's stdin makes it delete the cluster.
+		c.reaperIn.Close()
+		done := make(chan error, 1)
+		go func() { done <- c.reaper.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				c.stopErr = fmt.Errorf("reaper: %w", err)
+			}
+		case <-time.After(2 * time.Minute):
+			c.reaper.Process.Kill()
+			c.stopErr = errors.New("reaper did not finish in 2m")
+		}
+	})
+	return c.stopErr
+}
+
+// Kubectl runs kubectl against the cluster and returns its combined output.
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// ModuleDir returns the directory of a module version in the module cache,
+// downloading it through the module proxy when missing.
+func ModuleDir(ctx context.Context, modVersion string) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion).Output()
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
+	}
+	var m struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &m); err != nil {
+		return "", err
+	}
+	if m.Error != "" || m.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: %s", modVersion, m.Error)
+	}
+	return m.Dir, nil
+}

@@ -1,0 +1,196 @@
+package k8stest_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/hiloop/hiloop/k8s/k8stest"
+)
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
+}
+
+// TestUpstreamSandboxLifecycle checks the local cluster does what the real
+// agent-sandbox controller does on a real cluster: one Ready pod per Sandbox,
+// Suspended removes it, Running replaces it, delete collects it.
+func TestUpstreamSandboxLifecycle(t *testing.T) {
+	c := k8stest.New(t)
+	ctx := context.Background()
+	sandboxes := c.Clients.Sandbox.AgentsV1beta1().Sandboxes(c.Namespace)
+	pods := c.Clients.Kube.CoreV1().Pods(c.Namespace)
+
+	sb := &v1beta1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: c.Namespace},
+		Spec: v1beta1.SandboxSpec{SandboxBlueprint: v1beta1.SandboxBlueprint{PodTemplate: v1beta1.PodTemplate{
+			Spec: corev1.PodSpec{
+				Containers:                   []corev1.Container{{Name: "workload", Image: "busybox"}},
+				RestartPolicy:                corev1.RestartPolicyNever,
+				RuntimeClassName:             ptr.To(k8stest.RuntimeClass),
+				AutomountServiceAccountToken: ptr.To(false),
+			},
+		}}},
+	}
+	if _, err := sandboxes.Create(ctx, sb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	var podUID string
+	eventually(t, "pod Running/Ready and Sandbox Ready=True", 60*time.Second, func() (bool, error) {
+		p, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		got, err := sandboxes.Get(ctx, "smoke", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready := meta.IsStatusConditionTrue(got.Status.Conditions, string(v1beta1.SandboxConditionReady))
+		podUID = string(p.UID)
+		return p.Status.Phase == corev1.PodRunning && podReady(p) && ready, fmt.Errorf("pod %s, sandbox conditions %v", p.Status.Phase, got.Status.Conditions)
+	})
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("want exactly one pod, got %d (%v)", len(list.Items), err)
+	}
+	if ip := list.Items[0].Status.PodIP; len(ip) < 10 || ip[:10] != "127.0.100." {
+		t.Fatalf("pod IP %q is not in %s", ip, k8stest.PodCIDR)
+	}
+
+	patch := func(mode v1beta1.SandboxOperatingMode) {
+		t.Helper()
+		body := fmt.Sprintf(`{"spec":{"operatingMode":%q}}`, mode)
+		if _, err := sandboxes.Patch(ctx, "smoke", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch(v1beta1.SandboxOperatingModeSuspended)
+	eventually(t, "Suspended removes the pod", 60*time.Second, func() (bool, error) {
+		_, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+	patch(v1beta1.SandboxOperatingModeRunning)
+	eventually(t, "Running creates a replacement pod", 60*time.Second, func() (bool, error) {
+		p, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return string(p.UID) != podUID && podReady(p), nil
+	})
+
+	if err := sandboxes.Delete(ctx, "smoke", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "deleting the Sandbox collects its pod", 60*time.Second, func() (bool, error) {
+		l, err := pods.List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0, err
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// TestKilledRunLeavesNothing starts a cluster from a child process, kills
+// that process with SIGKILL (no cleanup runs), and checks that the reaper
+// ends every cluster process and removes the work directory.
+func TestKilledRunLeavesNothing(t *testing.T) {
+	if os.Getenv("HILOOP_K8STEST_CHILD") == "1" {
+		c, err := k8stest.Start(context.Background(), k8stest.Options{})
+		if err != nil {
+			fmt.Println("ERR", err)
+			os.Exit(1)
+		}
+		fmt.Println("WORKDIR", c.Workdir)
+		time.Sleep(time.Hour)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRunLeavesNothing$")
+	cmd.Env = append(os.Environ(), "HILOOP_K8STEST_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var workdir string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if w, ok := strings.CutPrefix(sc.Text(), "WORKDIR "); ok {
+			workdir = w
+			break
+		}
+		t.Log(sc.Text())
+	}
+	if workdir == "" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("child did not start a cluster")
+	}
+	if n := processesMentioning(workdir); len(n) < 5 {
+		t.Fatalf("expected the control plane running under %s, found %v", workdir, n)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	eventually(t, "no cluster process left after SIGKILL", 90*time.Second, func() (bool, error) {
+		left := processesMentioning(workdir)
+		return len(left) == 0, fmt.Errorf("still running: %v", left)
+	})
+	eventually(t, "work directory removed", 30*time.Second, func() (bool, error) {
+		_, err := os.Stat(workdir)
+		return os.IsNotExist(err), err
+	})
+}
+
+// processesMentioning lists the command lines of processes whose command
+// line or environment names dir.
+func processesMentioning(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if bytes.Contains(cmdline, []byte(dir)) || bytes.Contains(environ, []byte("KWOK_WORKDIR="+dir)) {
+			out = append(out, strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}

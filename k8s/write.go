@@ -1,0 +1,133 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+// Writer is hiloop's whole write vocabulary against the cluster: create a
+// Sandbox (and the org's service account it runs as), merge-patch its mode
+// and expiry, annotate it, and delete it. It never server-side applies, so
+// it never owns a field the controller manages.
+type Writer struct {
+	c    *Clients
+	opts RenderOptions
+
+	mu       sync.Mutex
+	accounts map[string]bool // service accounts known to exist
+}
+
+// NewWriter returns a Writer for the sandbox namespace of opts.
+func NewWriter(c *Clients, opts RenderOptions) (*Writer, error) {
+	if c == nil || opts.Namespace == "" || opts.RuntimeClass == "" {
+		return nil, fmt.Errorf("k8s writer: clients, namespace and runtime class are required")
+	}
+	return &Writer{c: c, opts: opts, accounts: map[string]bool{}}, nil
+}
+
+// Options returns the render options the writer uses.
+func (w *Writer) Options() RenderOptions { return w.opts }
+
+// Create renders and creates the Sandbox of a record. A Sandbox that already
+// exists for the same id counts as created, so start-up can finish a create
+// interrupted by a crash.
+func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
+	obj, err := Render(sb, w.opts)
+	if err != nil {
+		return err
+	}
+	if err := w.ensureServiceAccount(ctx, sb.OrgID); err != nil {
+		return err
+	}
+	_, err = w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		existing, gerr := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
+		if gerr == nil && existing.Labels[LabelSandbox] == sb.ID {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	return nil
+}
+
+// ensureServiceAccount creates the organization's service account, with
+// token automount disabled, the first time one of its sandboxes is created.
+func (w *Writer) ensureServiceAccount(ctx context.Context, orgID string) error {
+	name := ServiceAccountName(orgID)
+	w.mu.Lock()
+	known := w.accounts[name]
+	w.mu.Unlock()
+	if known {
+		return nil
+	}
+	sa := &corev1.ServiceAccount{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.opts.Namespace,
+			Labels: map[string]string{LabelOrg: orgID, LabelManagedBy: ManagedBy}},
+		AutomountServiceAccountToken: ptr.To(false),
+	}
+	_, err := w.c.Kube.CoreV1().ServiceAccounts(w.opts.Namespace).Create(ctx, sa, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create service account: %w", err)
+	}
+	w.mu.Lock()
+	w.accounts[name] = true
+	w.mu.Unlock()
+	return nil
+}
+
+// SetMode patches operatingMode: Suspended to stop, Running to start.
+func (w *Writer) SetMode(ctx context.Context, id string, mode store.Mode) error {
+	return w.patch(ctx, id, map[string]any{"spec": map[string]any{"operatingMode": operatingMode(mode)}})
+}
+
+// SetExpiry patches shutdownTime.
+func (w *Writer) SetExpiry(ctx context.Context, id string, at time.Time) error {
+	return w.patch(ctx, id, map[string]any{"spec": map[string]any{"shutdownTime": at.UTC().Truncate(time.Second).Format(time.RFC3339)}})
+}
+
+// Annotate sets one pod-template annotation; the controller re-propagates
+// it onto the live pod.
+func (w *Writer) Annotate(ctx context.Context, id, key, value string) error {
+	return w.patch(ctx, id, map[string]any{"spec": map[string]any{"podTemplate": map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{key: value}}}}})
+}
+
+// Delete deletes the Sandbox; the garbage collector removes its pod and
+// claims. A Sandbox already gone is not an error.
+func (w *Writer) Delete(ctx context.Context, id string) error {
+	err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Delete(ctx, ObjectName(id), metav1.DeleteOptions{
+		PropagationPolicy: ptr.To(metav1.DeletePropagationBackground),
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete sandbox: %w", err)
+	}
+	return nil
+}
+
+func (w *Writer) patch(ctx context.Context, id string, body map[string]any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	_, err = w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Patch(ctx, ObjectName(id), types.MergePatchType, data, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("patch sandbox: %w", err)
+	}
+	return nil
+}
+
+// IsGone reports whether err says the Sandbox no longer exists.
+func IsGone(err error) bool { return apierrors.IsNotFound(err) }

@@ -1,0 +1,350 @@
+// Package mirror converges what the cluster observed into the product record.
+// It watches Sandbox objects and sandbox pods (label-selected, managedFields
+// stripped), decides each sandbox's state with the pure function Decide, and
+// writes only when that changes. It never writes to the cluster.
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
+	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
+	sandboxlisters "sigs.k8s.io/agent-sandbox/clients/k8s/listers/api/v1beta1"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// Options configure New.
+type Options struct {
+	Clients   *k8s.Clients
+	Store     *store.Store
+	Namespace string
+	Log       *slog.Logger
+	Now       func() time.Time
+	// Resync is how often every cached object is re-decided, so that
+	// time-driven transitions (expiry) are seen; 30s when zero.
+	Resync time.Duration
+	// SyncTimeout bounds the wait for the informers' first sync; 60s when zero.
+	SyncTimeout time.Duration
+	// Workers is the number of concurrent reconcilers; 4 when zero.
+	Workers int
+	// Recover is called at start-up for each record still pending whose
+	// Sandbox object the cluster does not have: a create interrupted between
+	// the record write and the cluster write. It must finish or fail it.
+	Recover func(ctx context.Context, sb store.Sandbox)
+}
+
+// Mirror is the status mirror.
+type Mirror struct {
+	o       Options
+	log     *slog.Logger
+	queue   workqueue.TypedRateLimitingInterface[string]
+	objects sandboxlisters.SandboxLister
+	pods    cache.Indexer
+	synced  []cache.InformerSynced
+
+	sbFactory  sandboxinformers.SharedInformerFactory
+	podFactory informers.SharedInformerFactory
+
+	mu      sync.Mutex
+	ready   bool
+	orphans map[string]bool
+}
+
+// podOwnerIndex indexes pods by the id of the sandbox they belong to.
+const podOwnerIndex = "sandbox"
+
+// New builds a mirror. It starts nothing until Run.
+func New(o Options) (*Mirror, error) {
+	if o.Clients == nil || o.Store == nil || o.Namespace == "" {
+		return nil, errors.New("mirror: clients, store and namespace are required")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Resync == 0 {
+		o.Resync = 30 * time.Second
+	}
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = 60 * time.Second
+	}
+	if o.Workers == 0 {
+		o.Workers = 4
+	}
+	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), orphans: map[string]bool{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
+
+	selected := func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }
+	m.sbFactory = sandboxinformers.NewSharedInformerFactoryWithOptions(o.Clients.Sandbox, o.Resync,
+		sandboxinformers.WithNamespace(o.Namespace), sandboxinformers.WithTweakListOptions(selected),
+		sandboxinformers.WithTransform(stripManagedFields))
+	m.podFactory = informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, o.Resync,
+		informers.WithNamespace(o.Namespace), informers.WithTweakListOptions(selected),
+		informers.WithTransform(stripManagedFields))
+
+	sbInformer := m.sbFactory.Agents().V1beta1().Sandboxes()
+	podInformer := m.podFactory.Core().V1().Pods()
+	if err := podInformer.Informer().AddIndexers(cache.Indexers{podOwnerIndex: podSandboxIDs}); err != nil {
+		return nil, err
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    m.enqueueObject,
+		UpdateFunc: func(_, obj any) { m.enqueueObject(obj) },
+		DeleteFunc: m.enqueueObject,
+	}
+	if _, err := sbInformer.Informer().AddEventHandler(handler); err != nil {
+		return nil, err
+	}
+	if _, err := podInformer.Informer().AddEventHandler(handler); err != nil {
+		return nil, err
+	}
+	m.objects = sbInformer.Lister()
+	m.pods = podInformer.Informer().GetIndexer()
+	m.synced = []cache.InformerSynced{sbInformer.Informer().HasSynced, podInformer.Informer().HasSynced}
+	return m, nil
+}
+
+// stripManagedFields drops managedFields before objects enter the cache;
+// the mirror never reads them and they are most of an object's size.
+func stripManagedFields(obj any) (any, error) {
+	if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
+		a.GetObjectMeta().SetManagedFields(nil)
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		// The mirror reads the pod's identity, receipt and security-relevant
+		// spec, never its status messages' history.
+		pod.Status.Conditions = keepReady(pod.Status.Conditions)
+	}
+	return obj, nil
+}
+
+func keepReady(cs []corev1.PodCondition) []corev1.PodCondition {
+	for _, c := range cs {
+		if c.Type == corev1.PodReady {
+			return []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return nil
+}
+
+// IDFromName maps a Kubernetes object name back to a sandbox id.
+func IDFromName(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "sbx-")
+	if !ok || rest == "" {
+		return "", false
+	}
+	return "sbx_" + rest, true
+}
+
+// podSandboxIDs indexes a pod under the sandbox its controller reference
+// names, else under its sandbox label.
+func podSandboxIDs(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Sandbox" {
+		if id, ok := IDFromName(ref.Name); ok {
+			return []string{id}, nil
+		}
+	}
+	if id := pod.Labels[k8s.LabelSandbox]; id != "" {
+		return []string{id}, nil
+	}
+	return nil, nil
+}
+
+func (m *Mirror) enqueueObject(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	switch o := obj.(type) {
+	case *v1beta1.Sandbox:
+		if id, ok := IDFromName(o.Name); ok {
+			m.queue.Add(id)
+		}
+	case *corev1.Pod:
+		ids, _ := podSandboxIDs(o)
+		for _, id := range ids {
+			m.queue.Add(id)
+		}
+	}
+}
+
+// Ready reports whether the informers synced and the start-up reconcile of
+// every unsettled record is done.
+func (m *Mirror) Ready() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ready
+}
+
+// Orphans lists the names of Sandbox objects that carry hiloop's labels but
+// that no record knows. They are reported, never adopted or deleted.
+func (m *Mirror) Orphans() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for n := range m.orphans {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Run starts the informers, waits for their sync, reconciles every unsettled
+// record, then mirrors until ctx ends.
+func (m *Mirror) Run(ctx context.Context) error {
+	defer m.queue.ShutDown()
+	m.sbFactory.Start(ctx.Done())
+	m.podFactory.Start(ctx.Done())
+	defer m.sbFactory.Shutdown()
+	defer m.podFactory.Shutdown()
+
+	syncCtx, cancel := context.WithTimeout(ctx, m.o.SyncTimeout)
+	ok := cache.WaitForCacheSync(syncCtx.Done(), m.synced...)
+	cancel()
+	if !ok {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("mirror: informers did not sync within %s", m.o.SyncTimeout)
+	}
+
+	var wg sync.WaitGroup
+	for range m.o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m.processNext(ctx) {
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer m.queue.ShutDown()
+
+	if err := m.startupReconcile(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.ready = true
+	m.mu.Unlock()
+	m.log.Info("mirror synced")
+	<-ctx.Done()
+	return nil
+}
+
+// startupReconcile decides every unsettled record against the synced cache,
+// so whatever changed while hiloop was down converges, and reports objects
+// no record knows.
+func (m *Mirror) startupReconcile(ctx context.Context) error {
+	recs, err := m.o.Store.Unsettled(ctx)
+	if err != nil {
+		return fmt.Errorf("mirror: %w", err)
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		if rec.State == store.StatePending && m.o.Recover != nil {
+			if _, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(rec.ID)); err != nil {
+				m.o.Recover(ctx, rec)
+				continue
+			}
+		}
+		if err := m.reconcile(ctx, rec.ID); err != nil {
+			m.log.Error("startup reconcile", "sandbox", rec.ID, "err", err)
+		}
+	}
+	objs, err := m.objects.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		id, ok := IDFromName(o.Name)
+		if ok && known[id] {
+			continue
+		}
+		if ok {
+			if _, err := m.o.Store.Sandbox(ctx, "", id); err == nil {
+				continue
+			}
+		}
+		m.mu.Lock()
+		m.orphans[o.Name] = true
+		m.mu.Unlock()
+		m.log.Warn("sandbox object with hiloop labels that no record knows; leaving it alone", "object", o.Name, "namespace", o.Namespace)
+	}
+	return nil
+}
+
+func (m *Mirror) processNext(ctx context.Context) bool {
+	id, quit := m.queue.Get()
+	if quit {
+		return false
+	}
+	defer m.queue.Done(id)
+	if err := m.reconcile(ctx, id); err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("reconcile", "sandbox", id, "err", err)
+			m.queue.AddRateLimited(id)
+		}
+		return true
+	}
+	m.queue.Forget(id)
+	return true
+}
+
+// reconcile decides one sandbox from the cache and records the result.
+func (m *Mirror) reconcile(ctx context.Context, id string) error {
+	rec, err := m.o.Store.Sandbox(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // an orphan: reported at start-up, otherwise ignored
+	}
+	if err != nil {
+		return err
+	}
+	if rec.State.Terminal() {
+		return nil
+	}
+	obj, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(id))
+	if err != nil {
+		obj = nil
+	}
+	items, err := m.pods.ByIndex(podOwnerIndex, id)
+	if err != nil {
+		return err
+	}
+	pods := make([]*corev1.Pod, 0, len(items))
+	for _, it := range items {
+		pods = append(pods, it.(*corev1.Pod))
+	}
+	obs := Decide(obj, pods, rec, m.o.Now())
+	changed, err := m.o.Store.Observe(ctx, id, obs)
+	if err != nil {
+		return err
+	}
+	if changed {
+		m.log.Info("observed", "sandbox", id, "state", obs.State, "anomaly", obs.Anomaly, "reason", obs.Reason)
+	}
+	return nil
+}
+
+// Enqueue asks the mirror to re-decide a sandbox now, for example right after
+// the API wrote its record.
+func (m *Mirror) Enqueue(id string) { m.queue.Add(id) }

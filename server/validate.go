@@ -1,0 +1,215 @@
+package server
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+// Limits on what a request may ask for. They refuse the absurd, not the
+// large: a cluster's own quotas and limit ranges still apply.
+const (
+	MinTTL        = 5 * time.Second
+	MaxTTL        = 30 * 24 * time.Hour
+	MaxVolumes    = 8
+	MaxLabels     = 32
+	MaxImageLen   = 512
+	maxCPU        = "256"
+	maxMemory     = "2Ti"
+	maxVolumeSize = "64Ti"
+)
+
+var (
+	// imageRef follows the distribution reference grammar: optional
+	// registry host (with port), lower-case path components, optional tag,
+	// optional digest.
+	imageRef = regexp.MustCompile(`^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?` +
+		`[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*` +
+		`(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$`)
+	dnsLabel   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
+	labelKey   = regexp.MustCompile(`^([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
+	labelValue = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+// Capabilities are what this deployment backs. A request for anything else
+// is refused with unsupported_capability rather than half-honoured.
+type Capabilities struct {
+	// StorageClasses a volume may name. A volume that names none gets the
+	// cluster's default class, which is always backed.
+	StorageClasses []string
+	// Transports a sandbox may ask for.
+	Transports []string
+}
+
+// validateCreate checks every field of a create request and returns the
+// spec to record and the expiry, or an error naming the field.
+func validateCreate(req CreateSandboxRequest, caps Capabilities, now time.Time) (store.Spec, *time.Time, error) {
+	spec := store.Spec{Image: req.Image, ShutdownPolicy: "retain", Labels: req.Labels}
+	switch {
+	case req.Image == "":
+		return spec, nil, fieldError("image", "is required")
+	case len(req.Image) > MaxImageLen || !imageRef.MatchString(req.Image):
+		return spec, nil, fieldError("image", fmt.Sprintf("%q is not a valid image reference", truncate(req.Image)))
+	}
+	if r := req.Resources; r != nil {
+		spec.CPURequest, spec.CPULimit, spec.MemoryRequest, spec.MemoryLimit = r.CPURequest, r.CPULimit, r.MemoryRequest, r.MemoryLimit
+		if err := validatePair("resources.cpu", r.CPURequest, r.CPULimit, maxCPU); err != nil {
+			return spec, nil, err
+		}
+		if err := validatePair("resources.memory", r.MemoryRequest, r.MemoryLimit, maxMemory); err != nil {
+			return spec, nil, err
+		}
+	}
+	var expires *time.Time
+	if req.TTL != "" {
+		ttl, err := parseTTL("ttl", req.TTL)
+		if err != nil {
+			return spec, nil, err
+		}
+		spec.TTLSeconds = int64(ttl / time.Second)
+		at := now.Add(ttl).UTC().Truncate(time.Second)
+		expires = &at
+	}
+	switch req.ShutdownPolicy {
+	case "", "retain":
+	case "delete":
+		spec.ShutdownPolicy = "delete"
+	default:
+		return spec, nil, fieldError("shutdown_policy", fmt.Sprintf("%q is not retain or delete", truncate(req.ShutdownPolicy)))
+	}
+	if len(req.Volumes) > MaxVolumes {
+		return spec, nil, fieldError("volumes", fmt.Sprintf("at most %d volumes", MaxVolumes))
+	}
+	names, mounts := map[string]bool{}, map[string]bool{}
+	for i, v := range req.Volumes {
+		f := fmt.Sprintf("volumes[%d]", i)
+		if !dnsLabel.MatchString(v.Name) {
+			return spec, nil, fieldError(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", truncate(v.Name)))
+		}
+		if names[v.Name] {
+			return spec, nil, fieldError(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
+		}
+		names[v.Name] = true
+		if err := validateQuantity(f+".size", v.Size, maxVolumeSize, true); err != nil {
+			return spec, nil, err
+		}
+		if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" || strings.ContainsAny(v.MountPath, "\x00:") {
+			return spec, nil, fieldError(f+".mount_path", fmt.Sprintf("%q must be a clean absolute path other than /", truncate(v.MountPath)))
+		}
+		if mounts[v.MountPath] {
+			return spec, nil, fieldError(f+".mount_path", fmt.Sprintf("duplicate mount path %q", v.MountPath))
+		}
+		mounts[v.MountPath] = true
+		if v.StorageClass != "" {
+			if !dnsLabel.MatchString(v.StorageClass) && !labelKey.MatchString(v.StorageClass) {
+				return spec, nil, fieldError(f+".storage_class", fmt.Sprintf("%q is not a storage class name", truncate(v.StorageClass)))
+			}
+			if !slices.Contains(caps.StorageClasses, v.StorageClass) {
+				return spec, nil, unsupported(f+".storage_class", fmt.Sprintf("storage class %q is not backed by this deployment (backed: %s)", v.StorageClass, listOrNone(caps.StorageClasses)))
+			}
+		}
+		spec.Volumes = append(spec.Volumes, store.Volume{Name: v.Name, Size: v.Size, MountPath: v.MountPath, StorageClass: v.StorageClass})
+	}
+	for i, t := range req.Transports {
+		if !slices.Contains(caps.Transports, t) {
+			return spec, nil, unsupported(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("transport %q is not backed by this deployment (backed: %s)", truncate(t), listOrNone(caps.Transports)))
+		}
+	}
+	if err := validateLabels("labels", req.Labels); err != nil {
+		return spec, nil, err
+	}
+	return spec, expires, nil
+}
+
+func unsupported(field, msg string) *apiError {
+	e := newError(422, CodeUnsupportedCapability, msg)
+	e.detail.Field = field
+	return e
+}
+
+func listOrNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
+func parseTTL(field, s string) (time.Duration, error) {
+	ttl, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fieldError(field, fmt.Sprintf("%q is not a duration such as 90m or 24h", truncate(s)))
+	}
+	if ttl < MinTTL || ttl > MaxTTL {
+		return 0, fieldError(field, fmt.Sprintf("%s is outside %s to %s", ttl, MinTTL, MaxTTL))
+	}
+	return ttl, nil
+}
+
+func validateLabels(field string, labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fieldError(field, fmt.Sprintf("at most %d labels", MaxLabels))
+	}
+	for k, v := range labels {
+		if !labelKey.MatchString(k) {
+			return fieldError(field, fmt.Sprintf("key %q is not a valid label key", truncate(k)))
+		}
+		if !labelValue.MatchString(v) {
+			return fieldError(field+"."+k, fmt.Sprintf("value %q is not a valid label value", truncate(v)))
+		}
+	}
+	return nil
+}
+
+// validatePair checks a request and a limit, and that the request does not
+// exceed the limit.
+func validatePair(field, request, limit, max string) error {
+	if err := validateQuantity(field+"_request", request, max, false); err != nil {
+		return err
+	}
+	if err := validateQuantity(field+"_limit", limit, max, false); err != nil {
+		return err
+	}
+	if request == "" || limit == "" {
+		return nil
+	}
+	rq, lq := resource.MustParse(request), resource.MustParse(limit)
+	if rq.Cmp(lq) > 0 {
+		return fieldError(field+"_request", fmt.Sprintf("%s exceeds the limit %s", request, limit))
+	}
+	return nil
+}
+
+func validateQuantity(field, v, max string, required bool) error {
+	if v == "" {
+		if required {
+			return fieldError(field, "is required")
+		}
+		return nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return fieldError(field, fmt.Sprintf("%q is not a quantity such as 500m, 2 or 1Gi", truncate(v)))
+	}
+	if q.Sign() <= 0 {
+		return fieldError(field, fmt.Sprintf("%s must be positive", v))
+	}
+	if m := resource.MustParse(max); q.Cmp(m) > 0 {
+		return fieldError(field, fmt.Sprintf("%s exceeds the maximum %s", v, max))
+	}
+	return nil
+}
+
+// truncate keeps echoed input short.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

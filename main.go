@@ -1,0 +1,722 @@
+// Command hiloop is a self-hosted control plane for untrusted sandboxes on
+// Kubernetes: one sandbox is one gVisor pod described by an agent-sandbox
+// Sandbox. One binary serves the API, mirrors observed state into an embedded
+// SQLite record, and is also the CLI.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/term"
+	"k8s.io/klog/v2"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/k8stest"
+	"github.com/hiloop/hiloop/mirror"
+	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/store"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// CLI is the whole command-line grammar.
+type CLI struct {
+	Serve   ServeCmd   `cmd:"" help:"Run the control plane: HTTP API, status mirror and product record."`
+	Dev     DevCmd     `cmd:"" help:"Start a local simulated cluster (no Docker needed) and serve against it."`
+	Sandbox SandboxCmd `cmd:"" help:"Create, inspect and control sandboxes through the API."`
+	Org     OrgCmd     `cmd:"" help:"Manage organizations in the database file (offline admin)."`
+	Key     KeyCmd     `cmd:"" help:"Manage API keys: offline with --db, or your own org's through the API."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+// VersionCmd prints the version.
+type VersionCmd struct{}
+
+// Run prints the version.
+func (VersionCmd) Run(stdout io.Writer) error {
+	fmt.Fprintf(stdout, "hiloop %s\n", version)
+	return nil
+}
+
+// ServeCmd runs the control plane.
+type ServeCmd struct {
+	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+	Kubeconfig      string        `env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
+	Namespace       string        `default:"hiloop-sandboxes" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
+	RuntimeClass    string        `default:"gvisor" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
+	StorageClasses  []string      `env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
+	Transports      []string      `default:"exec" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs."`
+	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
+	ClusterTimeout  time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per write."`
+	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
+	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
+}
+
+var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// knownTransports are the transports hiloop can back at all.
+var knownTransports = []string{"exec"}
+
+// Validate checks the flags; kong reports a failure naming the flag, exit 2.
+func (s *ServeCmd) Validate() error {
+	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
+		return fmt.Errorf("--listen: %q is not host:port", s.Listen)
+	}
+	if s.DB == "" {
+		return errors.New("--db: must not be empty")
+	}
+	if s.Kubeconfig != "" {
+		if _, err := os.Stat(s.Kubeconfig); err != nil {
+			return fmt.Errorf("--kubeconfig: %w", err)
+		}
+	}
+	if !dnsLabelRE.MatchString(s.Namespace) {
+		return fmt.Errorf("--namespace: %q is not a valid namespace name", s.Namespace)
+	}
+	if !dnsLabelRE.MatchString(s.RuntimeClass) {
+		return fmt.Errorf("--runtime-class: %q is not a valid RuntimeClass name", s.RuntimeClass)
+	}
+	for _, t := range s.Transports {
+		if !slices.Contains(knownTransports, t) {
+			return fmt.Errorf("--transports: unknown transport %q (known: %s)", t, strings.Join(knownTransports, ", "))
+		}
+	}
+	if s.ClusterTimeout <= 0 {
+		return errors.New("--cluster-timeout: must be positive")
+	}
+	if s.ShutdownTimeout <= 0 {
+		return errors.New("--shutdown-timeout: must be positive")
+	}
+	return nil
+}
+
+// Run serves until SIGINT or SIGTERM.
+func (s *ServeCmd) Run(stdout io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return s.run(ctx, stdout)
+}
+
+func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
+	var level slog.Level
+	level.UnmarshalText([]byte(s.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// client-go's own logging goes through slog, at one level less chatty.
+	klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})).With("component", "client-go"))
+
+	cfg, err := k8s.LoadConfig(s.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	clients, err := k8s.NewClients(cfg)
+	if err != nil {
+		return err
+	}
+	if err := clients.CheckReachable(ctx, s.ClusterTimeout); err != nil {
+		return err
+	}
+	if err := clients.CheckSandboxAPI(ctx); err != nil {
+		return err
+	}
+
+	db, err := store.Open(ctx, store.Options{Path: s.DB})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	org, secret, err := db.Bootstrap(ctx, s.AdminOrg)
+	if err != nil {
+		return err
+	}
+	if secret != "" {
+		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
+	}
+
+	ln, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports})
+	if err != nil {
+		return err
+	}
+	var api *server.Server
+	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log,
+		Recover: func(ctx context.Context, sb store.Sandbox) { api.FinishPending(ctx, sb) }})
+	if err != nil {
+		return err
+	}
+	api, err = server.New(server.Options{
+		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout,
+		Caps:    server.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
+		Observe: mir.Enqueue,
+		Ready: func(ctx context.Context) error {
+			if !mir.Ready() {
+				return errors.New("status mirror has not synced yet")
+			}
+			return clients.CheckSandboxAPI(ctx)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("serving", "addr", ln.Addr().String(), "namespace", s.Namespace, "db", s.DB, "cluster", cfg.Host)
+	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, ln.Addr(), cfg.Host, s.Namespace)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error { return mir.Run(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+		defer cancel()
+		return httpSrv.Shutdown(sctx)
+	})
+	return g.Wait()
+}
+
+// DevCmd runs hiloop against a local simulated cluster.
+type DevCmd struct {
+	ClusterBin string `required:"" env:"HILOOP_CLUSTER_BIN" help:"Directory of the cluster binaries (printed by testdata/cluster/build.sh)."`
+	ServeCmd   `embed:""`
+}
+
+// Run starts the cluster, serves against it, and tears it down on exit.
+func (d *DevCmd) Run(stdout io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintln(stdout, "Starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, kwok, agent-sandbox controller)...")
+	c, err := k8stest.Start(ctx, k8stest.Options{BinDir: d.ClusterBin, Namespace: d.Namespace, Log: os.Stderr})
+	if c != nil {
+		defer c.Stop()
+	}
+	if err != nil {
+		return err
+	}
+	d.Kubeconfig = c.Kubeconfig
+	if len(d.StorageClasses) == 0 {
+		d.StorageClasses = []string{"kwok-volume"}
+	}
+	fmt.Fprintf(stdout, "Local cluster up. Inspect it with:\n\n    kubectl --kubeconfig %s get sandboxes,pods -n %s\n\n", c.Kubeconfig, c.Namespace)
+	return d.ServeCmd.run(ctx, stdout)
+}
+
+// Client flags shared by the commands that talk to the API.
+type Client struct {
+	URL    string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
+	Token  string `env:"HILOOP_TOKEN" help:"API key."`
+	Output string `short:"o" default:"table" enum:"table,json" help:"Output format: table or json."`
+}
+
+func (c *Client) api() *server.Client { return &server.Client{URL: c.URL, Token: c.Token} }
+
+func (c *Client) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
+	if c.Output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+func sandboxRows(tw *tabwriter.Writer, list ...server.Sandbox) {
+	fmt.Fprintln(tw, "ID\tSTATE\tDESIRED\tIMAGE\tEXPIRES\tREASON")
+	for _, sb := range list {
+		state := string(sb.State)
+		if sb.Anomaly != "" {
+			state += "/" + sb.Anomaly
+		}
+		reason := sb.Reason
+		if sb.ExitCode != nil {
+			reason = strings.TrimSpace(fmt.Sprintf("exit %d %s", *sb.ExitCode, reason))
+		}
+		expires := "-"
+		if sb.ExpiresAt != nil {
+			expires = sb.ExpiresAt.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, state, sb.Desired, sb.Image, expires, reason)
+	}
+}
+
+// SandboxCmd groups the sandbox commands.
+type SandboxCmd struct {
+	Create SandboxCreateCmd `cmd:"" help:"Create a sandbox."`
+	List   SandboxListCmd   `cmd:"" help:"List sandboxes."`
+	Get    SandboxGetCmd    `cmd:"" help:"Show one sandbox."`
+	Stop   SandboxActionCmd `cmd:"" help:"Stop a sandbox (volumes survive, processes do not)."`
+	Start  SandboxActionCmd `cmd:"" help:"Start a stopped sandbox."`
+	Ttl    SandboxTTLCmd    `cmd:"" name:"ttl" help:"Set a sandbox's TTL from now."`
+	Delete SandboxActionCmd `cmd:"" help:"Delete a sandbox."`
+	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
+	Events SandboxGetCmd    `cmd:"" help:"Show a sandbox's state history."`
+}
+
+// SandboxCreateCmd creates a sandbox.
+type SandboxCreateCmd struct {
+	Client         `embed:""`
+	Image          string            `arg:"" help:"Image to run, entrypoint unmodified."`
+	CPU            string            `help:"CPU request (and limit unless --cpu-limit)."`
+	CPULimit       string            `name:"cpu-limit" help:"CPU limit."`
+	Memory         string            `help:"Memory request (and limit unless --memory-limit)."`
+	MemoryLimit    string            `help:"Memory limit."`
+	TTL            string            `name:"ttl" help:"Time to live, such as 2h."`
+	ShutdownPolicy string            `help:"What expiry does: retain or delete."`
+	Volume         []string          `help:"Volume NAME:SIZE:MOUNTPATH[:STORAGECLASS]; repeatable."`
+	Label          map[string]string `help:"Label KEY=VALUE; repeatable."`
+	Transport      []string          `help:"Transport the sandbox needs; repeatable."`
+	IdempotencyKey string            `help:"Idempotency-Key: a retry with the same key never makes a second sandbox."`
+	Wait           bool              `help:"Wait until the sandbox runs, showing its progress."`
+	Timeout        time.Duration     `default:"5m" help:"How long --wait waits."`
+}
+
+// Run creates the sandbox.
+func (c *SandboxCreateCmd) Run(stdout io.Writer) error {
+	req := server.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport}
+	if c.CPU != "" || c.CPULimit != "" || c.Memory != "" || c.MemoryLimit != "" {
+		req.Resources = &server.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
+	}
+	for _, v := range c.Volume {
+		parts := strings.Split(v, ":")
+		if len(parts) < 3 || len(parts) > 4 {
+			return fmt.Errorf("--volume %q: want NAME:SIZE:MOUNTPATH[:STORAGECLASS]", v)
+		}
+		vr := server.VolumeRequest{Name: parts[0], Size: parts[1], MountPath: parts[2]}
+		if len(parts) == 4 {
+			vr.StorageClass = parts[3]
+		}
+		req.Volumes = append(req.Volumes, vr)
+	}
+	ctx := context.Background()
+	sb, err := c.api().CreateSandbox(ctx, req, c.IdempotencyKey)
+	if err != nil {
+		return err
+	}
+	if c.Wait {
+		sb, err = waitFor(ctx, c.api(), sb.ID, store.StateRunning, c.Timeout)
+		if err != nil {
+			return err
+		}
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// waitFor waits for a state, showing progress on stderr: one line rewritten
+// in place on a terminal, one line per state otherwise.
+func waitFor(ctx context.Context, api *server.Client, id string, want store.State, timeout time.Duration) (server.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tty := term.IsTerminal(int(os.Stderr.Fd()))
+	var trail []string
+	start := time.Now()
+	sb, err := api.Wait(ctx, id, want, func(sb server.Sandbox) {
+		trail = append(trail, string(sb.State))
+		line := fmt.Sprintf("%s: %s (%s)", id, strings.Join(trail, " -> "), time.Since(start).Round(100*time.Millisecond))
+		if tty {
+			fmt.Fprintf(os.Stderr, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(os.Stderr, line)
+		}
+	})
+	if tty {
+		fmt.Fprintln(os.Stderr)
+	}
+	return sb, err
+}
+
+// SandboxListCmd lists sandboxes.
+type SandboxListCmd struct {
+	Client `embed:""`
+	State  string   `help:"Only sandboxes in this state."`
+	Label  []string `help:"Only sandboxes with label KEY=VALUE; repeatable."`
+	Limit  int      `default:"100" help:"Page size."`
+	After  string   `help:"Cursor: the previous page's next."`
+	All    bool     `help:"Follow every page."`
+}
+
+// Run lists.
+func (c *SandboxListCmd) Run(stdout io.Writer) error {
+	ctx := context.Background()
+	var all []server.Sandbox
+	after := c.After
+	next := ""
+	for {
+		page, err := c.api().ListSandboxes(ctx, c.State, c.Label, c.Limit, after)
+		if err != nil {
+			return err
+		}
+		all = append(all, page.Items...)
+		next = page.Next
+		if !c.All || page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	return c.print(stdout, server.SandboxList{Items: all, Next: next}, func(tw *tabwriter.Writer) {
+		sandboxRows(tw, all...)
+		if next != "" {
+			tw.Flush()
+			fmt.Fprintf(os.Stderr, "more: --after %s (or --all)\n", next)
+		}
+	})
+}
+
+// SandboxGetCmd shows one sandbox (get) or its history (events).
+type SandboxGetCmd struct {
+	Client `embed:""`
+	ID     string `arg:"" help:"Sandbox id."`
+}
+
+// Run shows the sandbox or its events, depending on the command.
+func (c *SandboxGetCmd) Run(kctx *kong.Context, stdout io.Writer) error {
+	ctx := context.Background()
+	if strings.HasSuffix(kctx.Command(), "events <id>") {
+		evs, err := c.api().Events(ctx, c.ID)
+		if err != nil {
+			return err
+		}
+		return c.print(stdout, evs, func(tw *tabwriter.Writer) {
+			fmt.Fprintln(tw, "AT\tFROM\tTO\tREASON")
+			for _, e := range evs {
+				from := string(e.From)
+				if from == "" {
+					from = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.At.Local().Format("2006-01-02 15:04:05.000"), from, e.To, e.Reason)
+			}
+		})
+	}
+	sb, err := c.api().Sandbox(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// SandboxActionCmd stops, starts or deletes a sandbox.
+type SandboxActionCmd struct {
+	Client `embed:""`
+	ID     string `arg:"" help:"Sandbox id."`
+}
+
+// Run performs the action named by the command.
+func (c *SandboxActionCmd) Run(kctx *kong.Context, stdout io.Writer) error {
+	ctx := context.Background()
+	action := strings.Fields(kctx.Command())[1]
+	var sb server.Sandbox
+	var err error
+	if action == "delete" {
+		sb, err = c.api().DeleteSandbox(ctx, c.ID)
+	} else {
+		sb, err = c.api().Action(ctx, c.ID, action)
+	}
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// SandboxTTLCmd sets a TTL.
+type SandboxTTLCmd struct {
+	Client `embed:""`
+	ID     string `arg:"" help:"Sandbox id."`
+	TTL    string `arg:"" name:"ttl" help:"New time to live from now, such as 4h."`
+}
+
+// Run sets the TTL.
+func (c *SandboxTTLCmd) Run(stdout io.Writer) error {
+	sb, err := c.api().UpdateTTL(context.Background(), c.ID, c.TTL)
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// SandboxWaitCmd waits for a state.
+type SandboxWaitCmd struct {
+	Client  `embed:""`
+	ID      string        `arg:"" help:"Sandbox id."`
+	For     string        `default:"running" help:"State to wait for."`
+	Timeout time.Duration `default:"5m" help:"How long to wait."`
+}
+
+// Run waits.
+func (c *SandboxWaitCmd) Run(stdout io.Writer) error {
+	if !slices.Contains(store.States, store.State(c.For)) {
+		return usageError{fmt.Errorf("--for: %q is not a state", c.For)}
+	}
+	sb, err := waitFor(context.Background(), c.api(), c.ID, store.State(c.For), c.Timeout)
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// Offline admin flags.
+type offline struct {
+	DB string `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+}
+
+func (o offline) open() (*store.Store, error) {
+	return store.Open(context.Background(), store.Options{Path: o.DB})
+}
+
+// OrgCmd groups the organization commands.
+type OrgCmd struct {
+	Create OrgCreateCmd `cmd:"" help:"Create an organization and its first API key."`
+	List   OrgListCmd   `cmd:"" help:"List organizations."`
+	Quota  OrgQuotaCmd  `cmd:"" help:"Set an organization's quotas."`
+}
+
+// OrgCreateCmd creates an organization with a first key.
+type OrgCreateCmd struct {
+	offline
+	Name         string `arg:"" help:"Organization name."`
+	MaxSandboxes int    `default:"50" help:"Most sandboxes it may hold."`
+	MaxRunning   int    `default:"20" help:"Most sandboxes it may run at once."`
+}
+
+// Run creates the organization.
+func (c *OrgCreateCmd) Run(stdout io.Writer) error {
+	if c.MaxSandboxes < 1 || c.MaxRunning < 1 {
+		return usageError{errors.New("--max-sandboxes and --max-running: must be at least 1")}
+	}
+	db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := context.Background()
+	org, err := db.CreateOrg(ctx, c.Name, c.MaxSandboxes, c.MaxRunning)
+	if err != nil {
+		return err
+	}
+	_, secret, err := db.CreateKey(ctx, org.ID, "first")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "Created organization %s (%s). Its first API key, shown only this once:\n\n    HILOOP_TOKEN=%s\n", org.Name, org.ID, secret)
+	return nil
+}
+
+// OrgListCmd lists organizations.
+type OrgListCmd struct{ offline }
+
+// Run lists.
+func (c *OrgListCmd) Run(stdout io.Writer) error {
+	db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	orgs, err := db.Orgs(context.Background())
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tMAX SANDBOXES\tMAX RUNNING")
+	for _, o := range orgs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", o.ID, o.Name, o.MaxSandboxes, o.MaxRunning)
+	}
+	return tw.Flush()
+}
+
+// OrgQuotaCmd sets quotas.
+type OrgQuotaCmd struct {
+	offline
+	Org          string `arg:"" help:"Organization id or name."`
+	MaxSandboxes int    `required:"" help:"Most sandboxes it may hold."`
+	MaxRunning   int    `required:"" help:"Most sandboxes it may run at once."`
+}
+
+// Run sets the quotas.
+func (c *OrgQuotaCmd) Run(stdout io.Writer) error {
+	if c.MaxSandboxes < 0 || c.MaxRunning < 0 {
+		return usageError{errors.New("--max-sandboxes and --max-running: must not be negative")}
+	}
+	db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := context.Background()
+	org, err := db.Org(ctx, c.Org)
+	if err != nil {
+		return err
+	}
+	if err := db.SetQuota(ctx, org.ID, c.MaxSandboxes, c.MaxRunning); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: max %d sandboxes, %d running\n", org.Name, c.MaxSandboxes, c.MaxRunning)
+	return nil
+}
+
+// KeyCmd groups the key commands.
+type KeyCmd struct {
+	Create KeyCreateCmd `cmd:"" help:"Issue an API key."`
+	List   KeyListCmd   `cmd:"" help:"List API keys."`
+	Revoke KeyRevokeCmd `cmd:"" help:"Revoke an API key."`
+}
+
+// keyTarget says where a key command acts: the database file for --org
+// (offline admin), else the API for the caller's own organization.
+type keyTarget struct {
+	Client `embed:""`
+	offline
+	Org string `help:"Organization id or name: act on the database file offline instead of through the API."`
+}
+
+// KeyCreateCmd issues a key.
+type KeyCreateCmd struct {
+	keyTarget
+	Name string `default:"" help:"A name to remember the key by."`
+}
+
+// Run issues the key.
+func (c *KeyCreateCmd) Run(stdout io.Writer) error {
+	ctx := context.Background()
+	var k server.CreatedKey
+	if c.Org != "" {
+		db, err := c.open()
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		org, err := db.Org(ctx, c.Org)
+		if err != nil {
+			return err
+		}
+		k.APIKey, k.Secret, err = db.CreateKey(ctx, org.ID, c.Name)
+		if err != nil {
+			return err
+		}
+	} else {
+		var err error
+		if k, err = c.api().CreateKey(ctx, c.Name); err != nil {
+			return err
+		}
+	}
+	return c.print(stdout, k, func(tw *tabwriter.Writer) {
+		fmt.Fprintf(tw, "Key %s for %s, shown only this once:\n\n    HILOOP_TOKEN=%s\n", k.ID, k.OrgID, k.Secret)
+	})
+}
+
+// KeyListCmd lists keys.
+type KeyListCmd struct{ keyTarget }
+
+// Run lists the keys.
+func (c *KeyListCmd) Run(stdout io.Writer) error {
+	ctx := context.Background()
+	var keys []store.APIKey
+	var err error
+	if c.Org != "" {
+		db, err := c.open()
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		org, err := db.Org(ctx, c.Org)
+		if err != nil {
+			return err
+		}
+		if keys, err = db.Keys(ctx, org.ID); err != nil {
+			return err
+		}
+	} else if keys, err = c.api().Keys(ctx); err != nil {
+		return err
+	}
+	return c.print(stdout, keys, func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "ID\tNAME\tCREATED\tREVOKED")
+		for _, k := range keys {
+			revoked := "-"
+			if k.RevokedAt != nil {
+				revoked = k.RevokedAt.Local().Format(time.DateTime)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.Local().Format(time.DateTime), revoked)
+		}
+	})
+}
+
+// KeyRevokeCmd revokes a key.
+type KeyRevokeCmd struct {
+	keyTarget
+	ID string `arg:"" help:"Key id."`
+}
+
+// Run revokes.
+func (c *KeyRevokeCmd) Run(stdout io.Writer) error {
+	ctx := context.Background()
+	if c.Org != "" {
+		db, err := c.open()
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		org, err := db.Org(ctx, c.Org)
+		if err != nil {
+			return err
+		}
+		if err := db.RevokeKey(ctx, org.ID, c.ID); err != nil {
+			return err
+		}
+	} else if err := c.api().RevokeKey(ctx, c.ID); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "revoked %s\n", c.ID)
+	return nil
+}
+
+// usageError is a bad flag or argument found after parsing: exit 2.
+type usageError struct{ error }
+
+// ExitCode makes kong exit 2, as for a parse error.
+func (usageError) ExitCode() int { return 2 }
+
+func main() {
+	var cli CLI
+	parser, err := kong.New(&cli,
+		kong.Name("hiloop"),
+		kong.Description("hiloop runs untrusted sandboxes on Kubernetes, one gVisor pod each, and reaches into them.\n\n"+
+			"Run the control plane with `hiloop serve` (or `hiloop dev` for a local simulated cluster);\n"+
+			"drive it with `hiloop sandbox ...`, configured by HILOOP_URL and HILOOP_TOKEN."),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.BindTo(io.Writer(os.Stdout), (*io.Writer)(nil)),
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		// Bad flags and config exit 2 (kong's own default is 80).
+		parser.FatalIfErrorf(usageError{err})
+	}
+	ctx.FatalIfErrorf(ctx.Run())
+}

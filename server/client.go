@@ -1,0 +1,230 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+// Client is a Go client of the API, used by the CLI.
+type Client struct {
+	URL   string
+	Token string
+	HTTP  *http.Client
+}
+
+// APIError is an error response of the API.
+type APIError struct {
+	Status int
+	ErrorDetail
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s (%s)", e.Message, e.Code)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, header http.Header, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 60 * time.Second}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 400 {
+		var eb ErrorBody
+		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+			return &APIError{Status: resp.StatusCode, ErrorDetail: ErrorDetail{Code: "http_" + fmt.Sprint(resp.StatusCode), Message: strings.TrimSpace(string(data))}}
+		}
+		return &APIError{Status: resp.StatusCode, ErrorDetail: eb.Error}
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	return json.Unmarshal(data, out)
+}
+
+// CreateSandbox creates a sandbox; idempotencyKey may be empty.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest, idempotencyKey string) (Sandbox, error) {
+	var h http.Header
+	if idempotencyKey != "" {
+		h = http.Header{"Idempotency-Key": {idempotencyKey}}
+	}
+	var sb Sandbox
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes", h, req, &sb)
+	return sb, err
+}
+
+// Sandbox gets one sandbox.
+func (c *Client) Sandbox(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, &sb)
+	return sb, err
+}
+
+// ListSandboxes lists one page of sandboxes.
+func (c *Client) ListSandboxes(ctx context.Context, state string, labels []string, limit int, after string) (SandboxList, error) {
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
+	for _, l := range labels {
+		q.Add("label", l)
+	}
+	if limit > 0 {
+		q.Set("limit", fmt.Sprint(limit))
+	}
+	if after != "" {
+		q.Set("after", after)
+	}
+	var out SandboxList
+	path := "/v1/sandboxes"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, nil, &out)
+	return out, err
+}
+
+// Action posts to stop or start.
+func (c *Client) Action(ctx context.Context, id, action string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+action, nil, nil, &sb)
+	return sb, err
+}
+
+// UpdateTTL sets a new TTL.
+func (c *Client) UpdateTTL(ctx context.Context, id, ttl string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, UpdateSandboxRequest{TTL: ttl}, &sb)
+	return sb, err
+}
+
+// DeleteSandbox deletes a sandbox.
+func (c *Client) DeleteSandbox(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, &sb)
+	return sb, err
+}
+
+// Events lists a sandbox's state transitions.
+func (c *Client) Events(ctx context.Context, id string) ([]store.Event, error) {
+	var out EventList
+	err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/events", nil, nil, &out)
+	return out.Items, err
+}
+
+// Org returns the caller's organization.
+func (c *Client) Org(ctx context.Context) (store.Org, error) {
+	var o store.Org
+	err := c.do(ctx, http.MethodGet, "/v1/org", nil, nil, &o)
+	return o, err
+}
+
+// Keys lists the caller's organization's keys.
+func (c *Client) Keys(ctx context.Context) ([]store.APIKey, error) {
+	var out KeyList
+	err := c.do(ctx, http.MethodGet, "/v1/keys", nil, nil, &out)
+	return out.Items, err
+}
+
+// CreateKey issues a key in the caller's organization.
+func (c *Client) CreateKey(ctx context.Context, name string) (CreatedKey, error) {
+	var out CreatedKey
+	err := c.do(ctx, http.MethodPost, "/v1/keys", nil, CreateKeyRequest{Name: name}, &out)
+	return out, err
+}
+
+// RevokeKey revokes a key of the caller's organization.
+func (c *Client) RevokeKey(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/keys/"+url.PathEscape(id), nil, nil, nil)
+}
+
+// FailureStates are the states in which waiting for running stops, failed.
+var FailureStates = map[store.State]bool{
+	store.StateExited: true, store.StateExpired: true, store.StateDeleted: true, store.StateLost: true,
+	store.StateAttention: true, store.StateQuarantined: true, store.StateFailed: true,
+}
+
+// Wait polls a sandbox until it reaches state want, calling progress on each
+// change of state. It returns the sandbox and an error when a failure state
+// (or, waiting for running, a stop) ends the wait first.
+func (c *Client) Wait(ctx context.Context, id string, want store.State, progress func(Sandbox)) (Sandbox, error) {
+	var last store.State
+	for {
+		sb, err := c.Sandbox(ctx, id)
+		if err != nil {
+			return sb, err
+		}
+		if sb.State != last {
+			last = sb.State
+			if progress != nil {
+				progress(sb)
+			}
+		}
+		if sb.State == want {
+			return sb, nil
+		}
+		if FailureStates[sb.State] || (want == store.StateRunning && sb.Desired != store.ModeRunning) {
+			return sb, &WaitError{Sandbox: sb}
+		}
+		select {
+		case <-ctx.Done():
+			return sb, fmt.Errorf("timed out waiting for %s; sandbox is %s", want, sb.State)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// WaitError reports that a wait ended in a failure state.
+type WaitError struct{ Sandbox Sandbox }
+
+func (e *WaitError) Error() string {
+	sb := e.Sandbox
+	msg := "sandbox " + sb.ID + " is " + string(sb.State)
+	if sb.Anomaly != "" {
+		msg += " (" + sb.Anomaly + ")"
+	}
+	if sb.ExitCode != nil {
+		msg += fmt.Sprintf(", exit code %d", *sb.ExitCode)
+	}
+	if sb.Reason != "" {
+		msg += ": " + sb.Reason
+	}
+	return msg
+}

@@ -1,0 +1,33 @@
+# hiloop's two set-up commands, and a few more.
+#   make run    build what is missing, start a local simulated cluster, serve against it
+#   make test   the whole test suite, real local cluster included
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+TEST_TIMEOUT ?= 45m
+
+.PHONY: run test cluster build bench vet
+
+# cluster builds the pinned control-plane binaries into the cache (only the
+# missing ones) and prints their directory.
+cluster:
+	@testdata/cluster/build.sh
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/hiloop .
+
+run: build
+	@bin=$$(testdata/cluster/build.sh | tail -n1) && HILOOP_CLUSTER_BIN=$$bin ./bin/hiloop dev
+
+test:
+	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
+	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v ^testdata/))" || { gofmt -l .; exit 1; }
+
+# bench runs the benchmarks against the local cluster; see docs/benchmarks.md.
+bench:
+	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
+	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...

@@ -1,0 +1,160 @@
+package main_test
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/k8s"
+)
+
+func TestServeReadyAndCleanShutdown(t *testing.T) {
+	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	if in.Token == "" {
+		t.Fatal("first start printed no admin key")
+	}
+	status, body := in.call("", "GET", "/healthz", "")
+	if status != 200 {
+		t.Fatalf("healthz %d %s", status, body)
+	}
+	in.stop()
+	// A second start on the same database issues no new admin key.
+	again := serve(t, in.DB, in.NS)
+	if again.Token != "" {
+		t.Fatal("second start printed another admin key")
+	}
+	if _, _, code := again.cli(in.Token, "sandbox", "list"); code != 0 {
+		t.Fatal("first key no longer works after restart")
+	}
+}
+
+func TestServeUnreachableCluster(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	cfg := `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`
+	if err := writeFile(kc, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(hiloopBin, "serve", "--kubeconfig", kc, "--db", filepath.Join(t.TempDir(), "h.db"), "--listen", "127.0.0.1:0", "--cluster-timeout", "3s")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() == 0 {
+		t.Fatalf("serve against an unreachable cluster: err %v, output %q", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "127.0.0.1:1") || !strings.Contains(lines[0], "unreachable") {
+		t.Fatalf("want one clear line naming the cluster, got:\n%s", out)
+	}
+}
+
+func TestServeBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--listen", "nowhere"}, "--listen"},
+		{[]string{"--namespace", "Bad_NS"}, "--namespace"},
+		{[]string{"--runtime-class", ""}, "--runtime-class"},
+		{[]string{"--transports", "telnet"}, "--transports"},
+		{[]string{"--kubeconfig", "/does/not/exist"}, "--kubeconfig"},
+		{[]string{"--cluster-timeout", "soon"}, "--cluster-timeout"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--no-such-flag"}, "--no-such-flag"},
+	} {
+		cmd := exec.Command(hiloopBin, append([]string{"serve"}, tc.args...)...)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir()}
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.flag) {
+			t.Errorf("serve %v: err %v, want exit 2 naming %s; output:\n%s", tc.args, err, tc.flag, out)
+		}
+	}
+	// The env equivalents are checked the same way.
+	cmd := exec.Command(hiloopBin, "serve")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HILOOP_LISTEN=bad"}
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--listen") {
+		t.Errorf("HILOOP_LISTEN=bad: %v %s", err, out)
+	}
+}
+
+// TestLifecycleWithVolume: create, running (observed from the pod), stop,
+// stopped, start, running, delete, deleted, with a volume whose claim
+// survives stop/start and is collected on delete.
+func TestLifecycleWithVolume(t *testing.T) {
+	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	sb := in.create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--wait")
+	if sb.State != "running" {
+		t.Fatalf("create --wait returned state %s", sb.State)
+	}
+	claim := "data-" + k8s.ObjectName(sb.ID)
+	pvcUID := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}")
+	podOwner := kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.metadata.labels.hiloop\\.dev/sandbox}")
+	if podOwner != sb.ID {
+		t.Fatalf("pod carries sandbox label %q", podOwner)
+	}
+
+	in.mustCLI(in.Token, "sandbox", "stop", sb.ID)
+	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "stopped", "--timeout", "60s")
+	if out, _ := cluster.Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID)); !strings.Contains(out, "NotFound") {
+		t.Fatalf("stopped sandbox still has a pod: %s", out)
+	}
+	if got := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
+		t.Fatalf("claim did not survive stop: uid %q, was %q", got, pvcUID)
+	}
+
+	in.mustCLI(in.Token, "sandbox", "start", sb.ID)
+	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "running", "--timeout", "60s")
+	if got := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
+		t.Fatalf("claim did not survive start: uid %q, was %q", got, pvcUID)
+	}
+	mounted := kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.spec.volumes[*].persistentVolumeClaim.claimName}")
+	if mounted != claim {
+		t.Fatalf("replacement pod mounts %q, want %q", mounted, claim)
+	}
+
+	in.mustCLI(in.Token, "sandbox", "delete", sb.ID)
+	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "deleted", "--timeout", "60s")
+	eventually(t, "claim collected", 60*time.Second, func() (bool, error) {
+		out, _ := cluster.Kubectl(context.Background(), "get", "pvc", "-n", in.NS, claim)
+		return strings.Contains(out, "NotFound"), nil
+	})
+
+	events := in.mustCLI(in.Token, "sandbox", "events", sb.ID, "-o", "json")
+	for _, want := range []string{`"to": "pending"`, `"to": "starting"`, `"to": "running"`, `"to": "stopped"`, `"to": "deleted"`} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+}
+
+func TestTTLExpiry(t *testing.T) {
+	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	retain := in.create(in.Token, "busybox", "--ttl", "6s", "--wait")
+	del := in.create(in.Token, "busybox", "--ttl", "6s", "--shutdown-policy", "delete", "--wait")
+	// Extending one TTL through the API keeps it alive past the others.
+	keep := in.create(in.Token, "busybox", "--ttl", "6s", "--wait")
+	in.mustCLI(in.Token, "sandbox", "ttl", keep.ID, "1h")
+
+	in.waitState(in.Token, retain.ID, "expired")
+	in.waitState(in.Token, del.ID, "deleted")
+	if sb := in.get(in.Token, keep.ID); sb.State != "running" {
+		t.Fatalf("extended sandbox is %s", sb.State)
+	}
+	// A retained, expired sandbox keeps its object (and record) but no pod.
+	if out, _ := cluster.Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(retain.ID)); !strings.Contains(out, "NotFound") {
+		t.Fatalf("expired sandbox still has a pod: %s", out)
+	}
+	kubectl(t, "get", "sandbox", "-n", in.NS, k8s.ObjectName(retain.ID))
+	// Shortening works too.
+	in.mustCLI(in.Token, "sandbox", "ttl", keep.ID, "5s")
+	in.waitState(in.Token, keep.ID, "expired")
+}

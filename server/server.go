@@ -224,6 +224,9 @@ func jsonError(err error) *apiError {
 	switch {
 	case errors.As(err, &te):
 		f := te.Field
+		if f == "" {
+			f = "body"
+		}
 		return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: f,
 			Message: fmt.Sprintf("%s: expected %s, got JSON %s", f, te.Type, te.Value)}}
 	case errors.As(err, &se):

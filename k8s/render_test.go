@@ -1,0 +1,80 @@
+package k8s_test
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// TestRenderGolden pins the exact Sandbox hiloop writes.
+func TestRenderGolden(t *testing.T) {
+	expires := time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC)
+	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: []string{"exec"}}
+	for name, sb := range map[string]store.Sandbox{
+		"minimal": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}},
+		"full": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning, ExpiresAt: &expires,
+			Spec: store.Spec{Image: "ghcr.io/acme/tool:1.2@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+				CPURequest: "500m", CPULimit: "2", MemoryRequest: "256Mi", MemoryLimit: "1Gi", TTLSeconds: 3600, ShutdownPolicy: "delete",
+				Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data"}, {Name: "cache", Size: "1Gi", MountPath: "/cache", StorageClass: "fast"}},
+				Labels:  map[string]string{"team": "ml"}}},
+		"stopped": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeStopped,
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obj, err := k8s.Render(sb, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := yaml.Marshal(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", "render-"+name+".yaml")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./k8s -update)", err)
+			}
+			if diff := cmp.Diff(string(want), string(got)); diff != "" {
+				t.Errorf("rendered Sandbox differs from %s (-want +got):\n%s", path, diff)
+			}
+			// The invariants DESIGN.md names, checked on the object itself.
+			c := obj.Spec.PodTemplate.Spec.Containers[0]
+			if c.Command != nil || c.Args != nil || c.Env != nil || c.SecurityContext != nil {
+				t.Error("workload container has command, args, env or securityContext")
+			}
+			ps := obj.Spec.PodTemplate.Spec
+			if ps.RestartPolicy != "Never" || ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken ||
+				ps.RuntimeClassName == nil || *ps.RuntimeClassName != "gvisor" || obj.Spec.Service == nil || *obj.Spec.Service {
+				t.Error("pod template breaks a rendering invariant")
+			}
+			r, err := k8s.ParseReceipt(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
+			if err != nil || r.RuntimeClass != "gvisor" {
+				t.Errorf("receipt %+v %v", r, err)
+			}
+		})
+	}
+}
+
+func TestParseReceiptRefusesUnknown(t *testing.T) {
+	for _, s := range []string{"", "{", `{"v":2,"runtime_class":"gvisor"}`, `{"v":1}`, `{"v":1,"runtime_class":"gvisor","extra":1}`} {
+		if _, err := k8s.ParseReceipt(s); err == nil {
+			t.Errorf("ParseReceipt(%q) accepted", s)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package mirror
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func record(mut ...func(*store.Sandbox)) store.Sandbox {
+	sb := store.Sandbox{ID: "sbx_a", OrgID: "org_a", DesiredMode: store.ModeRunning, State: store.StateStarting,
+		Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}}
+	for _, m := range mut {
+		m(&sb)
+	}
+	return sb
+}
+
+func object(mut ...func(*v1beta1.Sandbox)) *v1beta1.Sandbox {
+	obj, err := k8s.Render(record(), k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor"})
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range mut {
+		m(obj)
+	}
+	return obj
+}
+
+func pod(mut ...func(*corev1.Pod)) *corev1.Pod {
+	obj := object()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: obj.Name, Labels: obj.Spec.PodTemplate.ObjectMeta.Labels,
+			Annotations: obj.Spec.PodTemplate.ObjectMeta.Annotations, CreationTimestamp: metav1.NewTime(now)},
+		Spec: *obj.Spec.PodTemplate.Spec.DeepCopy(),
+		Status: corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	for _, m := range mut {
+		m(p)
+	}
+	return p
+}
+
+func TestDecide(t *testing.T) {
+	code := func(c int) *int { return &c }
+	pending := func(p *corev1.Pod) { p.Status = corev1.PodStatus{Phase: corev1.PodPending} }
+	terminated := func(phase corev1.PodPhase, c int32, reason string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Status = corev1.PodStatus{Phase: phase, ContainerStatuses: []corev1.ContainerStatus{{Name: k8s.WorkloadContainer,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: c, Reason: reason}}}}}
+		}
+	}
+	suspended := func(o *v1beta1.Sandbox) { o.Spec.OperatingMode = v1beta1.SandboxOperatingModeSuspended }
+	past := metav1.NewTime(now.Add(-time.Minute))
+	tests := []struct {
+		name string
+		obj  *v1beta1.Sandbox
+		pods []*corev1.Pod
+		rec  store.Sandbox
+		want store.Observation
+	}{
+		{"not yet observed", nil, nil, record(func(s *store.Sandbox) { s.State = store.StatePending }), store.Observation{State: store.StatePending}},
+		{"object, no pod", object(), nil, record(), store.Observation{State: store.StateStarting}},
+		{"pod not ready", object(), []*corev1.Pod{pod(pending)}, record(), store.Observation{State: store.StateStarting}},
+		{"pod ready", object(), []*corev1.Pod{pod()}, record(), store.Observation{State: store.StateRunning}},
+		{"suspended with pod", object(suspended), []*corev1.Pod{pod()}, record(), store.Observation{State: store.StateStopping}},
+		{"suspended without pod", object(suspended), nil, record(), store.Observation{State: store.StateStopped}},
+		{"pod failed", object(), []*corev1.Pod{pod(terminated(corev1.PodFailed, 42, "Error"))}, record(),
+			store.Observation{State: store.StateExited, ExitCode: code(42), Reason: "Error"}},
+		{"pod succeeded", object(), []*corev1.Pod{pod(terminated(corev1.PodSucceeded, 0, "Completed"))}, record(),
+			store.Observation{State: store.StateExited, ExitCode: code(0), Reason: "Completed"}},
+		{"expired, pod still there", object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }), []*corev1.Pod{pod()}, record(),
+			store.Observation{State: store.StateStopping, Reason: "expiring"}},
+		{"expired", object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }), nil, record(),
+			store.Observation{State: store.StateExpired, Reason: "shutdown time passed"}},
+		{"gone after API delete", nil, nil, record(func(s *store.Sandbox) { s.DesiredMode = store.ModeDeleted }),
+			store.Observation{State: store.StateDeleted, Reason: "deleted through the API"}},
+		{"gone after expiry with policy delete", nil, nil, record(func(s *store.Sandbox) {
+			s.Spec.ShutdownPolicy = "delete"
+			s.ExpiresAt = &past.Time
+		}), store.Observation{State: store.StateDeleted, Reason: "expired with shutdown policy delete"}},
+		{"gone otherwise", nil, nil, record(func(s *store.Sandbox) { s.State = store.StateRunning }),
+			store.Observation{State: store.StateLost, Reason: "sandbox object vanished without a delete through the API"}},
+		{"two live pods", object(), []*corev1.Pod{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyMultiplePods, Reason: "2 live pods"}},
+		{"a finished pod beside a live one is not two", object(), []*corev1.Pod{pod(), pod(terminated(corev1.PodFailed, 1, ""))}, record(),
+			store.Observation{State: store.StateExited, ExitCode: code(1), Reason: "Failed"}},
+		{"org label mangled", object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "garbage" }), nil, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyOrgLabelUnparseable, Reason: `org label is "garbage"`}},
+		{"sandbox label missing", object(func(o *v1beta1.Sandbox) { delete(o.Labels, k8s.LabelSandbox) }), nil, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyIdentityMissing, Reason: `sandbox label is ""`}},
+		{"receipt missing on pod", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Annotations = nil })}, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyReceiptUnreadable, Reason: "pod carries no runtime receipt"}},
+		{"receipt garbled", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Annotations = map[string]string{k8s.AnnotationReceipt: "{"} })}, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyReceiptUnreadable, Reason: "receipt: unexpected EOF"}},
+		{"runtime class swapped", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("runc") })}, record(),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionRuntimeClass, Reason: `runtime class "runc", receipt promised "gvisor"`}},
+		{"host network", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Spec.HostNetwork = true })}, record(),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHostNamespaces, Reason: "pod shares a host namespace"}},
+		{"token mounted", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })}, record(),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionTokenMounted, Reason: "a service-account token is mounted"}},
+		{"quarantine outranks running", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
+			p.Spec.RuntimeClassName = nil
+			p.Spec.HostPID = true
+		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionRuntimeClass + "," + ContradictionHostNamespaces,
+			Reason: `runtime class "", receipt promised "gvisor"; pod shares a host namespace`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Decide(tc.obj, tc.pods, tc.rec, now)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Decide (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestIDFromName(t *testing.T) {
+	for name, want := range map[string]string{"sbx-abc": "sbx_abc", "other": "", "sbx-": ""} {
+		got, _ := IDFromName(name)
+		if got != want {
+			t.Errorf("IDFromName(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

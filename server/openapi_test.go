@@ -1,0 +1,63 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+// noCluster satisfies Cluster for tests that never reach it.
+type noCluster struct{}
+
+func (noCluster) Create(context.Context, store.Sandbox) error        { return nil }
+func (noCluster) SetMode(context.Context, string, store.Mode) error  { return nil }
+func (noCluster) SetExpiry(context.Context, string, time.Time) error { return nil }
+func (noCluster) Delete(context.Context, string) error               { return nil }
+
+// TestOpenAPICoversEveryRoute checks the served document names every route
+// the server registers, with its method, and nothing the server lacks.
+func TestOpenAPICoversEveryRoute(t *testing.T) {
+	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "o.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, err := New(Options{Store: db, Cluster: noCluster{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/openapi.json", nil))
+	if rec.Code != 200 {
+		t.Fatalf("GET /v1/openapi.json: %d", rec.Code)
+	}
+	var doc struct {
+		Paths map[string]map[string]any `json:"paths"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for path, ops := range doc.Paths {
+		for method := range ops {
+			if method != "parameters" {
+				documented[strings.ToUpper(method)+" "+path] = true
+			}
+		}
+	}
+	for _, r := range s.Routes() {
+		if !documented[r] {
+			t.Errorf("route %s is not in the OpenAPI document", r)
+		}
+		delete(documented, r)
+	}
+	for r := range documented {
+		t.Errorf("OpenAPI documents %s, which the server does not serve", r)
+	}
+}

@@ -66,7 +66,7 @@ func run(m *testing.M) int {
 
 // instance is one `hiloop serve` process with its own database and namespace.
 type instance struct {
-	t     *testing.T
+	t     testing.TB
 	URL   string
 	Token string // the admin org's key, printed on first start
 	DB    string
@@ -97,7 +97,7 @@ var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 var tokenRE = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
 
 // newNamespace makes a fresh sandbox namespace for one test.
-func newNamespace(t *testing.T) string {
+func newNamespace(t testing.TB) string {
 	t.Helper()
 	ns := "t-" + strings.ToLower(strings.ReplaceAll(store.NewID("n")[2:], "_", ""))[:10]
 	_, err := cluster.Clients.Kube.CoreV1().Namespaces().Create(context.Background(),
@@ -109,7 +109,7 @@ func newNamespace(t *testing.T) string {
 }
 
 // serve starts hiloop serve against the cluster and waits for /readyz.
-func serve(t *testing.T, db, ns string, args ...string) *instance {
+func serve(t testing.TB, db, ns string, args ...string) *instance {
 	t.Helper()
 	in := &instance{t: t, DB: db, NS: ns, out: &syncBuffer{}, done: make(chan error, 1)}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", cluster.Kubeconfig,
@@ -297,7 +297,7 @@ func (in *instance) newOrg(name string, maxSandboxes, maxRunning int) string {
 	return m[1]
 }
 
-func kubectl(t *testing.T, args ...string) string {
+func kubectl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := cluster.Kubectl(context.Background(), args...)
 	if err != nil {
@@ -306,7 +306,7 @@ func kubectl(t *testing.T, args ...string) string {
 	return out
 }
 
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+func eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var last error

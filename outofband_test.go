@@ -112,7 +112,7 @@ func TestOutOfBandChanges(t *testing.T) {
 	})
 }
 
-func orgOf(t *testing.T, in *instance, token string) string {
+func orgOf(t testing.TB, in *instance, token string) string {
 	t.Helper()
 	status, body := in.call(token, "GET", "/v1/org", "")
 	if status != 200 {

@@ -1,0 +1,244 @@
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// percentile returns the p-th percentile (0..100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// floorCreateToReady creates n Sandbox objects directly with client-go and
+// returns, for each, the time from its create call to Ready=True seen on a
+// watch: the floor hiloop is measured against.
+func floorCreateToReady(b *testing.B, n int) []time.Duration {
+	ctx := context.Background()
+	ns := newNamespace(b)
+	client := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns)
+	w, err := client.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := k8s.Render(store.Sandbox{ID: fmt.Sprintf("sbx_floor%05d", i), OrgID: "org_floor", DesiredMode: store.ModeRunning,
+				Spec: store.Spec{Image: "busybox"}}, k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor"})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			sb.Spec.PodTemplate.Spec.ServiceAccountName = ""
+			mu.Lock()
+			started[sb.Name] = time.Now()
+			mu.Unlock()
+			if _, err := client.Create(ctx, sb, metav1.CreateOptions{}); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	var out []time.Duration
+	done := map[string]bool{}
+	timeout := time.After(5 * time.Minute)
+	for len(out) < n {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type != watch.Modified && ev.Type != watch.Added {
+				continue
+			}
+			sb := ev.Object.(*v1beta1.Sandbox)
+			if done[sb.Name] || !meta.IsStatusConditionTrue(sb.Status.Conditions, string(v1beta1.SandboxConditionReady)) {
+				continue
+			}
+			done[sb.Name] = true
+			mu.Lock()
+			out = append(out, time.Since(started[sb.Name]))
+			mu.Unlock()
+		case <-timeout:
+			b.Fatalf("floor: %d of %d ready", len(out), n)
+		}
+	}
+	wg.Wait()
+	return out
+}
+
+// hiloopCreateToRunning creates n sandboxes concurrently through the API and
+// returns, for each, the time from its POST to the record saying running,
+// polled through the list endpoint every 5ms.
+func hiloopCreateToRunning(b *testing.B, in *instance, token string, n int) []time.Duration {
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			status, body := in.call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			if status != 201 {
+				b.Errorf("create: %d %s", status, body)
+				return
+			}
+			var sb struct{ ID string }
+			json.Unmarshal([]byte(body), &sb)
+			mu.Lock()
+			started[sb.ID] = t0
+			mu.Unlock()
+		}()
+	}
+	var out []time.Duration
+	seen := map[string]bool{}
+	deadline := time.Now().Add(5 * time.Minute)
+	for len(out) < n && time.Now().Before(deadline) {
+		_, body := in.call(token, "GET", "/v1/sandboxes?state=running&limit=1000", "")
+		now := time.Now()
+		var list struct{ Items []struct{ ID string } }
+		json.Unmarshal([]byte(body), &list)
+		mu.Lock()
+		for _, it := range list.Items {
+			if t0, ok := started[it.ID]; ok && !seen[it.ID] {
+				seen[it.ID] = true
+				out = append(out, now.Sub(t0))
+			}
+		}
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	if len(out) < n {
+		b.Fatalf("hiloop: %d of %d running", len(out), n)
+	}
+	return out
+}
+
+// BenchmarkCreateToRunning compares create-to-running through hiloop with the
+// floor of the same Sandbox objects created directly, in the same run, N=100
+// concurrent each. Reported: p50/p99 of both and the p50 ratio.
+func BenchmarkCreateToRunning(b *testing.B) {
+	const n = 100
+	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
+	key := in.newOrg("bench", 5000, 5000)
+	// Warm both paths once so neither pays for first-use costs.
+	floorCreateToReady(b, 10)
+	hiloopCreateToRunning(b, in, key, 10)
+	b.ResetTimer()
+	for range b.N {
+		floor := floorCreateToReady(b, n)
+		hl := hiloopCreateToRunning(b, in, key, n)
+		b.ReportMetric(float64(percentile(floor, 50).Milliseconds()), "floor-p50-ms")
+		b.ReportMetric(float64(percentile(floor, 99).Milliseconds()), "floor-p99-ms")
+		b.ReportMetric(float64(percentile(hl, 50).Milliseconds()), "hiloop-p50-ms")
+		b.ReportMetric(float64(percentile(hl, 99).Milliseconds()), "hiloop-p99-ms")
+		b.ReportMetric(float64(percentile(hl, 50))/float64(percentile(floor, 50)), "p50-ratio")
+	}
+}
+
+// timeReads measures k GETs of single sandboxes and k/10 lists of 1000 items.
+func timeReads(in *instance, token string, ids []string, k int) (get, list []time.Duration) {
+	for i := range k {
+		t0 := time.Now()
+		if s, _ := in.call(token, "GET", "/v1/sandboxes/"+ids[(i*7919)%len(ids)], ""); s != 200 {
+			in.t.Fatalf("get: %d", s)
+		}
+		get = append(get, time.Since(t0))
+		if i%10 == 0 {
+			t0 = time.Now()
+			s, body := in.call(token, "GET", "/v1/sandboxes?limit=1000", "")
+			if s != 200 || len(body) < 1000 {
+				in.t.Fatalf("list: %d", s)
+			}
+			list = append(list, time.Since(t0))
+		}
+	}
+	return get, list
+}
+
+// BenchmarkReadsDuringCreates measures GET /v1/sandboxes/{id} and a
+// 1000-item list, served from SQLite, first idle (the baseline) and then
+// while creates run, and reports p50/p99 of each with the loaded/idle ratio.
+func BenchmarkReadsDuringCreates(b *testing.B) {
+	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
+	key := in.newOrg("reads", 5000, 5000)
+	ids := createMany(b, in, key, 1000, 25)
+	b.ResetTimer()
+	for range b.N {
+		idleGet, idleList := timeReads(in, key, ids, 500)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			createMany(b, in, key, 300, 10)
+		}()
+		var loadGet, loadList []time.Duration
+		for {
+			g, l := timeReads(in, key, ids, 50)
+			loadGet, loadList = append(loadGet, g...), append(loadList, l...)
+			select {
+			case <-done:
+			default:
+				continue
+			}
+			break
+		}
+		for _, m := range []struct {
+			name        string
+			idle, under []time.Duration
+		}{{"get", idleGet, loadGet}, {"list1000", idleList, loadList}} {
+			b.ReportMetric(float64(percentile(m.idle, 50).Microseconds())/1000, m.name+"-idle-p50-ms")
+			b.ReportMetric(float64(percentile(m.under, 50).Microseconds())/1000, m.name+"-load-p50-ms")
+			b.ReportMetric(float64(percentile(m.under, 99).Microseconds())/1000, m.name+"-load-p99-ms")
+			b.ReportMetric(float64(percentile(m.under, 50))/float64(percentile(m.idle, 50)), m.name+"-p50-load/idle")
+		}
+	}
+}
+
+// createMany creates n sandboxes through the API, conc at a time.
+func createMany(b *testing.B, in *instance, token string, n, conc int) []string {
+	var mu sync.Mutex
+	var ids []string
+	sem := make(chan struct{}, conc)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s, body := in.call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			if s != 201 {
+				b.Errorf("create: %d %s", s, body)
+				return
+			}
+			var sb struct{ ID string }
+			json.Unmarshal([]byte(body), &sb)
+			mu.Lock()
+			ids = append(ids, sb.ID)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return ids
+}

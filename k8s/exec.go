@@ -1,0 +1,389 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"sync"
+	"syscall"
+
+	gwebsocket "github.com/gorilla/websocket"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/apimachinery/pkg/util/remotecommand"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport/spdy"
+	"k8s.io/client-go/transport/websocket"
+)
+
+// ExecRequest is one command to run in a container.
+type ExecRequest struct {
+	Command []string
+	// Stdin, when not nil, is copied to the command; its EOF is delivered
+	// as the command's stdin EOF.
+	Stdin io.Reader
+	// Stdout and Stderr receive the command's output. With TTY, stderr is
+	// merged into stdout by the terminal.
+	Stdout, Stderr io.Writer
+	TTY            bool
+	// Resize carries terminal size changes (TTY only).
+	Resize <-chan TerminalSize
+}
+
+// TerminalSize is a terminal's width and height in characters.
+type TerminalSize struct {
+	Width  uint16 `json:"Width"`
+	Height uint16 `json:"Height"`
+}
+
+// ExitStatus is how a command ended, as the API server's terminating
+// status frame said.
+type ExitStatus struct {
+	// Code is the exit code; 128+n for a death by signal n.
+	Code int
+	// Signal names the signal that killed the command, when the status
+	// says so.
+	Signal string
+}
+
+// Transport errors. A stream that ends without a status frame is never an
+// exit code, least of all 0.
+var (
+	ErrNoStatus = errors.New("exec stream ended without a status frame")
+)
+
+// RemoteError is a failure status frame that carries no exit code: the
+// runtime could not run the command at all, for example.
+type RemoteError struct{ Message string }
+
+func (e *RemoteError) Error() string { return "remote: " + e.Message }
+
+// ExecURL is the pods/exec URL of a container.
+func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
+	return c.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(namespace).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{
+			Container: WorkloadContainer,
+			Command:   req.Command,
+			Stdin:     req.Stdin != nil,
+			Stdout:    req.Stdout != nil,
+			Stderr:    req.Stderr != nil && !req.TTY,
+			TTY:       req.TTY,
+		}, scheme.ParameterCodec).URL()
+}
+
+// Exec runs a command in the workload container of a pod.
+func (c *Clients) Exec(ctx context.Context, namespace, pod string, req ExecRequest) (ExitStatus, error) {
+	return Exec(ctx, c.Config, c.ExecURL(namespace, pod, req), req)
+}
+
+// Exec runs a command through the pods/exec endpoint at u: WebSocket
+// (v5.channel.k8s.io) first, SPDY (v4.channel.k8s.io) when the server does
+// not upgrade to WebSocket. The exit status comes only from the terminating
+// status frame.
+func Exec(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	st, err := execWebSocket(ctx, cfg, u, req)
+	var up *upgradeError
+	if errors.As(err, &up) {
+		return execSPDY(ctx, cfg, u, req)
+	}
+	return st, err
+}
+
+// upgradeError reports that the WebSocket handshake was refused, so the
+// SPDY fallback may be tried: nothing was sent yet.
+type upgradeError struct{ err error }
+
+func (e *upgradeError) Error() string { return "websocket upgrade: " + e.err.Error() }
+
+func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	rt, holder, err := websocket.RoundTripperFor(cfg)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	wu := *u
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, wu.String(), nil)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	conn, err := websocket.Negotiate(rt, holder, hreq, remotecommand.StreamProtocolV5Name)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ExitStatus{}, ctx.Err()
+		}
+		return ExitStatus{}, &upgradeError{err}
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	var wmu sync.Mutex
+	send := func(ch byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		w, err := conn.NextWriter(gwebsocket.BinaryMessage)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write([]byte{ch}); err != nil {
+			return err
+		}
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+		return w.Close()
+	}
+	if req.Stdin != nil {
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := req.Stdin.Read(buf)
+				if n > 0 {
+					if send(remotecommand.StreamStdIn, buf[:n]) != nil {
+						return
+					}
+				}
+				if err != nil {
+					// v5's CLOSE signal half-closes stdin: the command sees EOF.
+					send(remotecommand.StreamClose, []byte{remotecommand.StreamStdIn})
+					return
+				}
+			}
+		}()
+	}
+	if req.TTY && req.Resize != nil {
+		go func() {
+			for sz := range req.Resize {
+				b, _ := json.Marshal(sz)
+				if send(remotecommand.StreamResize, b) != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	var status []byte
+	gotStatus := false
+	var readErr error
+	for {
+		mt, r, err := conn.NextReader()
+		if err != nil {
+			readErr = err
+			break
+		}
+		if mt != gwebsocket.BinaryMessage {
+			continue
+		}
+		var ch [1]byte
+		if _, err := io.ReadFull(r, ch[:]); err != nil {
+			continue // an empty message carries nothing
+		}
+		var dst io.Writer
+		switch ch[0] {
+		case remotecommand.StreamStdOut:
+			dst = req.Stdout
+		case remotecommand.StreamStdErr:
+			dst = req.Stderr
+		case remotecommand.StreamErr:
+			b, err := io.ReadAll(r)
+			if err != nil {
+				readErr = err
+				break
+			}
+			status = append(status, b...)
+			gotStatus = true
+		}
+		if dst != nil {
+			w := &errWriter{w: dst}
+			if _, err := io.Copy(w, r); err != nil {
+				if w.err != nil {
+					return ExitStatus{}, fmt.Errorf("exec: write output: %w", w.err)
+				}
+				readErr = err
+				break
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ExitStatus{}, ctx.Err()
+	}
+	if !gotStatus {
+		if readErr != nil && !gwebsocket.IsCloseError(readErr, gwebsocket.CloseNormalClosure) {
+			return ExitStatus{}, fmt.Errorf("%w: %v", ErrNoStatus, readErr)
+		}
+		return ExitStatus{}, ErrNoStatus
+	}
+	return decodeStatus(status)
+}
+
+func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), nil)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	conn, proto, err := spdy.Negotiate(upgrader, &http.Client{Transport: rt}, hreq, remotecommand.StreamProtocolV4Name)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ExitStatus{}, ctx.Err()
+		}
+		return ExitStatus{}, fmt.Errorf("exec: %w", err)
+	}
+	defer conn.Close()
+	if proto != remotecommand.StreamProtocolV4Name {
+		return ExitStatus{}, fmt.Errorf("exec: server speaks %q, want %s (exit codes need it)", proto, remotecommand.StreamProtocolV4Name)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	create := func(kind string) (httpstream.Stream, error) {
+		h := http.Header{}
+		h.Set(corev1.StreamType, kind)
+		return conn.CreateStream(h)
+	}
+	errStream, err := create(corev1.StreamTypeError)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("exec: %w", err)
+	}
+	errStream.Close() // the client never writes to it
+	var copies sync.WaitGroup
+	if req.Stdin != nil {
+		s, err := create(corev1.StreamTypeStdin)
+		if err != nil {
+			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+		}
+		go func() {
+			io.Copy(s, req.Stdin)
+			s.Close() // half-close: the command sees EOF
+		}()
+	}
+	for _, out := range []struct {
+		kind string
+		w    io.Writer
+	}{{corev1.StreamTypeStdout, req.Stdout}, {corev1.StreamTypeStderr, req.Stderr}} {
+		if out.w == nil || (req.TTY && out.kind == corev1.StreamTypeStderr) {
+			continue
+		}
+		s, err := create(out.kind)
+		if err != nil {
+			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+		}
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			io.Copy(out.w, s)
+		}()
+	}
+	if req.TTY {
+		s, err := create(corev1.StreamTypeResize)
+		if err != nil {
+			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+		}
+		if req.Resize != nil {
+			go func() {
+				enc := json.NewEncoder(s)
+				for sz := range req.Resize {
+					if enc.Encode(sz) != nil {
+						return
+					}
+				}
+			}()
+		}
+	}
+	status, readErr := io.ReadAll(errStream)
+	// All output is delivered before the exit is reported.
+	copies.Wait()
+	if ctx.Err() != nil {
+		return ExitStatus{}, ctx.Err()
+	}
+	if len(status) == 0 {
+		if readErr != nil {
+			return ExitStatus{}, fmt.Errorf("%w: %v", ErrNoStatus, readErr)
+		}
+		return ExitStatus{}, ErrNoStatus
+	}
+	return decodeStatus(status)
+}
+
+// goExitRE matches the text of a Go exec error that a runtime wrapped into
+// an internal-error status instead of reporting it as an exit code (the
+// kubelet does so for signal deaths; kwok does so for every non-zero exit).
+var goExitRE = regexp.MustCompile(`(?:exit status (\d+)|signal: ([a-z ]+))$`)
+
+// decodeStatus reads a terminating status frame.
+func decodeStatus(b []byte) (ExitStatus, error) {
+	var st metav1.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return ExitStatus{}, fmt.Errorf("exec: unreadable status frame %q: %w", truncateBytes(b), err)
+	}
+	switch st.Status {
+	case metav1.StatusSuccess:
+		return ExitStatus{Code: 0}, nil
+	case metav1.StatusFailure:
+	default:
+		return ExitStatus{}, fmt.Errorf("exec: status frame with status %q", st.Status)
+	}
+	if st.Reason == remotecommand.NonZeroExitCodeReason && st.Details != nil {
+		for _, c := range st.Details.Causes {
+			if c.Type != remotecommand.ExitCodeCauseType {
+				continue
+			}
+			code, err := strconv.ParseUint(c.Message, 10, 8)
+			if err != nil {
+				return ExitStatus{}, fmt.Errorf("exec: invalid exit code %q", c.Message)
+			}
+			return ExitStatus{Code: int(code)}, nil
+		}
+	}
+	if m := goExitRE.FindStringSubmatch(st.Message); m != nil {
+		if m[1] != "" {
+			code, _ := strconv.Atoi(m[1])
+			return ExitStatus{Code: code}, nil
+		}
+		if sig, ok := signals[m[2]]; ok {
+			return ExitStatus{Code: 128 + int(sig), Signal: m[2]}, nil
+		}
+	}
+	return ExitStatus{}, &RemoteError{Message: st.Message}
+}
+
+// signals maps Go's signal descriptions ("killed") to numbers.
+var signals = func() map[string]syscall.Signal {
+	m := map[string]syscall.Signal{}
+	for s := syscall.Signal(1); s < 32; s++ {
+		m[s.String()] = s
+	}
+	return m
+}()
+
+func truncateBytes(b []byte) string {
+	if len(b) > 200 {
+		return string(b[:200]) + "..."
+	}
+	return string(b)
+}
+
+// errWriter remembers a write error, so a failed copy can be blamed on the
+// right side.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	}
+	return n, err
+}

@@ -65,6 +65,8 @@ type ServeCmd struct {
 	RuntimeClass    string        `default:"gvisor" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
 	StorageClasses  []string      `env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
 	Transports      []string      `default:"exec" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs."`
+	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent exec sessions per sandbox."`
+	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent exec sessions per organization."`
 	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
 	ClusterTimeout  time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per write."`
 	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
@@ -99,6 +101,12 @@ func (s *ServeCmd) Validate() error {
 		if !slices.Contains(knownTransports, t) {
 			return fmt.Errorf("--transports: unknown transport %q (known: %s)", t, strings.Join(knownTransports, ", "))
 		}
+	}
+	if s.ExecPerSandbox < 1 {
+		return errors.New("--exec-per-sandbox: must be at least 1")
+	}
+	if s.ExecPerOrg < 1 {
+		return errors.New("--exec-per-org: must be at least 1")
 	}
 	if s.ClusterTimeout <= 0 {
 		return errors.New("--cluster-timeout: must be positive")
@@ -168,7 +176,9 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	api, err = server.New(server.Options{
 		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout,
 		Caps:    server.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
-		Observe: mir.Enqueue,
+		Observe:    mir.Enqueue,
+		Exec:       &k8s.Execer{Clients: clients, Namespace: s.Namespace},
+		ExecLimits: server.ExecLimits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},
 		Ready: func(ctx context.Context) error {
 			if !mir.Ready() {
 				return errors.New("status mirror has not synced yet")
@@ -227,14 +237,19 @@ func (d *DevCmd) Run(stdout io.Writer) error {
 	return d.ServeCmd.run(ctx, stdout)
 }
 
-// Client flags shared by the commands that talk to the API.
-type Client struct {
-	URL    string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
-	Token  string `env:"HILOOP_TOKEN" help:"API key."`
-	Output string `short:"o" default:"table" enum:"table,json" help:"Output format: table or json."`
+// Conn says where the API is and who calls it.
+type Conn struct {
+	URL   string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
+	Token string `env:"HILOOP_TOKEN" help:"API key."`
 }
 
-func (c *Client) api() *server.Client { return &server.Client{URL: c.URL, Token: c.Token} }
+func (c *Conn) api() *server.Client { return &server.Client{URL: c.URL, Token: c.Token} }
+
+// Client flags shared by the commands that talk to the API and print.
+type Client struct {
+	Conn   `embed:""`
+	Output string `short:"o" default:"table" enum:"table,json" help:"Output format: table or json."`
+}
 
 func (c *Client) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
 	if c.Output == "json" {
@@ -277,6 +292,83 @@ type SandboxCmd struct {
 	Delete SandboxActionCmd `cmd:"" help:"Delete a sandbox."`
 	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
 	Events SandboxGetCmd    `cmd:"" help:"Show a sandbox's state history."`
+	Exec   SandboxExecCmd   `cmd:"" help:"Run a command in a sandbox and exit with its exit code."`
+}
+
+// SandboxExecCmd runs a command in a sandbox, streaming its I/O.
+type SandboxExecCmd struct {
+	Conn        `embed:""`
+	ID          string        `arg:"" help:"Sandbox id."`
+	Interactive bool          `short:"i" help:"Pass stdin to the command."`
+	TTY         bool          `short:"t" help:"Allocate a terminal; the local one goes raw and its size follows."`
+	Timeout     time.Duration `help:"Kill the command after this long (default: no limit but the server's)."`
+	Command     []string      `arg:"" passthrough:"" help:"Command and arguments, after --."`
+}
+
+// exitCode makes hiloop exit with a remote command's own code.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+// execFailure is hiloop's own failure during exec: exit 255, like ssh.
+type execFailure struct{ error }
+
+// ExitCode makes kong exit 255.
+func (execFailure) ExitCode() int { return 255 }
+
+// Run runs the command and returns its exit code as an exitCode.
+func (c *SandboxExecCmd) Run() error {
+	if len(c.Command) > 0 && c.Command[0] == "--" {
+		c.Command = c.Command[1:]
+	}
+	if len(c.Command) == 0 {
+		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	o := server.StreamOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
+	if c.Interactive {
+		o.Stdin = os.Stdin
+	}
+	if c.TTY {
+		in := int(os.Stdin.Fd())
+		if term.IsTerminal(in) {
+			old, err := term.MakeRaw(in)
+			if err != nil {
+				return execFailure{fmt.Errorf("raw terminal: %w", err)}
+			}
+			defer term.Restore(in, old)
+		}
+		resize := make(chan server.ResizeFrame, 1)
+		o.Resize = resize
+		sendSize := func() {
+			if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && w > 0 && h > 0 {
+				select {
+				case resize <- server.ResizeFrame{Width: uint16(w), Height: uint16(h)}:
+				default:
+				}
+			}
+		}
+		sendSize()
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				sendSize()
+			}
+		}()
+	}
+	f, err := c.api().ExecStream(ctx, c.ID, o)
+	switch {
+	case err == nil:
+		return exitCode(*f.ExitCode)
+	case ctx.Err() != nil:
+		// Ctrl-C (without -t) cancels the remote command.
+		return exitCode(130)
+	default:
+		return execFailure{err}
+	}
 }
 
 // SandboxCreateCmd creates a sandbox.
@@ -718,5 +810,10 @@ func main() {
 		// Bad flags and config exit 2 (kong's own default is 80).
 		parser.FatalIfErrorf(usageError{err})
 	}
-	ctx.FatalIfErrorf(ctx.Run())
+	err = ctx.Run()
+	var code exitCode
+	if errors.As(err, &code) {
+		os.Exit(int(code))
+	}
+	ctx.FatalIfErrorf(err)
 }

@@ -79,6 +79,17 @@ func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
 		}, scheme.ParameterCodec).URL()
 }
 
+// Execer runs commands in sandboxes of one namespace.
+type Execer struct {
+	Clients   *Clients
+	Namespace string
+}
+
+// Exec runs a command in the workload container of a sandbox's pod.
+func (e *Execer) Exec(ctx context.Context, sandboxID string, req ExecRequest) (ExitStatus, error) {
+	return e.Clients.Exec(ctx, e.Namespace, ObjectName(sandboxID), req)
+}
+
 // Exec runs a command in the workload container of a pod.
 func (c *Clients) Exec(ctx context.Context, namespace, pod string, req ExecRequest) (ExitStatus, error) {
 	return Exec(ctx, c.Config, c.ExecURL(namespace, pod, req), req)

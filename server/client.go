@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/store"
 )
@@ -227,4 +231,138 @@ func (e *WaitError) Error() string {
 		msg += ": " + sb.Reason
 	}
 	return msg
+}
+
+// ExecRun runs a one-shot command.
+func (c *Client) ExecRun(ctx context.Context, id string, req ExecRunRequest) (ExecRunResponse, error) {
+	var out ExecRunResponse
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec/run", nil, req, &out)
+	return out, err
+}
+
+// StreamOptions describe a streaming exec session.
+type StreamOptions struct {
+	Command []string
+	Stdin   io.Reader // nil: no stdin
+	Stdout  io.Writer
+	Stderr  io.Writer
+	TTY     bool
+	Resize  <-chan ResizeFrame
+	Timeout time.Duration
+}
+
+// ErrNoExitFrame reports a session that ended without an exit frame: the
+// connection was lost, so the command's fate is unknown.
+var ErrNoExitFrame = errors.New("exec session ended without an exit frame")
+
+// ExecStream runs a command over the streaming endpoint and returns its
+// exit frame. An error frame is returned as an *APIError.
+func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (ExitFrame, error) {
+	u, err := url.Parse(strings.TrimRight(c.URL, "/") + "/v1/sandboxes/" + url.PathEscape(id) + "/exec")
+	if err != nil {
+		return ExitFrame{}, err
+	}
+	switch u.Scheme {
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	}
+	q := url.Values{"command": o.Command}
+	if o.Stdin != nil {
+		q.Set("stdin", "true")
+	}
+	if o.TTY {
+		q.Set("tty", "true")
+	}
+	if o.Timeout > 0 {
+		q.Set("timeout", o.Timeout.String())
+	}
+	u.RawQuery = q.Encode()
+	d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}, HandshakeTimeout: 30 * time.Second,
+		ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10}
+	conn, resp, err := d.DialContext(ctx, u.String(), http.Header{"Authorization": {"Bearer " + c.Token}})
+	if err != nil {
+		if resp != nil {
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			var eb ErrorBody
+			if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
+				return ExitFrame{}, &APIError{Status: resp.StatusCode, ErrorDetail: eb.Error}
+			}
+		}
+		return ExitFrame{}, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	var wmu sync.Mutex
+	send := func(ch byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return conn.WriteMessage(websocket.BinaryMessage, append([]byte{ch}, p...))
+	}
+	if o.Stdin != nil {
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := o.Stdin.Read(buf)
+				if n > 0 && send(ChanStdin, buf[:n]) != nil {
+					return
+				}
+				if err != nil {
+					send(ChanCloseIn, []byte{ChanStdin})
+					return
+				}
+			}
+		}()
+	}
+	if o.Resize != nil {
+		go func() {
+			for f := range o.Resize {
+				b, _ := json.Marshal(f)
+				if send(ChanResize, b) != nil {
+					return
+				}
+			}
+		}()
+	}
+	for {
+		mt, r, err := conn.NextReader()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ExitFrame{}, ctx.Err()
+			}
+			return ExitFrame{}, ErrNoExitFrame
+		}
+		var ch [1]byte
+		if mt != websocket.BinaryMessage {
+			continue
+		}
+		if _, err := io.ReadFull(r, ch[:]); err != nil {
+			continue
+		}
+		switch ch[0] {
+		case ChanStdout, ChanStderr:
+			w := o.Stdout
+			if ch[0] == ChanStderr {
+				w = o.Stderr
+			}
+			if w == nil {
+				w = io.Discard
+			}
+			if _, err := io.Copy(w, r); err != nil {
+				return ExitFrame{}, err
+			}
+		case ChanExit:
+			var f ExitFrame
+			if err := json.NewDecoder(r).Decode(&f); err != nil {
+				return ExitFrame{}, fmt.Errorf("unreadable exit frame: %w", err)
+			}
+			if f.Error != nil {
+				return f, &APIError{Status: 0, ErrorDetail: *f.Error}
+			}
+			return f, nil
+		}
+	}
 }

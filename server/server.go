@@ -48,6 +48,11 @@ type Options struct {
 	Observe func(id string)
 	// ClusterTimeout bounds each cluster write; 15s when zero.
 	ClusterTimeout time.Duration
+	// Exec runs commands in sandboxes; exec is answered 503 without it.
+	Exec Executor
+	// ExecLimits bound concurrent exec sessions; 8 per sandbox and 32 per
+	// organization when zero.
+	ExecLimits ExecLimits
 }
 
 // Server is the HTTP API.
@@ -59,6 +64,7 @@ type Server struct {
 	// sandboxLocks serialise mutations of one sandbox, so that the record
 	// and the cluster see them in the same order.
 	locks sync.Map
+	execs sessions
 }
 
 // New builds the API.
@@ -81,7 +87,17 @@ func New(o Options) (*Server, error) {
 	if o.ClusterTimeout == 0 {
 		o.ClusterTimeout = 15 * time.Second
 	}
-	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux()}
+	if o.ExecLimits.PerSandbox == 0 {
+		o.ExecLimits.PerSandbox = 8
+	}
+	if o.ExecLimits.PerOrg == 0 {
+		o.ExecLimits.PerOrg = 32
+	}
+	if o.Exec == nil {
+		o.Exec = noExec{}
+	}
+	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(),
+		execs: sessions{bySandbox: map[string]int{}, byOrg: map[string]int{}}}
 	for _, rt := range s.routes() {
 		h := rt.handler
 		if rt.auth {
@@ -116,6 +132,8 @@ func (s *Server) routes() []route {
 		{"POST /v1/sandboxes/{id}/stop", true, s.stopSandbox},
 		{"POST /v1/sandboxes/{id}/start", true, s.startSandbox},
 		{"GET /v1/sandboxes/{id}/events", true, s.sandboxEvents},
+		{"GET /v1/sandboxes/{id}/exec", true, s.execStream},
+		{"POST /v1/sandboxes/{id}/exec/run", true, s.execRun},
 	}
 }
 
@@ -193,17 +211,22 @@ func caller(r *http.Request) store.APIKey { return r.Context().Value(ctxKey{}).(
 // decode reads a JSON body of at most MaxBodyBytes into v, refusing unknown
 // fields and trailing data. It returns the raw body too.
 func decode(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+	return decodeLimit(w, r, v, MaxBodyBytes)
+}
+
+// decodeLimit is decode with another size cap.
+func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
 			return nil, newError(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Content-Type must be application/json")
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes))
+			return nil, newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", limit))
 		}
 		return nil, newError(http.StatusBadRequest, CodeInvalidJSON, "could not read body")
 	}

@@ -1,0 +1,468 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// Executor runs a command in a sandbox's workload container. k8s.Execer
+// satisfies it.
+type Executor interface {
+	Exec(ctx context.Context, sandboxID string, req k8s.ExecRequest) (k8s.ExitStatus, error)
+}
+
+// noExec answers every exec with an error, for a server built without one.
+type noExec struct{}
+
+func (noExec) Exec(context.Context, string, k8s.ExecRequest) (k8s.ExitStatus, error) {
+	return k8s.ExitStatus{}, errors.New("this server has no exec backend")
+}
+
+// Exec limits and defaults.
+const (
+	// MaxArgvBytes caps the total size of a command line.
+	MaxArgvBytes = 128 << 10
+	// MaxArgs caps the number of arguments.
+	MaxArgs = 4096
+	// MaxRunOutput caps each of stdout and stderr of exec/run; beyond it the
+	// output is discarded (the command still runs to the end) and the
+	// response says it was truncated.
+	MaxRunOutput = 1 << 20
+	// MaxRunBody caps the exec/run request, stdin included.
+	MaxRunBody = 1 << 20
+	// DefaultExecTimeout and MaxExecTimeout bound a command's run time.
+	DefaultExecTimeout = 60 * time.Second
+	MaxExecTimeout     = 24 * time.Hour
+	// ExecSubprotocol is the WebSocket subprotocol of the streaming endpoint.
+	ExecSubprotocol = "hiloop.exec.v1"
+)
+
+// Channels of the streaming exec protocol: the first byte of every binary
+// WebSocket message. See docs/api.md.
+const (
+	ChanStdin    = 0
+	ChanStdout   = 1
+	ChanStderr   = 2
+	ChanExit     = 3
+	ChanResize   = 4
+	ChanCloseIn  = 255
+	maxFrameSize = 1 << 20
+)
+
+// Exec error codes.
+const (
+	CodeSandboxNotRunning  = "sandbox_not_running"
+	CodeSandboxQuarantined = "sandbox_quarantined"
+	CodeExecLimit          = "exec_limit"
+	CodeExecFailed         = "exec_failed"
+	CodeInvalidFrame       = "invalid_frame"
+)
+
+// ExecRunRequest is the body of POST /v1/sandboxes/{id}/exec/run.
+type ExecRunRequest struct {
+	// Command is the argv; it is not run through a shell.
+	Command []string `json:"command"`
+	// Stdin is written to the command, then closed. Without it the command
+	// gets no stdin at all.
+	Stdin *string `json:"stdin,omitempty"`
+	// Timeout bounds the run, as a Go duration; 60s by default, 24h at most.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// ExecRunResponse is how the command ended and what it printed.
+type ExecRunResponse struct {
+	// ExitCode is the command's exit code; absent when it timed out.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Signal names the signal that killed it, when the runtime said so.
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	// StdoutTruncated and StderrTruncated say output beyond MaxRunOutput
+	// bytes was dropped.
+	StdoutTruncated bool  `json:"stdout_truncated"`
+	StderrTruncated bool  `json:"stderr_truncated"`
+	DurationMS      int64 `json:"duration_ms"`
+}
+
+// ExitFrame is the payload of the final ChanExit message.
+type ExitFrame struct {
+	ExitCode *int         `json:"exit_code,omitempty"`
+	Signal   string       `json:"signal,omitempty"`
+	Error    *ErrorDetail `json:"error,omitempty"`
+}
+
+// ResizeFrame is the payload of a ChanResize message.
+type ResizeFrame struct {
+	Width  uint16 `json:"width"`
+	Height uint16 `json:"height"`
+}
+
+// ExecLimits bound concurrent exec sessions.
+type ExecLimits struct {
+	PerSandbox int
+	PerOrg     int
+}
+
+// sessions counts live exec sessions per sandbox and per org.
+type sessions struct {
+	mu        sync.Mutex
+	bySandbox map[string]int
+	byOrg     map[string]int
+}
+
+// acquire takes a session slot, or reports that a limit is reached.
+func (s *sessions) acquire(lim ExecLimits, org, id string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bySandbox[id] >= lim.PerSandbox {
+		return nil, newError(http.StatusTooManyRequests, CodeExecLimit, fmt.Sprintf("at most %d exec sessions per sandbox", lim.PerSandbox))
+	}
+	if s.byOrg[org] >= lim.PerOrg {
+		return nil, newError(http.StatusTooManyRequests, CodeExecLimit, fmt.Sprintf("at most %d exec sessions per organization", lim.PerOrg))
+	}
+	s.bySandbox[id]++
+	s.byOrg[org]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.bySandbox[id]--
+		s.byOrg[org]--
+	}, nil
+}
+
+// reachable checks the record: the sandbox must be the caller's, running,
+// and not quarantined.
+func (s *Server) reachable(ctx context.Context, org, id string) error {
+	_, err := s.o.Store.CheckReachable(ctx, org, id)
+	switch {
+	case errors.Is(err, store.ErrQuarantined):
+		return newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
+	case errors.Is(err, store.ErrNotRunning):
+		return newError(http.StatusConflict, CodeSandboxNotRunning, err.Error())
+	}
+	return err
+}
+
+func validateArgv(argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return fieldError("command", "must name a program")
+	}
+	if len(argv) > MaxArgs {
+		return fieldError("command", fmt.Sprintf("at most %d arguments", MaxArgs))
+	}
+	total := 0
+	for _, a := range argv {
+		total += len(a) + 1
+		if strings.ContainsRune(a, 0) {
+			return fieldError("command", "arguments cannot contain NUL bytes")
+		}
+	}
+	if total > MaxArgvBytes {
+		return fieldError("command", fmt.Sprintf("argv exceeds %d bytes", MaxArgvBytes))
+	}
+	return nil
+}
+
+func parseTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return DefaultExecTimeout, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 || d > MaxExecTimeout {
+		return 0, fieldError("timeout", fmt.Sprintf("%q is not a duration from 1ns to %s", truncate(s), MaxExecTimeout))
+	}
+	return d, nil
+}
+
+// execError maps a failed exec to the API's answer.
+func execError(err error) *apiError {
+	return newError(http.StatusBadGateway, CodeExecFailed, "exec failed: "+err.Error())
+}
+
+// capWriter keeps the first max bytes and counts what it drops.
+type capWriter struct {
+	max       int
+	buf       []byte
+	truncated bool
+}
+
+func (c *capWriter) Write(p []byte) (int, error) {
+	room := c.max - len(c.buf)
+	if room < len(p) {
+		c.truncated = true
+		if room > 0 {
+			c.buf = append(c.buf, p[:room]...)
+		}
+		return len(p), nil
+	}
+	c.buf = append(c.buf, p...)
+	return len(p), nil
+}
+
+func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
+	org, id := caller(r).OrgID, r.PathValue("id")
+	var req ExecRunRequest
+	if _, err := decodeLimit(w, r, &req, MaxRunBody); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := validateArgv(req.Command); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	timeout, err := parseTimeout(req.Timeout)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.reachable(r.Context(), org, id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	release, err := s.execs.acquire(s.o.ExecLimits, org, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
+
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	stdout, stderr := &capWriter{max: MaxRunOutput}, &capWriter{max: MaxRunOutput}
+	ereq := k8s.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
+	if req.Stdin != nil {
+		ereq.Stdin = strings.NewReader(*req.Stdin)
+	}
+	start := time.Now()
+	st, err := s.o.Exec.Exec(ctx, id, ereq)
+	resp := ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
+		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
+	switch {
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		resp.TimedOut = true
+	case err != nil:
+		s.writeError(w, r, execError(err))
+		return
+	default:
+		resp.ExitCode, resp.Signal = &st.Code, st.Signal
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// wsWriter writes one channel of the streaming protocol. Each Write is one
+// message, and blocks until the client's connection takes it: a slow reader
+// slows the command's output down instead of growing a buffer.
+type wsWriter struct {
+	mu   *sync.Mutex
+	conn *websocket.Conn
+	ch   byte
+}
+
+func (w *wsWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	nw, err := w.conn.NextWriter(websocket.BinaryMessage)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := nw.Write([]byte{w.ch}); err != nil {
+		return 0, err
+	}
+	if _, err := nw.Write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nw.Close()
+}
+
+var upgrader = websocket.Upgrader{
+	Subprotocols: []string{ExecSubprotocol},
+	// Only bearer-token clients can call this endpoint (browsers cannot set
+	// the header on a WebSocket), so the origin carries no authority.
+	CheckOrigin:     func(*http.Request) bool { return true },
+	ReadBufferSize:  32 << 10,
+	WriteBufferSize: 32 << 10,
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
+	org, id := caller(r).OrgID, r.PathValue("id")
+	q := r.URL.Query()
+	for k := range q {
+		switch k {
+		case "command", "stdin", "tty", "timeout":
+		default:
+			s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}})
+			return
+		}
+	}
+	argv := q["command"]
+	if err := validateArgv(argv); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	flags := map[string]bool{}
+	for _, f := range []string{"stdin", "tty"} {
+		switch q.Get(f) {
+		case "", "false", "0":
+		case "true", "1":
+			flags[f] = true
+		default:
+			s.writeError(w, r, fieldError(f, "must be true or false"))
+			return
+		}
+	}
+	timeout := MaxExecTimeout
+	if t := q.Get("timeout"); t != "" {
+		var err error
+		if timeout, err = parseTimeout(t); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	if !websocket.IsWebSocketUpgrade(r) {
+		s.writeError(w, r, newError(http.StatusBadRequest, "websocket_required", "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
+		return
+	}
+	if err := s.reachable(r.Context(), org, id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	release, err := s.execs.acquire(s.o.ExecLimits, org, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered the client
+	}
+	defer conn.Close()
+	conn.SetReadLimit(maxFrameSize)
+	log := s.log.With("sandbox", id, "org", org)
+
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var wmu sync.Mutex
+	sendExit := func(f ExitFrame) {
+		b, _ := json.Marshal(f)
+		(&wsWriter{mu: &wmu, conn: conn, ch: ChanExit}).Write(b)
+		wmu.Lock()
+		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+		wmu.Unlock()
+	}
+	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"],
+		Stdout: &wsWriter{mu: &wmu, conn: conn, ch: ChanStdout}, Stderr: &wsWriter{mu: &wmu, conn: conn, ch: ChanStderr}}
+	var stdinR *io.PipeReader
+	var stdinW *io.PipeWriter
+	if flags["stdin"] {
+		stdinR, stdinW = io.Pipe()
+		ereq.Stdin = stdinR
+	}
+	resize := make(chan k8s.TerminalSize, 4)
+	if ereq.TTY {
+		ereq.Resize = resize
+	}
+	// frameErr is a protocol violation by the client; it ends the session.
+	var frameErr error
+	var frameMu sync.Mutex
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer close(resize)
+		for {
+			mt, b, err := conn.ReadMessage()
+			if err != nil {
+				// The client went away: Ctrl-C, or a lost connection.
+				cancel()
+				if stdinW != nil {
+					stdinW.CloseWithError(io.ErrUnexpectedEOF)
+				}
+				return
+			}
+			if ferr := s.handleFrame(mt, b, stdinW, resize, ereq.TTY); ferr != nil {
+				frameMu.Lock()
+				frameErr = ferr
+				frameMu.Unlock()
+				cancel()
+				return
+			}
+		}
+	}()
+
+	st, err := s.o.Exec.Exec(ctx, id, ereq)
+	if stdinR != nil {
+		stdinR.Close() // unblocks a stdin write nobody will read
+	}
+	frameMu.Lock()
+	ferr := frameErr
+	frameMu.Unlock()
+	switch {
+	case ferr != nil:
+		log.Info("exec session refused a frame", "err", ferr)
+		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeInvalidFrame, Message: ferr.Error()}})
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		sendExit(ExitFrame{Error: &ErrorDetail{Code: "exec_timeout", Message: "the command ran past its timeout of " + timeout.String()}})
+	case err != nil && ctx.Err() != nil:
+		// The client left; nobody is listening for the exit.
+	case err != nil:
+		log.Warn("exec failed", "err", err)
+		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeExecFailed, Message: err.Error()}})
+	default:
+		sendExit(ExitFrame{ExitCode: &st.Code, Signal: st.Signal})
+	}
+	conn.Close()
+	<-readDone
+}
+
+// handleFrame applies one client message, or says why it is invalid.
+func (s *Server) handleFrame(mt int, b []byte, stdin *io.PipeWriter, resize chan<- k8s.TerminalSize, tty bool) error {
+	if mt != websocket.BinaryMessage || len(b) == 0 {
+		return errors.New("messages must be binary with a channel byte")
+	}
+	switch b[0] {
+	case ChanStdin:
+		if stdin == nil {
+			return errors.New("stdin was not requested")
+		}
+		if _, err := stdin.Write(b[1:]); err != nil {
+			return nil // the command no longer reads stdin
+		}
+	case ChanCloseIn:
+		if len(b) != 2 || b[1] != ChanStdin {
+			return errors.New("close frame must name stdin")
+		}
+		if stdin != nil {
+			stdin.Close()
+		}
+	case ChanResize:
+		if !tty {
+			return errors.New("resize without a tty")
+		}
+		var f ResizeFrame
+		dec := json.NewDecoder(strings.NewReader(string(b[1:])))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&f); err != nil || f.Width == 0 || f.Height == 0 {
+			return errors.New(`resize frame must be {"width":W,"height":H} with both above 0`)
+		}
+		select {
+		case resize <- k8s.TerminalSize{Width: f.Width, Height: f.Height}:
+		default: // a burst of resizes: the latest that fits is enough
+		}
+	default:
+		return fmt.Errorf("unknown channel %d", b[0])
+	}
+	return nil
+}

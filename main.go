@@ -175,7 +175,7 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	}
 	api, err = server.New(server.Options{
 		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout,
-		Caps:    server.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
+		Caps:       server.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
 		Observe:    mir.Enqueue,
 		Exec:       &k8s.Execer{Clients: clients, Namespace: s.Namespace},
 		ExecLimits: server.ExecLimits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},

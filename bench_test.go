@@ -1,9 +1,14 @@
 package main_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -241,4 +246,67 @@ func createMany(b *testing.B, in *instance, token string, n, conc int) []string 
 	}
 	wg.Wait()
 	return ids
+}
+
+// timeCmd runs a command and returns how long it took.
+func timeCmd(b *testing.B, env []string, name string, args ...string) time.Duration {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = io.Discard
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	t0 := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%s %v: %v %s", name, args, err, stderr.String())
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkExecRoundTrip compares `hiloop sandbox exec ID -- true` with
+// `kubectl exec POD -- true` on the same pod, interleaved, 50 runs each.
+func BenchmarkExecRoundTrip(b *testing.B) {
+	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
+	sb := in.create(in.Token, "busybox", "--wait")
+	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
+	b.ResetTimer()
+	for range b.N {
+		var hl, kc []time.Duration
+		for range 50 {
+			hl = append(hl, timeCmd(b, env, hiloopBin, "sandbox", "exec", sb.ID, "--", "true"))
+			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", cluster.Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "true"))
+		}
+		b.ReportMetric(float64(percentile(hl, 50).Microseconds())/1000, "hiloop-p50-ms")
+		b.ReportMetric(float64(percentile(kc, 50).Microseconds())/1000, "kubectl-p50-ms")
+		b.ReportMetric(float64(percentile(hl, 50))/float64(percentile(kc, 50)), "p50-ratio")
+	}
+}
+
+// BenchmarkExecThroughput compares bulk output through hiloop's streaming
+// API (the CLI) with `kubectl exec ... cat` of the same 256 MB file.
+func BenchmarkExecThroughput(b *testing.B) {
+	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
+	sb := in.create(in.Token, "busybox", "--wait")
+	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
+	const size = 256 << 20
+	file := filepath.Join(b.TempDir(), "blob")
+	f, err := os.Create(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.CopyN(f, rand.Reader, size); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	b.ResetTimer()
+	for range b.N {
+		var hl, kc []time.Duration
+		for range 3 {
+			hl = append(hl, timeCmd(b, env, hiloopBin, "sandbox", "exec", sb.ID, "--", "cat", file))
+			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", cluster.Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "cat", file))
+		}
+		mbps := func(d time.Duration) float64 { return float64(size) / (1 << 20) / d.Seconds() }
+		b.ReportMetric(mbps(percentile(hl, 50)), "hiloop-MB/s")
+		b.ReportMetric(mbps(percentile(kc, 50)), "kubectl-MB/s")
+		b.ReportMetric(mbps(percentile(hl, 50))/mbps(percentile(kc, 50)), "throughput-ratio")
+	}
 }

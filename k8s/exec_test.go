@@ -45,10 +45,22 @@ func (localExecutor) ExecInContainer(ctx context.Context, _, _, _ string, cmd []
 		if perr != nil {
 			return perr
 		}
-		defer f.Close()
+		// The terminal is closed only once no resize can touch it.
+		var mu sync.Mutex
+		closed := false
+		defer func() {
+			mu.Lock()
+			defer mu.Unlock()
+			closed = true
+			f.Close()
+		}()
 		go func() {
 			for sz := range resize {
-				pty.Setsize(f, &pty.Winsize{Rows: sz.Height, Cols: sz.Width})
+				mu.Lock()
+				if !closed {
+					pty.Setsize(f, &pty.Winsize{Rows: sz.Height, Cols: sz.Width})
+				}
+				mu.Unlock()
 			}
 		}()
 		if in != nil {

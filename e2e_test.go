@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,6 +116,8 @@ func serve(t testing.TB, db, ns string, args ...string) *instance {
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", cluster.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s"}, args...)
 	in.cmd = exec.Command(hiloopBin, full...)
+	// A killed test run takes its servers with it.
+	in.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := in.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -221,7 +221,7 @@ spec:
 // replaces kwokctl's defaults, so the defaults are listed too.
 var kwokStages = []string{
 	"kustomize/stage/node/fast/node-initialize.yaml",
-	"kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+	"kustomize/stage/node/heartbeat/node-heartbeat.yaml",
 	"kustomize/stage/pod/fast/pod-ready.yaml",
 	"kustomize/stage/pod/fast/pod-complete.yaml",
 	"kustomize/stage/pod/fast/pod-delete.yaml",

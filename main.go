@@ -300,7 +300,7 @@ type SandboxExecCmd struct {
 	Conn        `embed:""`
 	ID          string        `arg:"" help:"Sandbox id."`
 	Interactive bool          `short:"i" help:"Pass stdin to the command."`
-	TTY         bool          `short:"t" help:"Allocate a terminal; the local one goes raw and its size follows."`
+	TTY         bool          `short:"t" help:"Allocate a terminal (implies -i); the local one goes raw and its size follows."`
 	Timeout     time.Duration `help:"Kill the command after this long (default: no limit but the server's)."`
 	Command     []string      `arg:"" passthrough:"" help:"Command and arguments, after --."`
 }
@@ -327,7 +327,8 @@ func (c *SandboxExecCmd) Run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := server.StreamOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
-	if c.Interactive {
+	// A terminal without input is of no use; -t implies -i, as in ssh.
+	if c.Interactive || c.TTY {
 		o.Stdin = os.Stdin
 	}
 	if c.TTY {

@@ -309,19 +309,7 @@ func kubectl(t testing.TB, args ...string) string {
 	return out
 }
 
-func eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
-}
+// eventually polls a condition; see k8stest.Eventually.
+var eventually = k8stest.Eventually
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }

@@ -577,8 +577,26 @@ type offline struct {
 	DB string `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
 }
 
-func (o offline) open() (*store.Store, error) {
-	return store.Open(context.Background(), store.Options{Path: o.DB})
+// withDB opens the database file for fn and closes it after.
+func (o offline) withDB(fn func(ctx context.Context, db *store.Store) error) error {
+	ctx := context.Background()
+	db, err := store.Open(ctx, store.Options{Path: o.DB})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return fn(ctx, db)
+}
+
+// withOrg is withDB with an organization looked up by id or name.
+func (o offline) withOrg(idOrName string, fn func(ctx context.Context, db *store.Store, org store.Org) error) error {
+	return o.withDB(func(ctx context.Context, db *store.Store) error {
+		org, err := db.Org(ctx, idOrName)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, db, org)
+	})
 }
 
 // OrgCmd groups the organization commands.
@@ -601,22 +619,18 @@ func (c *OrgCreateCmd) Run(stdout io.Writer) error {
 	if c.MaxSandboxes < 1 || c.MaxRunning < 1 {
 		return usageError{errors.New("--max-sandboxes and --max-running: must be at least 1")}
 	}
-	db, err := c.open()
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ctx := context.Background()
-	org, err := db.CreateOrg(ctx, c.Name, c.MaxSandboxes, c.MaxRunning)
-	if err != nil {
-		return err
-	}
-	_, secret, err := db.CreateKey(ctx, org.ID, "first")
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "Created organization %s (%s). Its first API key, shown only this once:\n\n    HILOOP_TOKEN=%s\n", org.Name, org.ID, secret)
-	return nil
+	return c.withDB(func(ctx context.Context, db *store.Store) error {
+		org, err := db.CreateOrg(ctx, c.Name, c.MaxSandboxes, c.MaxRunning)
+		if err != nil {
+			return err
+		}
+		_, secret, err := db.CreateKey(ctx, org.ID, "first")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Created organization %s (%s). Its first API key, shown only this once:\n\n    HILOOP_TOKEN=%s\n", org.Name, org.ID, secret)
+		return nil
+	})
 }
 
 // OrgListCmd lists organizations.
@@ -624,12 +638,11 @@ type OrgListCmd struct{ offline }
 
 // Run lists.
 func (c *OrgListCmd) Run(stdout io.Writer) error {
-	db, err := c.open()
-	if err != nil {
+	var orgs []store.Org
+	err := c.withDB(func(ctx context.Context, db *store.Store) (err error) {
+		orgs, err = db.Orgs(ctx)
 		return err
-	}
-	defer db.Close()
-	orgs, err := db.Orgs(context.Background())
+	})
 	if err != nil {
 		return err
 	}
@@ -654,21 +667,13 @@ func (c *OrgQuotaCmd) Run(stdout io.Writer) error {
 	if c.MaxSandboxes < 0 || c.MaxRunning < 0 {
 		return usageError{errors.New("--max-sandboxes and --max-running: must not be negative")}
 	}
-	db, err := c.open()
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ctx := context.Background()
-	org, err := db.Org(ctx, c.Org)
-	if err != nil {
-		return err
-	}
-	if err := db.SetQuota(ctx, org.ID, c.MaxSandboxes, c.MaxRunning); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "%s: max %d sandboxes, %d running\n", org.Name, c.MaxSandboxes, c.MaxRunning)
-	return nil
+	return c.withOrg(c.Org, func(ctx context.Context, db *store.Store, org store.Org) error {
+		if err := db.SetQuota(ctx, org.ID, c.MaxSandboxes, c.MaxRunning); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: max %d sandboxes, %d running\n", org.Name, c.MaxSandboxes, c.MaxRunning)
+		return nil
+	})
 }
 
 // KeyCmd groups the key commands.
@@ -696,25 +701,17 @@ type KeyCreateCmd struct {
 func (c *KeyCreateCmd) Run(stdout io.Writer) error {
 	ctx := context.Background()
 	var k server.CreatedKey
+	var err error
 	if c.Org != "" {
-		db, err := c.open()
-		if err != nil {
+		err = c.withOrg(c.Org, func(ctx context.Context, db *store.Store, org store.Org) (err error) {
+			k.APIKey, k.Secret, err = db.CreateKey(ctx, org.ID, c.Name)
 			return err
-		}
-		defer db.Close()
-		org, err := db.Org(ctx, c.Org)
-		if err != nil {
-			return err
-		}
-		k.APIKey, k.Secret, err = db.CreateKey(ctx, org.ID, c.Name)
-		if err != nil {
-			return err
-		}
+		})
 	} else {
-		var err error
-		if k, err = c.api().CreateKey(ctx, c.Name); err != nil {
-			return err
-		}
+		k, err = c.api().CreateKey(ctx, c.Name)
+	}
+	if err != nil {
+		return err
 	}
 	return c.print(stdout, k, func(tw *tabwriter.Writer) {
 		fmt.Fprintf(tw, "Key %s for %s, shown only this once:\n\n    HILOOP_TOKEN=%s\n", k.ID, k.OrgID, k.Secret)
@@ -730,19 +727,14 @@ func (c *KeyListCmd) Run(stdout io.Writer) error {
 	var keys []store.APIKey
 	var err error
 	if c.Org != "" {
-		db, err := c.open()
-		if err != nil {
+		err = c.withOrg(c.Org, func(ctx context.Context, db *store.Store, org store.Org) (err error) {
+			keys, err = db.Keys(ctx, org.ID)
 			return err
-		}
-		defer db.Close()
-		org, err := db.Org(ctx, c.Org)
-		if err != nil {
-			return err
-		}
-		if keys, err = db.Keys(ctx, org.ID); err != nil {
-			return err
-		}
-	} else if keys, err = c.api().Keys(ctx); err != nil {
+		})
+	} else {
+		keys, err = c.api().Keys(ctx)
+	}
+	if err != nil {
 		return err
 	}
 	return c.print(stdout, keys, func(tw *tabwriter.Writer) {
@@ -765,21 +757,15 @@ type KeyRevokeCmd struct {
 
 // Run revokes.
 func (c *KeyRevokeCmd) Run(stdout io.Writer) error {
-	ctx := context.Background()
+	var err error
 	if c.Org != "" {
-		db, err := c.open()
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		org, err := db.Org(ctx, c.Org)
-		if err != nil {
-			return err
-		}
-		if err := db.RevokeKey(ctx, org.ID, c.ID); err != nil {
-			return err
-		}
-	} else if err := c.api().RevokeKey(ctx, c.ID); err != nil {
+		err = c.withOrg(c.Org, func(ctx context.Context, db *store.Store, org store.Org) error {
+			return db.RevokeKey(ctx, org.ID, c.ID)
+		})
+	} else {
+		err = c.api().RevokeKey(context.Background(), c.ID)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "revoked %s\n", c.ID)

@@ -143,17 +143,19 @@ func (s *sessions) acquire(lim ExecLimits, org, id string) (release func(), err 
 	}, nil
 }
 
-// reachable checks the record: the sandbox must be the caller's, running,
-// and not quarantined.
-func (s *Server) reachable(ctx context.Context, org, id string) error {
-	_, err := s.o.Store.CheckReachable(ctx, org, id)
+// admitExec checks the record (the sandbox must be the caller's, running,
+// and not quarantined) and takes an exec session slot.
+func (s *Server) admitExec(ctx context.Context, org, id string) (release func(), err error) {
+	_, err = s.o.Store.CheckReachable(ctx, org, id)
 	switch {
 	case errors.Is(err, store.ErrQuarantined):
-		return newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
+		return nil, newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
 	case errors.Is(err, store.ErrNotRunning):
-		return newError(http.StatusConflict, CodeSandboxNotRunning, err.Error())
+		return nil, newError(http.StatusConflict, CodeSandboxNotRunning, err.Error())
+	case err != nil:
+		return nil, err
 	}
-	return err
+	return s.execs.acquire(s.o.ExecLimits, org, id)
 }
 
 func validateArgv(argv []string) error {
@@ -228,11 +230,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.reachable(r.Context(), org, id); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	release, err := s.execs.acquire(s.o.ExecLimits, org, id)
+	release, err := s.admitExec(r.Context(), org, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -335,11 +333,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusBadRequest, "websocket_required", "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	if err := s.reachable(r.Context(), org, id); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	release, err := s.execs.acquire(s.o.ExecLimits, org, id)
+	release, err := s.admitExec(r.Context(), org, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

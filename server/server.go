@@ -529,15 +529,20 @@ func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode
 		ctx, cancel := s.clusterCtx()
 		defer cancel()
 		if err := s.o.Cluster.SetMode(ctx, id, mode); err != nil {
-			if rerr := s.o.Store.RestoreDesiredMode(context.Background(), id, before.DesiredMode); rerr != nil {
-				s.log.Error("restore desired mode", "sandbox", id, "err", rerr)
-			}
+			s.restoreMode(id, before.DesiredMode)
 			s.writeError(w, r, clusterErr(err))
 			return
 		}
 	}
 	s.o.Observe(id)
 	writeJSON(w, http.StatusOK, toAPI(sb))
+}
+
+// restoreMode undoes a desired-mode change whose cluster write failed.
+func (s *Server) restoreMode(id string, mode store.Mode) {
+	if err := s.o.Store.RestoreDesiredMode(context.Background(), id, mode); err != nil {
+		s.log.Error("restore desired mode", "sandbox", id, "err", err)
+	}
 }
 
 // emptyBody accepts an absent, empty or {} body on action endpoints.
@@ -614,9 +619,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := s.clusterCtx()
 		defer cancel()
 		if err := s.o.Cluster.Delete(ctx, id); err != nil {
-			if rerr := s.o.Store.RestoreDesiredMode(context.Background(), id, before.DesiredMode); rerr != nil {
-				s.log.Error("restore desired mode", "sandbox", id, "err", rerr)
-			}
+			s.restoreMode(id, before.DesiredMode)
 			s.writeError(w, r, clusterErr(err))
 			return
 		}

@@ -309,11 +309,7 @@ func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode)
 	var sb Sandbox
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		sb, err = scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
-		}
-		if err != nil {
+		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
 			return err
 		}
 		if sb.DesiredMode == mode {
@@ -340,6 +336,16 @@ func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode)
 	return sb, nil
 }
 
+// sandboxInTx reads one sandbox inside a write transaction; an orgID other
+// than "" restricts it to that organization.
+func sandboxInTx(ctx context.Context, tx *sql.Tx, orgID, id string) (Sandbox, error) {
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND (? = '' OR org_id = ?)`, id, orgID, orgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	return sb, err
+}
+
 func stateOrDeleting(sb Sandbox) string {
 	if sb.DesiredMode == ModeDeleted && !sb.State.Terminal() {
 		return "being deleted"
@@ -353,11 +359,7 @@ func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, t
 	var sb Sandbox
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		sb, err = scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
-		}
-		if err != nil {
+		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
 			return err
 		}
 		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted || sb.State == StateExpired {
@@ -384,10 +386,7 @@ func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, t
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
 	changed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
-		}
+		sb, err := sandboxInTx(ctx, tx, "", id)
 		if err != nil {
 			return err
 		}

@@ -435,3 +435,20 @@ func ModuleDir(ctx context.Context, modVersion string) (string, error) {
 	}
 	return m.Dir, nil
 }
+
+// Eventually polls cond every 100ms until it holds, and fails t with the
+// last error cond returned when timeout passes first.
+func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
+}

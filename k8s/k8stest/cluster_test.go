@@ -24,21 +24,8 @@ import (
 	"github.com/hiloop/hiloop/k8s/k8stest"
 )
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
-}
+// eventually polls a condition; see k8stest.Eventually.
+var eventually = k8stest.Eventually
 
 // TestUpstreamSandboxLifecycle checks the local cluster does what the real
 // agent-sandbox controller does on a real cluster: one Ready pod per Sandbox,

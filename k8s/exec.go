@@ -24,6 +24,9 @@ import (
 	"k8s.io/client-go/transport/websocket"
 )
 
+// copyBuffer is the size of the chunks exec output is copied in.
+const copyBuffer = 256 << 10
+
 // ExecRequest is one command to run in a container.
 type ExecRequest struct {
 	Command []string
@@ -183,6 +186,8 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 	var status []byte
 	gotStatus := false
 	var readErr error
+	// Large copies mean large messages downstream: fewer frames per byte.
+	buf := make([]byte, copyBuffer)
 	for {
 		mt, r, err := conn.NextReader()
 		if err != nil {
@@ -213,7 +218,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 		}
 		if dst != nil {
 			w := &errWriter{w: dst}
-			if _, err := io.Copy(w, r); err != nil {
+			if _, err := io.CopyBuffer(w, r, buf); err != nil {
 				if w.err != nil {
 					return ExitStatus{}, fmt.Errorf("exec: write output: %w", w.err)
 				}
@@ -292,7 +297,7 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 		copies.Add(1)
 		go func() {
 			defer copies.Done()
-			io.Copy(out.w, s)
+			io.CopyBuffer(out.w, s, make([]byte, copyBuffer))
 		}()
 	}
 	if req.TTY {

@@ -280,7 +280,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 	}
 	u.RawQuery = q.Encode()
 	d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}, HandshakeTimeout: 30 * time.Second,
-		ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10}
+		ReadBufferSize: 256 << 10, WriteBufferSize: 32 << 10}
 	conn, resp, err := d.DialContext(ctx, u.String(), http.Header{"Authorization": {"Bearer " + c.Token}})
 	if err != nil {
 		if resp != nil {
@@ -327,6 +327,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 			}
 		}()
 	}
+	buf := make([]byte, 256<<10)
 	for {
 		mt, r, err := conn.NextReader()
 		if err != nil {
@@ -351,7 +352,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 			if w == nil {
 				w = io.Discard
 			}
-			if _, err := io.Copy(w, r); err != nil {
+			if _, err := io.CopyBuffer(w, r, buf); err != nil {
 				return ExitFrame{}, err
 			}
 		case ChanExit:

@@ -291,7 +291,7 @@ var upgrader = websocket.Upgrader{
 	// the header on a WebSocket), so the origin carries no authority.
 	CheckOrigin:     func(*http.Request) bool { return true },
 	ReadBufferSize:  32 << 10,
-	WriteBufferSize: 32 << 10,
+	WriteBufferSize: 256 << 10,
 }
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {

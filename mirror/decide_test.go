@@ -133,3 +133,37 @@ func TestIDFromName(t *testing.T) {
 		}
 	}
 }
+
+// TestTrimKeepsWhatDecideReads: deciding on trimmed objects gives the same
+// answer as on full ones, for every case of TestDecide's kind.
+func TestTrimKeepsWhatDecideReads(t *testing.T) {
+	past := metav1.NewTime(now.Add(-time.Minute))
+	objs := []*v1beta1.Sandbox{object(), object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }),
+		object(func(o *v1beta1.Sandbox) { o.Spec.OperatingMode = v1beta1.SandboxOperatingModeSuspended }),
+		object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "x" })}
+	pods := [][]*corev1.Pod{nil, {pod()}, {pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("runc") })},
+		{pod(func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "tok", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "t"}}}}}}}
+		})},
+		{pod(func(p *corev1.Pod) {
+			p.Status = corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{Name: k8s.WorkloadContainer,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 9, Reason: "OOMKilled", Message: "long"}}}}}
+		})},
+		{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}}
+	for i, o := range objs {
+		for j, ps := range pods {
+			var trimmed []*corev1.Pod
+			for _, p := range ps {
+				tp, _ := trim(p.DeepCopy())
+				trimmed = append(trimmed, tp.(*corev1.Pod))
+			}
+			to, _ := trim(o.DeepCopy())
+			want := Decide(o, ps, record(), now)
+			got := Decide(to.(*v1beta1.Sandbox), trimmed, record(), now)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("object %d, pods %d: trimmed decision differs (-full +trimmed):\n%s", i, j, diff)
+			}
+		}
+	}
+}

@@ -94,10 +94,10 @@ func New(o Options) (*Mirror, error) {
 	selected := func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }
 	m.sbFactory = sandboxinformers.NewSharedInformerFactoryWithOptions(o.Clients.Sandbox, o.Resync,
 		sandboxinformers.WithNamespace(o.Namespace), sandboxinformers.WithTweakListOptions(selected),
-		sandboxinformers.WithTransform(stripManagedFields))
+		sandboxinformers.WithTransform(trim))
 	m.podFactory = informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, o.Resync,
 		informers.WithNamespace(o.Namespace), informers.WithTweakListOptions(selected),
-		informers.WithTransform(stripManagedFields))
+		informers.WithTransform(trim))
 
 	sbInformer := m.sbFactory.Agents().V1beta1().Sandboxes()
 	podInformer := m.podFactory.Core().V1().Pods()
@@ -121,27 +121,84 @@ func New(o Options) (*Mirror, error) {
 	return m, nil
 }
 
-// stripManagedFields drops managedFields before objects enter the cache;
-// the mirror never reads them and they are most of an object's size.
-func stripManagedFields(obj any) (any, error) {
-	if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
-		a.GetObjectMeta().SetManagedFields(nil)
-	}
-	if pod, ok := obj.(*corev1.Pod); ok {
-		// The mirror reads the pod's identity, receipt and security-relevant
-		// spec, never its status messages' history.
-		pod.Status.Conditions = keepReady(pod.Status.Conditions)
+// trim is the informers' transform. Before an object enters the cache it
+// keeps only what Decide reads: managedFields go, and so do the pod
+// template, container specs, status messages and everything else the mirror
+// never looks at. A few KB per sandbox, times thousands of sandboxes.
+func trim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *v1beta1.Sandbox:
+		return trimSandbox(o), nil
+	case *corev1.Pod:
+		return trimPod(o), nil
 	}
 	return obj, nil
 }
 
-func keepReady(cs []corev1.PodCondition) []corev1.PodCondition {
-	for _, c := range cs {
-		if c.Type == corev1.PodReady {
-			return []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+// trimMeta keeps identity, hiloop's labels, the receipt, the controller
+// reference and the deletion mark.
+func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
+	out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp}
+	for _, k := range []string{k8s.LabelOrg, k8s.LabelSandbox, k8s.LabelManagedBy} {
+		if v, ok := m.Labels[k]; ok {
+			if out.Labels == nil {
+				out.Labels = make(map[string]string, 3)
+			}
+			out.Labels[k] = v
 		}
 	}
-	return nil
+	if v, ok := m.Annotations[k8s.AnnotationReceipt]; ok {
+		out.Annotations = map[string]string{k8s.AnnotationReceipt: v}
+	}
+	if ref := metav1.GetControllerOfNoCopy(&m); ref != nil {
+		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, UID: ref.UID, Controller: ref.Controller}}
+	}
+	return out
+}
+
+func trimSandbox(o *v1beta1.Sandbox) *v1beta1.Sandbox {
+	out := &v1beta1.Sandbox{ObjectMeta: trimMeta(o.ObjectMeta)}
+	out.Spec.OperatingMode = o.Spec.OperatingMode
+	out.Spec.ShutdownTime = o.Spec.ShutdownTime
+	for _, c := range o.Status.Conditions {
+		if c.Type == string(v1beta1.SandboxConditionReady) {
+			out.Status.Conditions = []metav1.Condition{{Type: c.Type, Status: c.Status, Reason: c.Reason}}
+		}
+	}
+	return out
+}
+
+func trimPod(p *corev1.Pod) *corev1.Pod {
+	out := &corev1.Pod{ObjectMeta: trimMeta(p.ObjectMeta)}
+	out.Spec = corev1.PodSpec{RuntimeClassName: p.Spec.RuntimeClassName, HostNetwork: p.Spec.HostNetwork, HostPID: p.Spec.HostPID,
+		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: p.Spec.ServiceAccountName}
+	// Only the volumes that carry a service-account token matter.
+	for _, v := range p.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.ServiceAccountToken != nil {
+				out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
+					Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{ServiceAccountToken: src.ServiceAccountToken}}}}})
+				break
+			}
+		}
+	}
+	out.Status.Phase, out.Status.Reason = p.Status.Phase, p.Status.Reason
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == k8s.WorkloadContainer && cs.State.Terminated != nil {
+			out.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: cs.Name,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: cs.State.Terminated.ExitCode, Reason: cs.State.Terminated.Reason}}}}
+		}
+	}
+	return out
 }
 
 // IDFromName maps a Kubernetes object name back to a sandbox id.

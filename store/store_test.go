@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path/filepath"
 	"sync"
@@ -251,5 +252,52 @@ func TestObserveWritesOnlyOnChange(t *testing.T) {
 	want := []string{">pending", "pending>starting", "starting>running", "running>exited", "exited>lost"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+}
+
+// TestListPagination: pages follow creation order, filters apply, and a
+// cursor stays valid while sandboxes are created behind it.
+func TestListPagination(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "p.db"), nil)
+	org, _ := s.CreateOrg(ctx, "p", 100, 100)
+	var ids []string
+	for i := range 5 {
+		sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox", Labels: map[string]string{"n": fmt.Sprint(i % 2)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	var got []string
+	after := ""
+	for page := 0; ; page++ {
+		list, next, err := s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, Limit: 2, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range list {
+			got = append(got, sb.ID)
+		}
+		if page == 0 {
+			// Created after the first page was read: it shows up at the end.
+			sb, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+			ids = append(ids, sb.ID)
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if diff := cmp.Diff(ids, got); diff != "" {
+		t.Fatalf("pages (-want +got):\n%s", diff)
+	}
+	list, _, _ := s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, Labels: map[string]string{"n": "1"}})
+	if len(list) != 2 || list[0].ID != ids[1] || list[1].ID != ids[3] {
+		t.Fatalf("label filter: %+v", list)
+	}
+	list, _, _ = s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, State: store.StateRunning})
+	if len(list) != 0 {
+		t.Fatalf("state filter: %d", len(list))
 	}
 }

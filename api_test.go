@@ -290,7 +290,11 @@ func TestClusterRefusesCreate(t *testing.T) {
 	}
 	eventually(t, "quota status computed", 30*time.Second, func() (bool, error) {
 		got, err := cluster.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), "one", metav1.GetOptions{})
-		return err == nil && got.Status.Hard != nil, err
+		if err != nil {
+			return false, err
+		}
+		_, counted := got.Status.Used["count/sandboxes.agents.x-k8s.io"]
+		return counted, nil
 	})
 	in := serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	in.create(in.Token, "busybox")

@@ -156,10 +156,18 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		fmt.Fprintf(o.Log, "k8stest: %s (%s)\n", what, time.Since(t).Round(time.Millisecond))
 		return nil
 	}
+	// kwokctl picks its ports by scanning for free ones, so two clusters
+	// created at once (test packages run in parallel) pick the same ports.
+	// One machine-wide lock, held until the ports are bound, serialises that.
+	unlock, err := lockPorts()
+	if err != nil {
+		return c, err
+	}
 	err = step("create control plane", func() error { return c.createControlPlane(ctx) })
 	if err == nil {
 		err = step("prepare cluster", func() error { return c.prepare(ctx) })
 	}
+	unlock()
 	if err == nil {
 		err = step("start agent-sandbox controller", c.startController)
 	}
@@ -168,6 +176,19 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	}
 	fmt.Fprintf(o.Log, "k8stest: cluster up in %s, KWOK_WORKDIR=%s\n", time.Since(start).Round(time.Millisecond), workdir)
 	return c, nil
+}
+
+// lockPorts takes the machine-wide lock on cluster creation.
+func lockPorts() (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "hiloop-k8stest.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock cluster creation: %w", err)
+	}
+	return func() { f.Close() }, nil // closing releases the lock
 }
 
 func (c *Cluster) env() []string {

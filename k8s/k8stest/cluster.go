@@ -310,6 +310,18 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if _, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	// A Ready node means kwok runs (and holds its ports).
+	for {
+		n, err := kube.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err == nil && nodeReady(n) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node not ready: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.Namespace}}
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("namespace: %w", err)
@@ -332,6 +344,15 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		return fmt.Errorf("runtime class: %w", err)
 	}
 	return InstallCRD(ctx, c.Clients)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // InstallCRD installs the agent-sandbox Sandbox CRD, read from the module

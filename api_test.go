@@ -288,7 +288,9 @@ func TestClusterRefusesCreate(t *testing.T) {
 	if _, err := cluster.Clients.Kube.CoreV1().ResourceQuotas(ns).Create(context.Background(), q, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "quota status computed", 30*time.Second, func() (bool, error) {
+	// The quota controller counts a custom resource only once its periodic
+	// discovery has seen the CRD, which can take a minute or more.
+	eventually(t, "quota status computed", 3*time.Minute, func() (bool, error) {
 		got, err := cluster.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), "one", metav1.GetOptions{})
 		if err != nil {
 			return false, err

@@ -498,16 +498,25 @@ func validState(s string) bool {
 }
 
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeStopped)
+	s.setMode(w, r, store.ModeStopped, func(ctx context.Context, id string) error {
+		return s.o.Cluster.SetMode(ctx, id, store.ModeStopped)
+	})
 }
 
 func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeRunning)
+	s.setMode(w, r, store.ModeRunning, func(ctx context.Context, id string) error {
+		return s.o.Cluster.SetMode(ctx, id, store.ModeRunning)
+	})
 }
 
-// setMode records the desired mode, then patches the cluster; when the patch
-// fails the record's desired mode is restored.
-func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode) {
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	s.setMode(w, r, store.ModeDeleted, s.o.Cluster.Delete)
+}
+
+// setMode records the desired mode, then applies it to the cluster; when
+// that fails the record's desired mode is restored. Nothing is sent when the
+// mode is unchanged or the sandbox has no object any more.
+func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode, apply func(ctx context.Context, id string) error) {
 	org, id := caller(r).OrgID, r.PathValue("id")
 	if err := emptyBody(w, r); err != nil {
 		s.writeError(w, r, err)
@@ -525,10 +534,10 @@ func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode
 		s.writeError(w, r, err)
 		return
 	}
-	if before.DesiredMode != mode {
+	if before.DesiredMode != mode && !before.State.Terminal() {
 		ctx, cancel := s.clusterCtx()
 		defer cancel()
-		if err := s.o.Cluster.SetMode(ctx, id, mode); err != nil {
+		if err := apply(ctx, id); err != nil {
 			s.restoreMode(id, before.DesiredMode)
 			s.writeError(w, r, clusterErr(err))
 			return
@@ -598,33 +607,6 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, clusterErr(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
-}
-
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	org, id := caller(r).OrgID, r.PathValue("id")
-	unlock := s.lock(id)
-	defer unlock()
-	before, err := s.o.Store.Sandbox(r.Context(), org, id)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.o.Store.SetDesiredMode(r.Context(), org, id, store.ModeDeleted)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if !before.State.Terminal() {
-		ctx, cancel := s.clusterCtx()
-		defer cancel()
-		if err := s.o.Cluster.Delete(ctx, id); err != nil {
-			s.restoreMode(id, before.DesiredMode)
-			s.writeError(w, r, clusterErr(err))
-			return
-		}
-	}
-	s.o.Observe(id)
 	writeJSON(w, http.StatusOK, toAPI(sb))
 }
 

@@ -131,6 +131,12 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	// client-go's own logging goes through slog, at one level less chatty.
 	klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})).With("component", "client-go"))
 
+	// The listener is bound first: a port in use fails before anything starts.
+	ln, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer ln.Close()
 	cfg, err := k8s.LoadConfig(s.Kubeconfig)
 	if err != nil {
 		return err
@@ -159,10 +165,6 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
 	}
 
-	ln, err := net.Listen("tcp", s.Listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
 	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports})
 	if err != nil {
 		return err

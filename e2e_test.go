@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -73,25 +72,8 @@ type instance struct {
 	DB    string
 	NS    string
 	cmd   *exec.Cmd
-	out   *syncBuffer
+	out   *k8stest.SyncBuffer
 	done  chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
@@ -112,7 +94,7 @@ func newNamespace(t testing.TB) string {
 // serve starts hiloop serve against the cluster and waits for /readyz.
 func serve(t testing.TB, db, ns string, args ...string) *instance {
 	t.Helper()
-	in := &instance{t: t, DB: db, NS: ns, out: &syncBuffer{}, done: make(chan error, 1)}
+	in := &instance{t: t, DB: db, NS: ns, out: &k8stest.SyncBuffer{}, done: make(chan error, 1)}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", cluster.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s"}, args...)
 	in.cmd = exec.Command(hiloopBin, full...)

@@ -30,6 +30,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/k8stest"
 )
 
 // localExecutor runs the command as a local process, as a container runtime
@@ -301,31 +302,13 @@ func TestExecStdinEOF(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while it is written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestExecTTYWithResize(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
 			resize := make(chan k8s.TerminalSize, 2)
 			resize <- k8s.TerminalSize{Width: 80, Height: 24}
 			stdinR, stdinW := io.Pipe()
-			out := &syncBuffer{}
+			out := &k8stest.SyncBuffer{}
 			done := make(chan struct{})
 			var st k8s.ExitStatus
 			var err error

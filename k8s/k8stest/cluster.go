@@ -494,3 +494,23 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (b
 	}
 	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
 }
+
+// SyncBuffer is a bytes.Buffer that may be read while a process or
+// goroutine writes to it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -2,13 +2,19 @@ package main_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/k8stest"
 )
 
 func TestServeReadyAndCleanShutdown(t *testing.T) {
@@ -157,4 +163,53 @@ func TestTTLExpiry(t *testing.T) {
 	// Shortening works too.
 	in.mustCLI(in.Token, "sandbox", "ttl", keep.ID, "5s")
 	in.waitState(in.Token, keep.ID, "expired")
+}
+
+// TestDevCommand runs `hiloop dev`, which `make run` runs: it starts its own
+// local cluster, serves against it, and on Ctrl-C leaves no cluster process.
+func TestDevCommand(t *testing.T) {
+	cmd := exec.Command(hiloopBin, "dev", "--listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &k8stest.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var url, workdir string
+	eventually(t, "dev serving", 2*time.Minute, func() (bool, error) {
+		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
+			url = m[1]
+		}
+		if m := regexp.MustCompile(`KWOK_WORKDIR=(\S+)`).FindStringSubmatch(out.String()); m != nil {
+			workdir = m[1]
+		}
+		return url != "" && workdir != "", fmt.Errorf("output so far:\n%s", out.String())
+	})
+	eventually(t, "dev /readyz", 30*time.Second, func() (bool, error) {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, nil
+	})
+	if !strings.Contains(out.String(), "HILOOP_TOKEN=hl_") || !strings.Contains(out.String(), "kubectl --kubeconfig") {
+		t.Fatalf("dev did not print the key and the kubectl hint:\n%s", out.String())
+	}
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dev exited with %v:\n%s", err, out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("dev did not stop on SIGINT")
+	}
+	eventually(t, "dev's cluster gone", 60*time.Second, func() (bool, error) {
+		_, err := os.Stat(workdir)
+		return os.IsNotExist(err), err
+	})
 }

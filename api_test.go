@@ -4,15 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/k8s"
 )
 
 func errorCode(t *testing.T, body string) string {
@@ -279,29 +280,47 @@ func TestMalformedRequests(t *testing.T) {
 }
 
 // TestClusterRefusesCreate: when the cluster refuses the Sandbox (here a
-// ResourceQuota), the API answers an error and the record says failed; it
-// never stays pending.
+// ValidatingAdmissionPolicy, the same kind of gate the isolation policy is),
+// the API answers an error and the record says failed; it never stays
+// pending, and nothing is left in the cluster.
 func TestClusterRefusesCreate(t *testing.T) {
 	ns := newNamespace(t)
-	q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "one"},
-		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/sandboxes.agents.x-k8s.io": resource.MustParse("1")}}}
-	if _, err := cluster.Clients.Kube.CoreV1().ResourceQuotas(ns).Create(context.Background(), q, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The quota controller counts a custom resource only once its periodic
-	// discovery has seen the CRD, which can take a minute or more.
-	eventually(t, "quota status computed", 3*time.Minute, func() (bool, error) {
-		got, err := cluster.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), "one", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		_, counted := got.Status.Used["count/sandboxes.agents.x-k8s.io"]
-		return counted, nil
-	})
+	policy := `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: refuse-` + ns + `}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: ["agents.x-k8s.io"]
+      apiVersions: ["*"]
+      operations: ["CREATE"]
+      resources: ["sandboxes"]
+  validations:
+  - expression: "!has(object.metadata.labels) || !('hiloop.dev/sandbox' in object.metadata.labels)"
+    message: "sandboxes are closed in this namespace"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: refuse-` + ns + `}
+spec:
+  policyName: refuse-` + ns + `
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {kubernetes.io/metadata.name: ` + ns + `}
+`
+	kubectl(t, "apply", "-f", writeTemp(t, policy))
+	t.Cleanup(func() { cluster.Kubectl(context.Background(), "delete", "-f", writeTemp(t, policy)) })
 	in := serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
-	in.create(in.Token, "busybox")
-	status, body := in.call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
-	if status != 422 || errorCode(t, body) != "cluster_rejected" {
+	// The API server loads policies asynchronously: retry until it refuses.
+	var status int
+	var body string
+	eventually(t, "policy in force", 30*time.Second, func() (bool, error) {
+		status, body = in.call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+		return status != http.StatusCreated, nil
+	})
+	if status != 422 || errorCode(t, body) != "cluster_rejected" || !strings.Contains(body, "sandboxes are closed") {
 		t.Fatalf("refused create: %d %s", status, body)
 	}
 	list := in.mustCLI(in.Token, "sandbox", "list", "--state", "failed", "-o", "json")
@@ -309,9 +328,13 @@ func TestClusterRefusesCreate(t *testing.T) {
 		Items []struct{ ID, Reason string }
 	}
 	json.Unmarshal([]byte(list), &l)
-	if len(l.Items) == 0 || !strings.Contains(l.Items[0].Reason, "exceeded quota") {
+	if len(l.Items) == 0 || !strings.Contains(l.Items[len(l.Items)-1].Reason, "sandboxes are closed") {
 		t.Fatalf("no failed record naming the refusal: %s", list)
 	}
+	failed := l.Items[len(l.Items)-1].ID
+	if _, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Get(context.Background(), k8s.ObjectName(failed), metav1.GetOptions{}); err == nil {
+		t.Fatal("a refused sandbox has an object in the cluster")
+	}
 	// A failed sandbox counts against no quota and deletes cleanly.
-	in.mustCLI(in.Token, "sandbox", "delete", l.Items[0].ID)
+	in.mustCLI(in.Token, "sandbox", "delete", failed)
 }

@@ -36,9 +36,6 @@ func NewWriter(c *Clients, opts RenderOptions) (*Writer, error) {
 	return &Writer{c: c, opts: opts, accounts: map[string]bool{}}, nil
 }
 
-// Options returns the render options the writer uses.
-func (w *Writer) Options() RenderOptions { return w.opts }
-
 // Create renders and creates the Sandbox of a record. A Sandbox that already
 // exists for the same id counts as created, so start-up can finish a create
 // interrupted by a crash.
@@ -128,6 +125,3 @@ func (w *Writer) patch(ctx context.Context, id string, body map[string]any) erro
 	}
 	return nil
 }
-
-// IsGone reports whether err says the Sandbox no longer exists.
-func IsGone(err error) bool { return apierrors.IsNotFound(err) }

@@ -170,16 +170,6 @@ func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string) error {
 	return affected(res, "key")
 }
 
-// Setting returns a deployment setting, or ErrNotFound.
-func (s *Store) Setting(ctx context.Context, key string) (string, error) {
-	var v string
-	err := s.read.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, key).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", ErrNotFound
-	}
-	return v, err
-}
-
 // Bootstrap creates the admin organization and its first key when no
 // organization exists yet, and records that it did, in one transaction. It
 // returns the secret, or "" when the deployment was already bootstrapped.

@@ -269,10 +269,16 @@ func (m *Mirror) Orphans() []string {
 // record, then mirrors until ctx ends.
 func (m *Mirror) Run(ctx context.Context) error {
 	defer m.queue.ShutDown()
+	// The informers stop with this context, which must end before Shutdown
+	// waits for them, on an error return too.
+	ctx, stop := context.WithCancel(ctx)
 	m.sbFactory.Start(ctx.Done())
 	m.podFactory.Start(ctx.Done())
-	defer m.sbFactory.Shutdown()
-	defer m.podFactory.Shutdown()
+	defer func() {
+		stop()
+		m.sbFactory.Shutdown()
+		m.podFactory.Shutdown()
+	}()
 
 	syncCtx, cancel := context.WithTimeout(ctx, m.o.SyncTimeout)
 	ok := cache.WaitForCacheSync(syncCtx.Done(), m.synced...)

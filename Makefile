@@ -13,8 +13,10 @@ TEST_TIMEOUT ?= 45m
 cluster:
 	@testdata/cluster/build.sh
 
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/hiloop .
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/hiloop .
 
 run: build
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && HILOOP_CLUSTER_BIN=$$bin ./bin/hiloop dev

@@ -10,10 +10,11 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/hiloop/hiloop/k8s"
 
 	"github.com/hiloop/hiloop/store"
 )
@@ -296,12 +297,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	var wmu sync.Mutex
-	send := func(ch byte, p []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return conn.WriteMessage(websocket.BinaryMessage, append([]byte{ch}, p...))
-	}
+	send := k8s.NewChannelConn(conn).Send
 	if o.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)

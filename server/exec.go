@@ -260,31 +260,6 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// wsWriter writes one channel of the streaming protocol. Each Write is one
-// message, and blocks until the client's connection takes it: a slow reader
-// slows the command's output down instead of growing a buffer.
-type wsWriter struct {
-	mu   *sync.Mutex
-	conn *websocket.Conn
-	ch   byte
-}
-
-func (w *wsWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	nw, err := w.conn.NextWriter(websocket.BinaryMessage)
-	if err != nil {
-		return 0, err
-	}
-	if _, err := nw.Write([]byte{w.ch}); err != nil {
-		return 0, err
-	}
-	if _, err := nw.Write(p); err != nil {
-		return 0, err
-	}
-	return len(p), nw.Close()
-}
-
 var upgrader = websocket.Upgrader{
 	Subprotocols: []string{ExecSubprotocol},
 	// Only bearer-token clients can call this endpoint (browsers cannot set
@@ -349,16 +324,15 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var wmu sync.Mutex
+	// Output is one message per chunk and blocks on the client: a slow
+	// reader slows the command down instead of growing a buffer.
+	cc := k8s.NewChannelConn(conn)
 	sendExit := func(f ExitFrame) {
 		b, _ := json.Marshal(f)
-		(&wsWriter{mu: &wmu, conn: conn, ch: ChanExit}).Write(b)
-		wmu.Lock()
+		cc.Send(ChanExit, b)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-		wmu.Unlock()
 	}
-	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"],
-		Stdout: &wsWriter{mu: &wmu, conn: conn, ch: ChanStdout}, Stderr: &wsWriter{mu: &wmu, conn: conn, ch: ChanStderr}}
+	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: cc.Writer(ChanStdout), Stderr: cc.Writer(ChanStderr)}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if flags["stdin"] {

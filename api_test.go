@@ -1,6 +1,8 @@
 package main_test
 
 import (
+	"github.com/hiloop/hiloop/internal/e2e"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,11 +32,11 @@ func errorCode(t *testing.T, body string) string {
 // TestOrgIsolation: a key of org A can never see, change or learn of org
 // B's sandboxes, and the answer is byte-for-byte the one for an absent id.
 func TestOrgIsolation(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	a := in.newOrg("org-a", 10, 10)
-	b := in.newOrg("org-b", 10, 10)
-	sa := in.create(a, "busybox", "--label", "team=x")
-	sb := in.create(b, "busybox", "--label", "team=x")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	a := in.NewOrg("org-a", 10, 10)
+	b := in.NewOrg("org-b", 10, 10)
+	sa := in.Create(a, "busybox", "--label", "team=x")
+	sb := in.Create(b, "busybox", "--label", "team=x")
 	absent := "sbx_aaaaaaaaaaaaaaaa"
 
 	for _, tc := range []struct{ key, foreign, own string }{{a, sb.ID, sa.ID}, {b, sa.ID, sb.ID}} {
@@ -46,49 +48,49 @@ func TestOrgIsolation(t *testing.T) {
 			{"PATCH", "/v1/sandboxes/%s", `{"ttl":"1h"}`},
 			{"DELETE", "/v1/sandboxes/%s", ""},
 		} {
-			fs, fbody := in.call(tc.key, req.method, fmt.Sprintf(req.path, tc.foreign), req.body)
-			as, abody := in.call(tc.key, req.method, fmt.Sprintf(req.path, absent), req.body)
+			fs, fbody := in.Call(tc.key, req.method, fmt.Sprintf(req.path, tc.foreign), req.body)
+			as, abody := in.Call(tc.key, req.method, fmt.Sprintf(req.path, absent), req.body)
 			if fs != 404 || fs != as || fbody != abody {
 				t.Errorf("%s %s on a foreign sandbox: %d %q; on an absent one: %d %q", req.method, req.path, fs, fbody, as, abody)
 			}
 		}
-		status, body := in.call(tc.key, "GET", "/v1/sandboxes?label=team=x", "")
+		status, body := in.Call(tc.key, "GET", "/v1/sandboxes?label=team=x", "")
 		if status != 200 || strings.Contains(body, tc.foreign) || !strings.Contains(body, tc.own) {
 			t.Errorf("list shows %d %s", status, body)
 		}
 		// The CLI reports the same not-found.
-		if _, errOut, code := in.cli(tc.key, "sandbox", "get", tc.foreign); code == 0 || !strings.Contains(errOut, "not_found") {
+		if _, errOut, code := in.CLI(tc.key, "sandbox", "get", tc.foreign); code == 0 || !strings.Contains(errOut, "not_found") {
 			t.Errorf("cli get foreign: %d %s", code, errOut)
 		}
 	}
 	// Both sandboxes are untouched by the other org's attempts.
 	for key, id := range map[string]string{a: sa.ID, b: sb.ID} {
-		if got := in.get(key, id); got.Desired != "running" {
+		if got := in.Get(key, id); got.Desired != "running" {
 			t.Errorf("%s desired %s after foreign stop/delete attempts", id, got.Desired)
 		}
 	}
 	// A revoked key authenticates nothing.
-	k := in.mustCLI(a, "key", "create", "--name", "temp", "-o", "json")
+	k := in.MustCLI(a, "key", "create", "--name", "temp", "-o", "json")
 	var created struct{ ID, Secret string }
 	json.Unmarshal([]byte(k), &created)
-	in.mustCLI(a, "key", "revoke", created.ID)
-	if status, body := in.call(created.Secret, "GET", "/v1/sandboxes", ""); status != 401 || errorCode(t, body) != "unauthorized" {
+	in.MustCLI(a, "key", "revoke", created.ID)
+	if status, body := in.Call(created.Secret, "GET", "/v1/sandboxes", ""); status != 401 || errorCode(t, body) != "unauthorized" {
 		t.Errorf("revoked key: %d %s", status, body)
 	}
 	// Org B cannot revoke org A's key.
-	keys := in.mustCLI(a, "key", "list", "-o", "json")
+	keys := in.MustCLI(a, "key", "list", "-o", "json")
 	var list []struct{ ID string }
 	json.Unmarshal([]byte(keys), &list)
-	if status, _ := in.call(b, "DELETE", "/v1/keys/"+list[0].ID, ""); status != 404 {
+	if status, _ := in.Call(b, "DELETE", "/v1/keys/"+list[0].ID, ""); status != 404 {
 		t.Errorf("org b revoked org a's key: %d", status)
 	}
 }
 
 // TestQuotaUnderConcurrentCreates: 20 concurrent creates against a quota of
-// 5 make exactly 5 sandboxes, in the record and in the cluster.
+// 5 make exactly 5 sandboxes, in the record and in the e2e.SharedCluster(t).
 func TestQuotaUnderConcurrentCreates(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	key := in.newOrg("quota", 5, 5)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	key := in.NewOrg("quota", 5, 5)
 	var wg sync.WaitGroup
 	statuses := make([]int, 20)
 	bodies := make([]string, 20)
@@ -96,7 +98,7 @@ func TestQuotaUnderConcurrentCreates(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			statuses[i], bodies[i] = in.call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			statuses[i], bodies[i] = in.Call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
 		}()
 	}
 	wg.Wait()
@@ -117,21 +119,21 @@ func TestQuotaUnderConcurrentCreates(t *testing.T) {
 	if created != 5 || refused != 15 {
 		t.Fatalf("created %d, refused %d; want 5 and 15", created, refused)
 	}
-	objs, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).List(context.Background(), metav1.ListOptions{})
+	objs, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).List(context.Background(), metav1.ListOptions{})
 	if err != nil || len(objs.Items) != 5 {
 		t.Fatalf("cluster has %d sandboxes (%v), want 5", len(objs.Items), err)
 	}
 	// Stopping one frees a running slot but not a sandbox slot.
 	var first struct{ ID string }
 	json.Unmarshal([]byte(bodies[indexOf(statuses, 201)]), &first)
-	in.mustCLI(key, "sandbox", "stop", first.ID)
-	if s, body := in.call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`); s != 429 {
+	in.MustCLI(key, "sandbox", "stop", first.ID)
+	if s, body := in.Call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`); s != 429 {
 		t.Fatalf("sixth sandbox with max 5: %d %s", s, body)
 	}
 	// Deleting one frees both.
-	in.mustCLI(key, "sandbox", "delete", first.ID)
-	in.waitState(key, first.ID, "deleted")
-	if s, body := in.call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`); s != 201 {
+	in.MustCLI(key, "sandbox", "delete", first.ID)
+	in.WaitState(key, first.ID, "deleted")
+	if s, body := in.Call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`); s != 201 {
 		t.Fatalf("create after delete: %d %s", s, body)
 	}
 }
@@ -148,7 +150,7 @@ func indexOf(s []int, v int) int {
 // TestIdempotentCreate: retries with one Idempotency-Key make one sandbox;
 // the key reused with another body is refused.
 func TestIdempotentCreate(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	body := `{"image":"busybox","labels":{"run":"1"}}`
 	var ids sync.Map
 	var wg sync.WaitGroup
@@ -156,7 +158,7 @@ func TestIdempotentCreate(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, b := in.call(in.Token, "POST", "/v1/sandboxes", body, "Idempotency-Key", "retry-1")
+			s, b := in.Call(in.Token, "POST", "/v1/sandboxes", body, "Idempotency-Key", "retry-1")
 			if s != 201 && s != 200 {
 				t.Errorf("retry: %d %s", s, b)
 				return
@@ -172,13 +174,13 @@ func TestIdempotentCreate(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("10 retries made %d sandboxes", n)
 	}
-	s, b := in.call(in.Token, "POST", "/v1/sandboxes", `{"image":"alpine"}`, "Idempotency-Key", "retry-1")
+	s, b := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"alpine"}`, "Idempotency-Key", "retry-1")
 	if s != 409 || errorCode(t, b) != "idempotency_conflict" {
 		t.Fatalf("key reused with another body: %d %s", s, b)
 	}
 	// The CLI flag does the same.
-	one := in.create(in.Token, "busybox", "--idempotency-key", "cli-1")
-	two := in.create(in.Token, "busybox", "--idempotency-key", "cli-1")
+	one := in.Create(in.Token, "busybox", "--idempotency-key", "cli-1")
+	two := in.Create(in.Token, "busybox", "--idempotency-key", "cli-1")
 	if one.ID != two.ID {
 		t.Fatalf("cli retry made %s and %s", one.ID, two.ID)
 	}
@@ -187,8 +189,8 @@ func TestIdempotentCreate(t *testing.T) {
 // TestMalformedRequests: each bad request gets its 4xx and stable code,
 // never a 5xx, and leaves nothing behind.
 func TestMalformedRequests(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox")
 	huge := `{"image":"` + strings.Repeat("a", 70<<10) + `"}`
 	cases := []struct {
 		name, method, path, body string
@@ -254,37 +256,37 @@ func TestMalformedRequests(t *testing.T) {
 			var status int
 			var body string
 			if tc.code == "unsupported_media_type" {
-				status, body = in.call(token, tc.method, tc.path, tc.body, "Content-Type", "text/plain")
+				status, body = in.Call(token, tc.method, tc.path, tc.body, "Content-Type", "text/plain")
 			} else {
-				status, body = in.call(token, tc.method, tc.path, tc.body)
+				status, body = in.Call(token, tc.method, tc.path, tc.body)
 			}
 			if status != tc.status || errorCode(t, body) != tc.code {
 				t.Fatalf("got %d %s, want %d %s", status, body, tc.status, tc.code)
 			}
 		})
 	}
-	// Nothing half-written: one sandbox in the record, one in the cluster.
-	status, body := in.call(in.Token, "GET", "/v1/sandboxes", "")
+	// Nothing half-written: one sandbox in the record, one in the e2e.SharedCluster(t).
+	status, body := in.Call(in.Token, "GET", "/v1/sandboxes", "")
 	var list struct{ Items []struct{ ID string } }
 	json.Unmarshal([]byte(body), &list)
 	if status != 200 || len(list.Items) != 1 {
 		t.Fatalf("record holds %d sandboxes after bad requests", len(list.Items))
 	}
-	objs, _ := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).List(context.Background(), metav1.ListOptions{})
+	objs, _ := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).List(context.Background(), metav1.ListOptions{})
 	if len(objs.Items) != 1 {
 		t.Fatalf("cluster holds %d sandboxes after bad requests", len(objs.Items))
 	}
-	if strings.Contains(in.out.String(), "level=ERROR") {
-		t.Fatalf("bad input logged an error:\n%s", in.out.String())
+	if strings.Contains(in.Out.String(), "level=ERROR") {
+		t.Fatalf("bad input logged an error:\n%s", in.Out.String())
 	}
 }
 
 // TestClusterRefusesCreate: when the cluster refuses the Sandbox (here a
 // ValidatingAdmissionPolicy, the same kind of gate the isolation policy is),
 // the API answers an error and the record says failed; it never stays
-// pending, and nothing is left in the cluster.
+// pending, and nothing is left in the e2e.SharedCluster(t).
 func TestClusterRefusesCreate(t *testing.T) {
-	ns := newNamespace(t)
+	ns := e2e.NewNamespace(t)
 	policy := `apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata: {name: refuse-` + ns + `}
@@ -310,20 +312,20 @@ spec:
     namespaceSelector:
       matchLabels: {kubernetes.io/metadata.name: ` + ns + `}
 `
-	kubectl(t, "apply", "-f", writeTemp(t, policy))
-	t.Cleanup(func() { cluster.Kubectl(context.Background(), "delete", "-f", writeTemp(t, policy)) })
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	e2e.Kubectl(t, "apply", "-f", writeTemp(t, policy))
+	t.Cleanup(func() { e2e.SharedCluster(t).Kubectl(context.Background(), "delete", "-f", writeTemp(t, policy)) })
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	// The API server loads policies asynchronously: retry until it refuses.
 	var status int
 	var body string
-	eventually(t, "policy in force", 30*time.Second, func() (bool, error) {
-		status, body = in.call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	e2e.Eventually(t, "policy in force", 30*time.Second, func() (bool, error) {
+		status, body = in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
 		return status != http.StatusCreated, nil
 	})
 	if status != 422 || errorCode(t, body) != "cluster_rejected" || !strings.Contains(body, "sandboxes are closed") {
 		t.Fatalf("refused create: %d %s", status, body)
 	}
-	list := in.mustCLI(in.Token, "sandbox", "list", "--state", "failed", "-o", "json")
+	list := in.MustCLI(in.Token, "sandbox", "list", "--state", "failed", "-o", "json")
 	var l struct {
 		Items []struct{ ID, Reason string }
 	}
@@ -332,9 +334,9 @@ spec:
 		t.Fatalf("no failed record naming the refusal: %s", list)
 	}
 	failed := l.Items[len(l.Items)-1].ID
-	if _, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Get(context.Background(), k8s.ObjectName(failed), metav1.GetOptions{}); err == nil {
+	if _, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Get(context.Background(), k8s.ObjectName(failed), metav1.GetOptions{}); err == nil {
 		t.Fatal("a refused sandbox has an object in the cluster")
 	}
 	// A failed sandbox counts against no quota and deletes cleanly.
-	in.mustCLI(in.Token, "sandbox", "delete", failed)
+	in.MustCLI(in.Token, "sandbox", "delete", failed)
 }

@@ -1,6 +1,8 @@
 package main_test
 
 import (
+	"github.com/hiloop/hiloop/internal/e2e"
+
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -39,8 +41,8 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 func floorCreateToReady(b *testing.B, n int) []time.Duration {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ns := newNamespace(b)
-	client := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns)
+	ns := e2e.NewNamespace(b)
+	client := e2e.SharedCluster(b).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns)
 	var mu sync.Mutex
 	started := map[string]time.Time{}
 	var out []time.Duration
@@ -64,7 +66,7 @@ func floorCreateToReady(b *testing.B, n int) []time.Duration {
 			close(all)
 		}
 	}
-	factory := sandboxinformers.NewSharedInformerFactoryWithOptions(cluster.Clients.Sandbox, 0, sandboxinformers.WithNamespace(ns))
+	factory := sandboxinformers.NewSharedInformerFactoryWithOptions(e2e.SharedCluster(b).Clients.Sandbox, 0, sandboxinformers.WithNamespace(ns))
 	inf := factory.Agents().V1beta1().Sandboxes().Informer()
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: observe, UpdateFunc: func(_, o any) { observe(o) }})
 	factory.Start(ctx.Done())
@@ -109,7 +111,7 @@ func floorCreateToReady(b *testing.B, n int) []time.Duration {
 // hiloopCreateToRunning creates n sandboxes concurrently through the API and
 // returns, for each, the time from its POST to the record saying running,
 // polled through the list endpoint every 5ms.
-func hiloopCreateToRunning(b *testing.B, in *instance, token string, n int) []time.Duration {
+func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int) []time.Duration {
 	var mu sync.Mutex
 	started := map[string]time.Time{}
 	var wg sync.WaitGroup
@@ -118,7 +120,7 @@ func hiloopCreateToRunning(b *testing.B, in *instance, token string, n int) []ti
 		go func() {
 			defer wg.Done()
 			t0 := time.Now()
-			status, body := in.call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			status, body := in.Call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
 			if status != 201 {
 				b.Errorf("create: %d %s", status, body)
 				return
@@ -134,7 +136,7 @@ func hiloopCreateToRunning(b *testing.B, in *instance, token string, n int) []ti
 	seen := map[string]bool{}
 	deadline := time.Now().Add(5 * time.Minute)
 	for len(out) < n && time.Now().Before(deadline) {
-		_, body := in.call(token, "GET", "/v1/sandboxes?state=running&limit=1000", "")
+		_, body := in.Call(token, "GET", "/v1/sandboxes?state=running&limit=1000", "")
 		now := time.Now()
 		var list struct{ Items []struct{ ID string } }
 		json.Unmarshal([]byte(body), &list)
@@ -160,8 +162,8 @@ func hiloopCreateToRunning(b *testing.B, in *instance, token string, n int) []ti
 // concurrent each. Reported: p50/p99 of both and the p50 ratio.
 func BenchmarkCreateToRunning(b *testing.B) {
 	const n = 100
-	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
-	key := in.newOrg("bench", 5000, 5000)
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	key := in.NewOrg("bench", 5000, 5000)
 	// Warm both paths once so neither pays for first-use costs.
 	floorCreateToReady(b, 10)
 	hiloopCreateToRunning(b, in, key, 10)
@@ -182,16 +184,16 @@ func BenchmarkCreateToRunning(b *testing.B) {
 }
 
 // timeReads measures k GETs of single sandboxes and k/10 lists of 1000 items.
-func timeReads(in *instance, token string, ids []string, k int) (get, list []time.Duration) {
+func timeReads(in *e2e.Instance, token string, ids []string, k int) (get, list []time.Duration) {
 	for i := range k {
 		t0 := time.Now()
-		if s, _ := in.call(token, "GET", "/v1/sandboxes/"+ids[(i*7919)%len(ids)], ""); s != 200 {
+		if s, _ := in.Call(token, "GET", "/v1/sandboxes/"+ids[(i*7919)%len(ids)], ""); s != 200 {
 			in.t.Fatalf("get: %d", s)
 		}
 		get = append(get, time.Since(t0))
 		if i%10 == 0 {
 			t0 = time.Now()
-			s, body := in.call(token, "GET", "/v1/sandboxes?limit=1000", "")
+			s, body := in.Call(token, "GET", "/v1/sandboxes?limit=1000", "")
 			if s != 200 || len(body) < 1000 {
 				in.t.Fatalf("list: %d", s)
 			}
@@ -205,8 +207,8 @@ func timeReads(in *instance, token string, ids []string, k int) (get, list []tim
 // 1000-item list, served from SQLite, first idle (the baseline) and then
 // while creates run, and reports p50/p99 of each with the loaded/idle ratio.
 func BenchmarkReadsDuringCreates(b *testing.B) {
-	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
-	key := in.newOrg("reads", 5000, 5000)
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	key := in.NewOrg("reads", 5000, 5000)
 	ids := createMany(b, in, key, 1000, 25)
 	b.ResetTimer()
 	for range b.N {
@@ -240,7 +242,7 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 }
 
 // createMany creates n sandboxes through the API, conc at a time.
-func createMany(b *testing.B, in *instance, token string, n, conc int) []string {
+func createMany(b *testing.B, in *e2e.Instance, token string, n, conc int) []string {
 	var mu sync.Mutex
 	var ids []string
 	sem := make(chan struct{}, conc)
@@ -251,7 +253,7 @@ func createMany(b *testing.B, in *instance, token string, n, conc int) []string 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s, body := in.call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			s, body := in.Call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
 			if s != 201 {
 				b.Errorf("create: %d %s", s, body)
 				return
@@ -284,15 +286,15 @@ func timeCmd(b *testing.B, env []string, name string, args ...string) time.Durat
 // BenchmarkExecRoundTrip compares `hiloop sandbox exec ID -- true` with
 // `kubectl exec POD -- true` on the same pod, interleaved, 50 runs each.
 func BenchmarkExecRoundTrip(b *testing.B) {
-	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	b.ResetTimer()
 	for range b.N {
 		var hl, kc []time.Duration
 		for range 50 {
-			hl = append(hl, timeCmd(b, env, hiloopBin, "sandbox", "exec", sb.ID, "--", "true"))
-			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", cluster.Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "true"))
+			hl = append(hl, timeCmd(b, env, e2e.Binary(b), "sandbox", "exec", sb.ID, "--", "true"))
+			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", e2e.SharedCluster(b).Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "true"))
 		}
 		b.ReportMetric(float64(percentile(hl, 50).Microseconds())/1000, "hiloop-p50-ms")
 		b.ReportMetric(float64(percentile(kc, 50).Microseconds())/1000, "kubectl-p50-ms")
@@ -303,8 +305,8 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 // BenchmarkExecThroughput compares bulk output through hiloop's streaming
 // API (the CLI) with `kubectl exec ... cat` of the same 256 MB file.
 func BenchmarkExecThroughput(b *testing.B) {
-	in := serve(b, filepath.Join(b.TempDir(), "h.db"), newNamespace(b))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	const size = 256 << 20
 	file := filepath.Join(b.TempDir(), "blob")
@@ -320,8 +322,8 @@ func BenchmarkExecThroughput(b *testing.B) {
 	for range b.N {
 		var hl, kc []time.Duration
 		for range 3 {
-			hl = append(hl, timeCmd(b, env, hiloopBin, "sandbox", "exec", sb.ID, "--", "cat", file))
-			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", cluster.Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "cat", file))
+			hl = append(hl, timeCmd(b, env, e2e.Binary(b), "sandbox", "exec", sb.ID, "--", "cat", file))
+			kc = append(kc, timeCmd(b, nil, "kubectl", "--kubeconfig", e2e.SharedCluster(b).Kubeconfig, "exec", "-n", in.NS, k8s.ObjectName(sb.ID), "--", "cat", file))
 		}
 		mbps := func(d time.Duration) float64 { return float64(size) / (1 << 20) / d.Seconds() }
 		b.ReportMetric(mbps(percentile(hl, 50)), "hiloop-MB/s")

@@ -1,6 +1,8 @@
 package main_test
 
 import (
+	"github.com/hiloop/hiloop/internal/e2e"
+
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
@@ -23,9 +25,9 @@ import (
 
 // cliExec runs `hiloop sandbox exec` with stdin and returns what it printed
 // and its exit code.
-func (in *instance) cliExec(token string, stdin string, args ...string) (string, string, int) {
+func (in *e2e.Instance) cliExec(token string, stdin string, args ...string) (string, string, int) {
 	in.t.Helper()
-	cmd := exec.Command(hiloopBin, append([]string{"sandbox", "exec"}, args...)...)
+	cmd := exec.Command(e2e.Binary(t), append([]string{"sandbox", "exec"}, args...)...)
 	cmd.Env = append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+token)
 	cmd.Stdin = strings.NewReader(stdin)
 	var o, e bytes.Buffer
@@ -41,8 +43,8 @@ func (in *instance) cliExec(token string, stdin string, args ...string) (string,
 }
 
 func TestExecThroughAPIAndCLI(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--wait")
 
 	if out, errOut, code := in.cliExec(in.Token, "", sb.ID, "--", "echo", "hello", "sandbox"); code != 0 || out != "hello sandbox\n" {
 		t.Fatalf("echo: %d %q %q", code, out, errOut)
@@ -70,19 +72,19 @@ func TestExecThroughAPIAndCLI(t *testing.T) {
 	}
 
 	// The one-shot endpoint.
-	status, body := in.call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run",
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run",
 		`{"command":["sh","-c","read x; echo out:$x; echo err >&2; exit 3"],"stdin":"typed\n"}`)
 	var run server.ExecRunResponse
 	json.Unmarshal([]byte(body), &run)
 	if status != 200 || run.ExitCode == nil || *run.ExitCode != 3 || run.Stdout != "out:typed\n" || run.Stderr != "err\n" {
 		t.Fatalf("exec/run: %d %s", status, body)
 	}
-	status, body = in.call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sh","-c","head -c 3000000 /dev/zero"]}`)
+	status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sh","-c","head -c 3000000 /dev/zero"]}`)
 	json.Unmarshal([]byte(body), &run)
 	if status != 200 || !run.StdoutTruncated || len(run.Stdout) != server.MaxRunOutput || *run.ExitCode != 0 {
 		t.Fatalf("exec/run over the cap: %d truncated=%v len=%d", status, run.StdoutTruncated, len(run.Stdout))
 	}
-	status, body = in.call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sleep","5"],"timeout":"500ms"}`)
+	status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sleep","5"],"timeout":"500ms"}`)
 	run = server.ExecRunResponse{}
 	json.Unmarshal([]byte(body), &run)
 	if status != 200 || !run.TimedOut || run.ExitCode != nil {
@@ -91,18 +93,18 @@ func TestExecThroughAPIAndCLI(t *testing.T) {
 }
 
 func TestExecRefused(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	other := in.newOrg("other", 10, 10)
-	running := in.create(in.Token, "busybox", "--wait")
-	stopped := in.create(in.Token, "busybox", "--wait")
-	in.mustCLI(in.Token, "sandbox", "stop", stopped.ID)
-	in.waitState(in.Token, stopped.ID, "stopped")
-	quarantined := in.create(in.Token, "busybox", "--wait")
-	kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--type=merge",
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	other := in.NewOrg("other", 10, 10)
+	running := in.Create(in.Token, "busybox", "--wait")
+	stopped := in.Create(in.Token, "busybox", "--wait")
+	in.MustCLI(in.Token, "sandbox", "stop", stopped.ID)
+	in.WaitState(in.Token, stopped.ID, "stopped")
+	quarantined := in.Create(in.Token, "busybox", "--wait")
+	e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--type=merge",
 		"-p", `{"spec":{"podTemplate":{"spec":{"runtimeClassName":"runc"}}}}`)
-	kubectl(t, "apply", "-f", writeTemp(t, "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n"))
-	kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--wait=false")
-	in.waitState(in.Token, quarantined.ID, "quarantined")
+	e2e.Kubectl(t, "apply", "-f", writeTemp(t, "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n"))
+	e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--wait=false")
+	in.WaitState(in.Token, quarantined.ID, "quarantined")
 
 	run := `{"command":["true"]}`
 	for _, tc := range []struct {
@@ -116,7 +118,7 @@ func TestExecRefused(t *testing.T) {
 		{"absent", other, "sbx_aaaaaaaaaaaaaaaa", 404, "not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body := in.call(tc.token, "POST", "/v1/sandboxes/"+tc.id+"/exec/run", run)
+			status, body := in.Call(tc.token, "POST", "/v1/sandboxes/"+tc.id+"/exec/run", run)
 			if status != tc.status || errorCode(t, body) != tc.code {
 				t.Fatalf("exec/run: %d %s", status, body)
 			}
@@ -127,8 +129,8 @@ func TestExecRefused(t *testing.T) {
 		})
 	}
 	// A foreign sandbox and an absent one are indistinguishable.
-	_, foreign := in.call(other, "POST", "/v1/sandboxes/"+running.ID+"/exec/run", run)
-	_, absent := in.call(other, "POST", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaa/exec/run", run)
+	_, foreign := in.Call(other, "POST", "/v1/sandboxes/"+running.ID+"/exec/run", run)
+	_, absent := in.Call(other, "POST", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaa/exec/run", run)
 	if foreign != absent {
 		t.Fatalf("foreign %q differs from absent %q", foreign, absent)
 	}
@@ -144,7 +146,7 @@ func writeTemp(t *testing.T, content string) string {
 }
 
 // dialExec opens the streaming endpoint with a raw WebSocket client.
-func dialExec(t *testing.T, in *instance, id string, q url.Values) *websocket.Conn {
+func dialExec(t *testing.T, in *e2e.Instance, id string, q url.Values) *websocket.Conn {
 	t.Helper()
 	u := strings.Replace(in.URL, "http://", "ws://", 1) + "/v1/sandboxes/" + id + "/exec?" + q.Encode()
 	c, resp, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + in.Token}})
@@ -175,8 +177,8 @@ func readExit(t *testing.T, c *websocket.Conn) server.ExitFrame {
 }
 
 func TestExecBadInput(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--wait")
 	huge := `{"command":["echo"` + strings.Repeat(`,"`+strings.Repeat("x", 1000)+`"`, 200) + `]}`
 	for _, tc := range []struct {
 		name, body string
@@ -194,7 +196,7 @@ func TestExecBadInput(t *testing.T) {
 		{"stdin not a string", `{"command":["true"],"stdin":5}`, 400, "invalid_field"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body := in.call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", tc.body)
+			status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", tc.body)
 			if status != tc.status || errorCode(t, body) != tc.code {
 				t.Fatalf("%d %s", status, body)
 			}
@@ -202,12 +204,12 @@ func TestExecBadInput(t *testing.T) {
 	}
 	// The streaming endpoint refuses bad parameters before upgrading.
 	for _, q := range []string{"", "command=", "command=true&tty=maybe", "command=true&timeout=x", "command=true&shell=1"} {
-		status, body := in.call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+q, "")
+		status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+q, "")
 		if status != 400 {
 			t.Errorf("stream ?%s: %d %s", q, status, body)
 		}
 	}
-	if status, body := in.call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?command=true", ""); status != 400 || errorCode(t, body) != "websocket_required" {
+	if status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?command=true", ""); status != 400 || errorCode(t, body) != "websocket_required" {
 		t.Errorf("plain GET: %d %s", status, body)
 	}
 	// Bad frames end the session with an error frame, never a crash.
@@ -234,23 +236,23 @@ func TestExecBadInput(t *testing.T) {
 }
 
 func TestExecLimitsAndCancel(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t), "--exec-per-sandbox", "1", "--exec-per-org", "2")
-	a := in.create(in.Token, "busybox", "--wait")
-	b := in.create(in.Token, "busybox", "--wait")
-	c := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--exec-per-sandbox", "1", "--exec-per-org", "2")
+	a := in.Create(in.Token, "busybox", "--wait")
+	b := in.Create(in.Token, "busybox", "--wait")
+	c := in.Create(in.Token, "busybox", "--wait")
 	hold := dialExec(t, in, a.ID, url.Values{"command": {"sleep", "30"}})
-	status, body := in.call(in.Token, "POST", "/v1/sandboxes/"+a.ID+"/exec/run", `{"command":["true"]}`)
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+a.ID+"/exec/run", `{"command":["true"]}`)
 	if status != 429 || errorCode(t, body) != "exec_limit" {
 		t.Fatalf("second exec on a sandbox with limit 1: %d %s", status, body)
 	}
 	hold2 := dialExec(t, in, b.ID, url.Values{"command": {"sleep", "30"}})
-	if status, body := in.call(in.Token, "POST", "/v1/sandboxes/"+c.ID+"/exec/run", `{"command":["true"]}`); status != 429 {
+	if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+c.ID+"/exec/run", `{"command":["true"]}`); status != 429 {
 		t.Fatalf("third exec in an org with limit 2: %d %s", status, body)
 	}
 	hold.Close()
 	hold2.Close()
-	eventually(t, "slots released", 10*time.Second, func() (bool, error) {
-		s, _ := in.call(in.Token, "POST", "/v1/sandboxes/"+c.ID+"/exec/run", `{"command":["true"]}`)
+	e2e.Eventually(t, "slots released", 10*time.Second, func() (bool, error) {
+		s, _ := in.Call(in.Token, "POST", "/v1/sandboxes/"+c.ID+"/exec/run", `{"command":["true"]}`)
 		return s == 200, nil
 	})
 
@@ -258,18 +260,18 @@ func TestExecLimitsAndCancel(t *testing.T) {
 	// the command dies on its next write (the fake kubelet runs it as a
 	// local process, so it can be looked for).
 	marker := "marker-" + strconv.Itoa(os.Getpid())
-	cmd := exec.Command(hiloopBin, "sandbox", "exec", c.ID, "--", "yes", marker)
+	cmd := exec.Command(e2e.Binary(t), "sandbox", "exec", c.ID, "--", "yes", marker)
 	cmd.Env = append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "remote command started", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) > 0, nil })
+	e2e.Eventually(t, "remote command started", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) > 0, nil })
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
 		t.Fatalf("Ctrl-C: %v, want exit 130", err)
 	}
-	eventually(t, "remote command cancelled", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) == 0, nil })
+	e2e.Eventually(t, "remote command cancelled", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) == 0, nil })
 }
 
 // processesRunning lists pids whose command line starts with s.
@@ -307,13 +309,13 @@ func rssKB(t *testing.T, pid int) int {
 // TestExecSlowReaderBoundedMemory: a client that stops reading while the
 // command writes 400 MB does not make the server buffer it.
 func TestExecSlowReaderBoundedMemory(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--wait")
 	const total = 400 << 20
-	before := rssKB(t, in.cmd.Process.Pid)
+	before := rssKB(t, in.Cmd.Process.Pid)
 	c := dialExec(t, in, sb.ID, url.Values{"command": {"sh", "-c", "head -c " + strconv.Itoa(total) + " /dev/zero"}})
 	time.Sleep(3 * time.Second) // the command writes; nobody reads
-	stalled := rssKB(t, in.cmd.Process.Pid)
+	stalled := rssKB(t, in.Cmd.Process.Pid)
 	var got int64
 	c.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	for {
@@ -343,8 +345,8 @@ func TestExecTTYInTerminal(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed")
 	}
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--wait")
 	session := "hiloop-tty-" + strconv.Itoa(os.Getpid())
 	tmux := func(args ...string) string {
 		t.Helper()
@@ -354,17 +356,17 @@ func TestExecTTYInTerminal(t *testing.T) {
 		}
 		return string(out)
 	}
-	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + hiloopBin +
+	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 		" sandbox exec -t " + sb.ID + ` -- sh -c 'while :; do stty size; sleep 0.2; done'`
 	tmux("-f", "/dev/null", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", shell)
 	tmux("set-option", "-t", session, "status", "off")
 	t.Cleanup(func() { exec.Command("tmux", "-L", session, "kill-server").Run() })
 	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
-	eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
+	e2e.Eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
 		return strings.Contains(screen(), "30 100"), nil
 	})
 	tmux("resize-window", "-t", session, "-x", "120", "-y", "40")
-	eventually(t, "remote sees the resize", 20*time.Second, func() (bool, error) {
+	e2e.Eventually(t, "remote sees the resize", 20*time.Second, func() (bool, error) {
 		return strings.Contains(screen(), "40 120"), nil
 	})
 }

@@ -14,25 +14,25 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/k8stest"
+	"github.com/hiloop/hiloop/internal/e2e"
 )
 
 func TestServeReadyAndCleanShutdown(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	if in.Token == "" {
 		t.Fatal("first start printed no admin key")
 	}
-	status, body := in.call("", "GET", "/healthz", "")
+	status, body := in.Call("", "GET", "/healthz", "")
 	if status != 200 {
 		t.Fatalf("healthz %d %s", status, body)
 	}
-	in.stop()
+	in.Stop()
 	// A second start on the same database issues no new admin key.
-	again := serve(t, in.DB, in.NS)
+	again := e2e.Serve(t, in.DB, in.NS)
 	if again.Token != "" {
 		t.Fatal("second start printed another admin key")
 	}
-	if _, _, code := again.cli(in.Token, "sandbox", "list"); code != 0 {
+	if _, _, code := again.CLI(in.Token, "sandbox", "list"); code != 0 {
 		t.Fatal("first key no longer works after restart")
 	}
 }
@@ -49,7 +49,7 @@ current-context: c
 	if err := writeFile(kc, cfg); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(hiloopBin, "serve", "--kubeconfig", kc, "--db", filepath.Join(t.TempDir(), "h.db"), "--listen", "127.0.0.1:0", "--cluster-timeout", "3s")
+	cmd := exec.Command(e2e.Binary(t), "serve", "--kubeconfig", kc, "--db", filepath.Join(t.TempDir(), "h.db"), "--listen", "127.0.0.1:0", "--cluster-timeout", "3s")
 	out, err := cmd.CombinedOutput()
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.ExitCode() == 0 {
@@ -75,7 +75,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--no-such-flag"}, "--no-such-flag"},
 	} {
-		cmd := exec.Command(hiloopBin, append([]string{"serve"}, tc.args...)...)
+		cmd := exec.Command(e2e.Binary(t), append([]string{"serve"}, tc.args...)...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir()}
 		out, err := cmd.CombinedOutput()
 		ee, ok := err.(*exec.ExitError)
@@ -84,7 +84,7 @@ func TestServeBadFlags(t *testing.T) {
 		}
 	}
 	// The env equivalents are checked the same way.
-	cmd := exec.Command(hiloopBin, "serve")
+	cmd := exec.Command(e2e.Binary(t), "serve")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HILOOP_LISTEN=bad"}
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--listen") {
@@ -96,45 +96,45 @@ func TestServeBadFlags(t *testing.T) {
 // stopped, start, running, delete, deleted, with a volume whose claim
 // survives stop/start and is collected on delete.
 func TestLifecycleWithVolume(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	sb := in.create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--wait")
 	if sb.State != "running" {
 		t.Fatalf("create --wait returned state %s", sb.State)
 	}
 	claim := "data-" + k8s.ObjectName(sb.ID)
-	pvcUID := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}")
-	podOwner := kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.metadata.labels.hiloop\\.dev/sandbox}")
+	pvcUID := e2e.Kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}")
+	podOwner := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.metadata.labels.hiloop\\.dev/sandbox}")
 	if podOwner != sb.ID {
 		t.Fatalf("pod carries sandbox label %q", podOwner)
 	}
 
-	in.mustCLI(in.Token, "sandbox", "stop", sb.ID)
-	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "stopped", "--timeout", "60s")
-	if out, _ := cluster.Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID)); !strings.Contains(out, "NotFound") {
+	in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
+	in.MustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "stopped", "--timeout", "60s")
+	if out, _ := e2e.SharedCluster(t).Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID)); !strings.Contains(out, "NotFound") {
 		t.Fatalf("stopped sandbox still has a pod: %s", out)
 	}
-	if got := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
+	if got := e2e.Kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
 		t.Fatalf("claim did not survive stop: uid %q, was %q", got, pvcUID)
 	}
 
-	in.mustCLI(in.Token, "sandbox", "start", sb.ID)
-	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "running", "--timeout", "60s")
-	if got := kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
+	in.MustCLI(in.Token, "sandbox", "start", sb.ID)
+	in.MustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "running", "--timeout", "60s")
+	if got := e2e.Kubectl(t, "get", "pvc", "-n", in.NS, claim, "-o", "jsonpath={.metadata.uid}"); got != pvcUID {
 		t.Fatalf("claim did not survive start: uid %q, was %q", got, pvcUID)
 	}
-	mounted := kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.spec.volumes[*].persistentVolumeClaim.claimName}")
+	mounted := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.spec.volumes[*].persistentVolumeClaim.claimName}")
 	if mounted != claim {
 		t.Fatalf("replacement pod mounts %q, want %q", mounted, claim)
 	}
 
-	in.mustCLI(in.Token, "sandbox", "delete", sb.ID)
-	in.mustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "deleted", "--timeout", "60s")
-	eventually(t, "claim collected", 60*time.Second, func() (bool, error) {
-		out, _ := cluster.Kubectl(context.Background(), "get", "pvc", "-n", in.NS, claim)
+	in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
+	in.MustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "deleted", "--timeout", "60s")
+	e2e.Eventually(t, "claim collected", 60*time.Second, func() (bool, error) {
+		out, _ := e2e.SharedCluster(t).Kubectl(context.Background(), "get", "pvc", "-n", in.NS, claim)
 		return strings.Contains(out, "NotFound"), nil
 	})
 
-	events := in.mustCLI(in.Token, "sandbox", "events", sb.ID, "-o", "json")
+	events := in.MustCLI(in.Token, "sandbox", "events", sb.ID, "-o", "json")
 	for _, want := range []string{`"to": "pending"`, `"to": "starting"`, `"to": "running"`, `"to": "stopped"`, `"to": "deleted"`} {
 		if !strings.Contains(events, want) {
 			t.Errorf("events lack %s:\n%s", want, events)
@@ -143,34 +143,34 @@ func TestLifecycleWithVolume(t *testing.T) {
 }
 
 func TestTTLExpiry(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
-	retain := in.create(in.Token, "busybox", "--ttl", "6s", "--wait")
-	del := in.create(in.Token, "busybox", "--ttl", "6s", "--shutdown-policy", "delete", "--wait")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	retain := in.Create(in.Token, "busybox", "--ttl", "6s", "--wait")
+	del := in.Create(in.Token, "busybox", "--ttl", "6s", "--shutdown-policy", "delete", "--wait")
 	// Extending one TTL through the API keeps it alive past the others.
-	keep := in.create(in.Token, "busybox", "--ttl", "6s", "--wait")
-	in.mustCLI(in.Token, "sandbox", "ttl", keep.ID, "1h")
+	keep := in.Create(in.Token, "busybox", "--ttl", "6s", "--wait")
+	in.MustCLI(in.Token, "sandbox", "ttl", keep.ID, "1h")
 
-	in.waitState(in.Token, retain.ID, "expired")
-	in.waitState(in.Token, del.ID, "deleted")
-	if sb := in.get(in.Token, keep.ID); sb.State != "running" {
+	in.WaitState(in.Token, retain.ID, "expired")
+	in.WaitState(in.Token, del.ID, "deleted")
+	if sb := in.Get(in.Token, keep.ID); sb.State != "running" {
 		t.Fatalf("extended sandbox is %s", sb.State)
 	}
 	// A retained, expired sandbox keeps its object (and record) but no pod.
-	if out, _ := cluster.Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(retain.ID)); !strings.Contains(out, "NotFound") {
+	if out, _ := e2e.SharedCluster(t).Kubectl(context.Background(), "get", "pod", "-n", in.NS, k8s.ObjectName(retain.ID)); !strings.Contains(out, "NotFound") {
 		t.Fatalf("expired sandbox still has a pod: %s", out)
 	}
-	kubectl(t, "get", "sandbox", "-n", in.NS, k8s.ObjectName(retain.ID))
+	e2e.Kubectl(t, "get", "sandbox", "-n", in.NS, k8s.ObjectName(retain.ID))
 	// Shortening works too.
-	in.mustCLI(in.Token, "sandbox", "ttl", keep.ID, "5s")
-	in.waitState(in.Token, keep.ID, "expired")
+	in.MustCLI(in.Token, "sandbox", "ttl", keep.ID, "5s")
+	in.WaitState(in.Token, keep.ID, "expired")
 }
 
 // TestDevCommand runs `hiloop dev`, which `make run` runs: it starts its own
 // local cluster, serves against it, and on Ctrl-C leaves no cluster process.
 func TestDevCommand(t *testing.T) {
-	cmd := exec.Command(hiloopBin, "dev", "--listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"))
+	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out := &k8stest.SyncBuffer{}
+	out := &e2e.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -178,8 +178,8 @@ func TestDevCommand(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var url, workdir string
-	eventually(t, "dev serving", 2*time.Minute, func() (bool, error) {
-		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
+	e2e.Eventually(t, "dev serving", 2*time.Minute, func() (bool, error) {
+		if m := e2e.ServingRE.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 		}
 		if m := regexp.MustCompile(`KWOK_WORKDIR=(\S+)`).FindStringSubmatch(out.String()); m != nil {
@@ -187,7 +187,7 @@ func TestDevCommand(t *testing.T) {
 		}
 		return url != "" && workdir != "", fmt.Errorf("output so far:\n%s", out.String())
 	})
-	eventually(t, "dev /readyz", 30*time.Second, func() (bool, error) {
+	e2e.Eventually(t, "dev /readyz", 30*time.Second, func() (bool, error) {
 		resp, err := http.Get(url + "/readyz")
 		if err != nil {
 			return false, err
@@ -208,7 +208,7 @@ func TestDevCommand(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatal("dev did not stop on SIGINT")
 	}
-	eventually(t, "dev's cluster gone", 60*time.Second, func() (bool, error) {
+	e2e.Eventually(t, "dev's cluster gone", 60*time.Second, func() (bool, error) {
 		_, err := os.Stat(workdir)
 		return os.IsNotExist(err), err
 	})

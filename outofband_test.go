@@ -1,6 +1,8 @@
 package main_test
 
 import (
+	"github.com/hiloop/hiloop/internal/e2e"
+
 	"context"
 	"encoding/json"
 	"path/filepath"
@@ -21,38 +23,38 @@ import (
 // TestOutOfBandChanges makes changes with the Kubernetes API, not through
 // hiloop, and checks the record converges to what was observed.
 func TestOutOfBandChanges(t *testing.T) {
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), newNamespace(t))
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	ctx := context.Background()
-	pods := cluster.Clients.Kube.CoreV1().Pods(in.NS)
+	pods := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(in.NS)
 
 	t.Run("deleted sandbox is lost", func(t *testing.T) {
-		sb := in.create(in.Token, "busybox", "--wait")
-		kubectl(t, "delete", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
-		got := in.waitState(in.Token, sb.ID, "lost")
+		sb := in.Create(in.Token, "busybox", "--wait")
+		e2e.Kubectl(t, "delete", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
+		got := in.WaitState(in.Token, sb.ID, "lost")
 		if got.Desired != "running" {
 			t.Fatalf("desired %s", got.Desired)
 		}
 	})
 
 	t.Run("failed pod is exited with its code", func(t *testing.T) {
-		sb := in.create(in.Token, "busybox", "--wait")
+		sb := in.Create(in.Token, "busybox", "--wait")
 		status := `{"status":{"phase":"Failed","reason":"Error","containerStatuses":[{"name":"workload","image":"busybox","imageID":"","ready":false,"restartCount":0,` +
 			`"state":{"terminated":{"exitCode":3,"reason":"Error","startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:00:01Z"}}}]}}`
-		kubectl(t, "patch", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--subresource=status", "--type=merge", "-p", status)
-		got := in.waitState(in.Token, sb.ID, "exited")
+		e2e.Kubectl(t, "patch", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--subresource=status", "--type=merge", "-p", status)
+		got := in.WaitState(in.Token, sb.ID, "exited")
 		if got.ExitCode == nil || *got.ExitCode != 3 || got.Reason != "Error" {
 			t.Fatalf("exited with code %v reason %q, want 3 Error", got.ExitCode, got.Reason)
 		}
 		// `wait --for running` on an exited sandbox fails with the reason.
-		_, errOut, code := in.cli(in.Token, "sandbox", "wait", sb.ID, "--for", "running", "--timeout", "10s")
+		_, errOut, code := in.CLI(in.Token, "sandbox", "wait", sb.ID, "--for", "running", "--timeout", "10s")
 		if code == 0 || !strings.Contains(errOut, "exited") || !strings.Contains(errOut, "exit code 3") {
 			t.Fatalf("wait on exited: code %d stderr %q", code, errOut)
 		}
 	})
 
 	t.Run("second pod is attention/multiple_pods", func(t *testing.T) {
-		sb := in.create(in.Token, "busybox", "--wait")
-		obj, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).Get(ctx, k8s.ObjectName(sb.ID), metav1.GetOptions{})
+		sb := in.Create(in.Token, "busybox", "--wait")
+		obj, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(in.NS).Get(ctx, k8s.ObjectName(sb.ID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,33 +71,33 @@ func TestOutOfBandChanges(t *testing.T) {
 		if _, err := pods.Create(ctx, extra, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		got := in.waitState(in.Token, sb.ID, "attention")
+		got := in.WaitState(in.Token, sb.ID, "attention")
 		if got.Anomaly != "multiple_pods" {
 			t.Fatalf("anomaly %q", got.Anomaly)
 		}
 	})
 
 	t.Run("mangled org label is attention", func(t *testing.T) {
-		sb := in.create(in.Token, "busybox", "--wait")
-		kubectl(t, "label", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--overwrite", k8s.LabelOrg+"=zz--not-an-org")
-		got := in.waitState(in.Token, sb.ID, "attention")
+		sb := in.Create(in.Token, "busybox", "--wait")
+		e2e.Kubectl(t, "label", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--overwrite", k8s.LabelOrg+"=zz--not-an-org")
+		got := in.WaitState(in.Token, sb.ID, "attention")
 		if got.Anomaly != "org_label_unparseable" {
 			t.Fatalf("anomaly %q", got.Anomaly)
 		}
 	})
 
 	t.Run("changed runtime class on the live pod is quarantined", func(t *testing.T) {
-		sb := in.create(in.Token, "busybox", "--wait")
+		sb := in.Create(in.Token, "busybox", "--wait")
 		rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "runc"}, Handler: "runc"}
-		if _, err := cluster.Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if _, err := e2e.SharedCluster(t).Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
 		// Someone with cluster credentials swaps the runtime class in the
 		// template and kills the pod; the controller makes a runc pod.
-		kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--type=merge",
+		e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--type=merge",
 			"-p", `{"spec":{"podTemplate":{"spec":{"runtimeClassName":"runc"}}}}`)
-		kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
-		got := in.waitState(in.Token, sb.ID, "quarantined")
+		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
+		got := in.WaitState(in.Token, sb.ID, "quarantined")
 		if !strings.Contains(got.Anomaly, "runtime_class_mismatch") || !strings.Contains(got.Reason, "runc") {
 			t.Fatalf("quarantined with %q: %s", got.Anomaly, got.Reason)
 		}
@@ -112,9 +114,9 @@ func TestOutOfBandChanges(t *testing.T) {
 	})
 }
 
-func orgOf(t testing.TB, in *instance, token string) string {
+func orgOf(t testing.TB, in *e2e.Instance, token string) string {
 	t.Helper()
-	status, body := in.call(token, "GET", "/v1/org", "")
+	status, body := in.Call(token, "GET", "/v1/org", "")
 	if status != 200 {
 		t.Fatalf("GET /v1/org: %d %s", status, body)
 	}
@@ -126,22 +128,22 @@ func orgOf(t testing.TB, in *instance, token string) string {
 // TestRestartConverges stops hiloop, changes the cluster behind its back,
 // and starts it again on the same database.
 func TestRestartConverges(t *testing.T) {
-	ns := newNamespace(t)
+	ns := e2e.NewNamespace(t)
 	db := filepath.Join(t.TempDir(), "h.db")
-	in := serve(t, db, ns)
+	in := e2e.Serve(t, db, ns)
 	token := in.Token
-	gone := in.create(token, "busybox", "--wait")
-	paused := in.create(token, "busybox", "--wait")
-	failed := in.create(token, "busybox", "--wait")
-	in.stop()
+	gone := in.Create(token, "busybox", "--wait")
+	paused := in.Create(token, "busybox", "--wait")
+	failed := in.Create(token, "busybox", "--wait")
+	in.Stop()
 
 	ctx := context.Background()
-	kubectl(t, "delete", "sandbox", "-n", ns, k8s.ObjectName(gone.ID), "--wait=true")
-	kubectl(t, "patch", "sandbox", "-n", ns, k8s.ObjectName(paused.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Suspended"}}`)
-	kubectl(t, "patch", "pod", "-n", ns, k8s.ObjectName(failed.ID), "--subresource=status", "--type=merge",
+	e2e.Kubectl(t, "delete", "sandbox", "-n", ns, k8s.ObjectName(gone.ID), "--wait=true")
+	e2e.Kubectl(t, "patch", "sandbox", "-n", ns, k8s.ObjectName(paused.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Suspended"}}`)
+	e2e.Kubectl(t, "patch", "pod", "-n", ns, k8s.ObjectName(failed.ID), "--subresource=status", "--type=merge",
 		"-p", `{"status":{"phase":"Succeeded","containerStatuses":[{"name":"workload","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":0,"reason":"Completed","startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:00:01Z"}}}]}}`)
-	eventually(t, "pod of the suspended sandbox gone", 60*time.Second, func() (bool, error) {
-		_, err := cluster.Clients.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName(paused.ID), metav1.GetOptions{})
+	e2e.Eventually(t, "pod of the suspended sandbox gone", 60*time.Second, func() (bool, error) {
+		_, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName(paused.ID), metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})
 
@@ -158,7 +160,7 @@ func TestRestartConverges(t *testing.T) {
 	}
 	s.Close()
 
-	again := serve(t, db, ns)
+	again := e2e.Serve(t, db, ns)
 	again.waitState(token, gone.ID, "lost")
 	again.waitState(token, paused.ID, "stopped")
 	sb := again.waitState(token, failed.ID, "exited")
@@ -174,26 +176,26 @@ func TestRestartConverges(t *testing.T) {
 // TestOrphanReported: an object with hiloop's labels that no record knows is
 // reported at start-up and left alone, neither adopted nor deleted.
 func TestOrphanReported(t *testing.T) {
-	ns := newNamespace(t)
+	ns := e2e.NewNamespace(t)
 	ctx := context.Background()
 	sb, err := k8s.Render(store.Sandbox{ID: "sbx_orphanorphanorph", OrgID: "org_nobody", DesiredMode: store.ModeRunning,
 		Spec: store.Spec{Image: "busybox"}}, k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, sb, metav1.CreateOptions{}); err != nil {
+	if _, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, sb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	in := serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
-	eventually(t, "orphan reported", 10*time.Second, func() (bool, error) {
-		return strings.Contains(in.out.String(), "no record knows") && strings.Contains(in.out.String(), sb.Name), nil
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	e2e.Eventually(t, "orphan reported", 10*time.Second, func() (bool, error) {
+		return strings.Contains(in.Out.String(), "no record knows") && strings.Contains(in.Out.String(), sb.Name), nil
 	})
-	status, body := in.call(in.Token, "GET", "/v1/sandboxes", "")
+	status, body := in.Call(in.Token, "GET", "/v1/sandboxes", "")
 	if status != 200 || strings.Contains(body, "orphan") {
 		t.Fatalf("orphan adopted into the record: %d %s", status, body)
 	}
 	time.Sleep(time.Second)
-	if _, err := cluster.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Get(ctx, sb.Name, metav1.GetOptions{}); err != nil {
+	if _, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Get(ctx, sb.Name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("orphan was touched: %v", err)
 	}
 }

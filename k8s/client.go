@@ -16,6 +16,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -107,9 +108,21 @@ func (c *Clients) CheckReachable(ctx context.Context, timeout time.Duration) err
 }
 
 // CheckSandboxAPI reports whether the API server serves the sandboxes
-// resource at agents.x-k8s.io/v1beta1.
+// resource at agents.x-k8s.io/v1beta1. The discovery client takes no
+// context, so ctx's deadline becomes the request's own timeout: a hung API
+// server costs at most that long.
 func (c *Clients) CheckSandboxAPI(ctx context.Context) error {
-	list, err := c.Kube.Discovery().ServerResourcesForGroupVersion(SandboxGroup + "/" + SandboxVersion)
+	disco := c.Kube.Discovery()
+	if dl, ok := ctx.Deadline(); ok {
+		cfg := rest.CopyConfig(c.Config)
+		cfg.Timeout = max(time.Until(dl), time.Millisecond)
+		d, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		disco = d
+	}
+	list, err := disco.ServerResourcesForGroupVersion(SandboxGroup + "/" + SandboxVersion)
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: %s/%s is not served (is the agent-sandbox CRD installed?)", ErrNotReady, SandboxGroup, SandboxVersion)
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	gwebsocket "github.com/gorilla/websocket"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,9 @@ type ExecRequest struct {
 	TTY            bool
 	// Resize carries terminal size changes (TTY only).
 	Resize <-chan TerminalSize
+	// ConnectTimeout bounds reaching the container (the stream's set-up),
+	// apart from how long the command may run; only ctx bounds it when zero.
+	ConnectTimeout time.Duration
 }
 
 // TerminalSize is a terminal's width and height in characters.
@@ -63,6 +67,14 @@ var (
 	ErrNoStatus = errors.New("exec stream ended without a status frame")
 )
 
+// ConnectError reports that the exec stream could not be set up: the API
+// server or the node could not be reached, or refused the stream. No command
+// ran.
+type ConnectError struct{ Err error }
+
+func (e *ConnectError) Error() string { return "exec: connect: " + e.Err.Error() }
+func (e *ConnectError) Unwrap() error { return e.Err }
+
 // RemoteError is a failure status frame that carries no exit code: the
 // runtime could not run the command at all, for example.
 type RemoteError struct{ Message string }
@@ -86,11 +98,26 @@ func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
 type Execer struct {
 	Clients   *Clients
 	Namespace string
+	// ConnectTimeout is the ConnectTimeout of requests that set none.
+	ConnectTimeout time.Duration
 }
 
 // Exec runs a command in the workload container of a sandbox's pod.
 func (e *Execer) Exec(ctx context.Context, sandboxID string, req ExecRequest) (ExitStatus, error) {
+	if req.ConnectTimeout == 0 {
+		req.ConnectTimeout = e.ConnectTimeout
+	}
 	return e.Clients.Exec(ctx, e.Namespace, ObjectName(sandboxID), req)
+}
+
+// connectCtx bounds the set-up of a stream. Both transports use the
+// request's context only to dial and upgrade, so ending it afterwards does
+// not end the stream.
+func connectCtx(ctx context.Context, req ExecRequest) (context.Context, context.CancelFunc) {
+	if req.ConnectTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, req.ConnectTimeout)
 }
 
 // Exec runs a command in the workload container of a pod.
@@ -123,7 +150,9 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 		return ExitStatus{}, err
 	}
 	wu := *u
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, wu.String(), nil)
+	cctx, cancel := connectCtx(ctx, req)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(cctx, http.MethodGet, wu.String(), nil)
 	if err != nil {
 		return ExitStatus{}, err
 	}
@@ -131,6 +160,9 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 	if err != nil {
 		if ctx.Err() != nil {
 			return ExitStatus{}, ctx.Err()
+		}
+		if cctx.Err() != nil {
+			return ExitStatus{}, &ConnectError{err}
 		}
 		return ExitStatus{}, &upgradeError{err}
 	}
@@ -173,6 +205,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 	var readErr error
 	// Large copies mean large messages downstream: fewer frames per byte.
 	buf := make([]byte, copyBuffer)
+read:
 	for {
 		mt, r, err := conn.NextReader()
 		if err != nil {
@@ -196,7 +229,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 			b, err := io.ReadAll(r)
 			if err != nil {
 				readErr = err
-				break
+				break read
 			}
 			status = append(status, b...)
 			gotStatus = true
@@ -208,7 +241,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 					return ExitStatus{}, fmt.Errorf("exec: write output: %w", w.err)
 				}
 				readErr = err
-				break
+				break read
 			}
 		}
 	}
@@ -229,7 +262,9 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 	if err != nil {
 		return ExitStatus{}, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), nil)
+	cctx, cancel := connectCtx(ctx, req)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(cctx, http.MethodPost, u.String(), nil)
 	if err != nil {
 		return ExitStatus{}, err
 	}
@@ -238,7 +273,7 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 		if ctx.Err() != nil {
 			return ExitStatus{}, ctx.Err()
 		}
-		return ExitStatus{}, fmt.Errorf("exec: %w", err)
+		return ExitStatus{}, &ConnectError{err}
 	}
 	defer conn.Close()
 	if proto != remotecommand.StreamProtocolV4Name {

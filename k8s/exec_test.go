@@ -30,7 +30,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/k8stest"
+	"github.com/hiloop/hiloop/internal/e2e"
 )
 
 // localExecutor runs the command as a local process, as a container runtime
@@ -308,7 +308,7 @@ func TestExecTTYWithResize(t *testing.T) {
 			resize := make(chan k8s.TerminalSize, 2)
 			resize <- k8s.TerminalSize{Width: 80, Height: 24}
 			stdinR, stdinW := io.Pipe()
-			out := &k8stest.SyncBuffer{}
+			out := &e2e.SyncBuffer{}
 			done := make(chan struct{})
 			var st k8s.ExitStatus
 			var err error

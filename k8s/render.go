@@ -27,6 +27,13 @@ const (
 	WorkloadContainer = "workload"
 )
 
+// Deployment defaults, in one place: the CLI's flags, the local cluster and
+// the install take them from here.
+const (
+	DefaultNamespace    = "hiloop-sandboxes"
+	DefaultRuntimeClass = "gvisor"
+)
+
 // Selector selects every object hiloop made.
 const Selector = LabelManagedBy + "=" + ManagedBy
 
@@ -73,12 +80,39 @@ func ObjectName(id string) string { return strings.ReplaceAll(id, "_", "-") }
 // ServiceAccountName is the organization's own service account.
 func ServiceAccountName(orgID string) string { return "hiloop-" + strings.ReplaceAll(orgID, "_", "-") }
 
+// NewReceipt is what a sandbox of the organization with this spec is
+// promised under the options: the runtime class, the org's service account,
+// its volumes with their storage classes, and the transports it asked for
+// (every backed one when it asked for none).
+func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
+	r := Receipt{Version: ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
+		Storage: []string{}, Transports: append([]string{}, o.Transports...)}
+	if len(spec.Transports) > 0 {
+		r.Transports = append([]string{}, spec.Transports...)
+	}
+	for _, v := range spec.Volumes {
+		class := "default"
+		if v.StorageClass != "" {
+			class = v.StorageClass
+		}
+		r.Storage = append(r.Storage, v.Name+":"+class)
+	}
+	return r
+}
+
 // Render turns a sandbox record into the Sandbox object hiloop creates. It is
 // a pure function of the record and the options; golden files pin its output.
+// The receipt annotation is the record's own promise; a record older than
+// stored receipts gets one made from the options.
 func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	labels := map[string]string{LabelOrg: sb.OrgID, LabelSandbox: sb.ID, LabelManagedBy: ManagedBy}
-	receipt := Receipt{Version: ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(sb.OrgID),
-		Storage: []string{}, Transports: append([]string{}, o.Transports...)}
+	rj := []byte(sb.Receipt)
+	if sb.Receipt == "" {
+		var err error
+		if rj, err = json.Marshal(NewReceipt(sb.OrgID, sb.Spec, o)); err != nil {
+			return nil, err
+		}
+	}
 
 	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image}
 	var err error
@@ -98,18 +132,11 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
 			},
 		}
-		class := "default"
 		if v.StorageClass != "" {
 			claim.Spec.StorageClassName = ptr.To(v.StorageClass)
-			class = v.StorageClass
 		}
 		claims = append(claims, claim)
 		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: v.MountPath})
-		receipt.Storage = append(receipt.Storage, v.Name+":"+class)
-	}
-	rj, err := json.Marshal(receipt)
-	if err != nil {
-		return nil, err
 	}
 	obj := &v1beta1.Sandbox{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1beta1.GroupVersion.String(), Kind: "Sandbox"},

@@ -60,6 +60,30 @@ func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
 	return nil
 }
 
+// Receipt is the JSON receipt a sandbox of the organization with this spec
+// is promised; the control plane stores it in the record at create time.
+func (w *Writer) Receipt(orgID string, spec store.Spec) (string, error) {
+	b, err := json.Marshal(NewReceipt(orgID, spec, w.opts))
+	return string(b), err
+}
+
+// Exists asks the API server whether a sandbox's object exists and carries
+// its id.
+func (w *Writer) Exists(ctx context.Context, id string) (bool, error) {
+	obj, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Get(ctx, ObjectName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get sandbox: %w", err)
+	}
+	return obj.Labels[LabelSandbox] == id, nil
+}
+
+// IsNotFound reports whether a cluster call failed because the object does
+// not exist.
+func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
 // ensureServiceAccount creates the organization's service account, with
 // token automount disabled, the first time one of its sandboxes is created.
 func (w *Writer) ensureServiceAccount(ctx context.Context, orgID string) error {

@@ -2,12 +2,15 @@ package mirror
 
 import (
 	"fmt"
+	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -16,16 +19,40 @@ import (
 
 // Named anomalies (state attention) and contradictions (state quarantined).
 const (
-	AnomalyMultiplePods        = "multiple_pods"
+	AnomalyMultiplePods = "multiple_pods"
+	// AnomalyOrgLabelUnparseable: the org label is not an organization id at
+	// all. Records written before org_label_mismatch existed may carry it
+	// for a valid but different org too.
 	AnomalyOrgLabelUnparseable = "org_label_unparseable"
-	AnomalyIdentityMissing     = "identity_missing"
-	AnomalyReceiptUnreadable   = "receipt_unreadable"
+	// AnomalyOrgLabelMismatch: the org label names another organization.
+	AnomalyOrgLabelMismatch  = "org_label_mismatch"
+	AnomalyIdentityMissing   = "identity_missing"
+	AnomalyReceiptUnreadable = "receipt_unreadable"
 
 	ContradictionRuntimeClass   = "runtime_class_mismatch"
 	ContradictionHostNamespaces = "host_namespaces"
 	ContradictionTokenMounted   = "service_account_token_mounted"
 	ContradictionServiceAccount = "service_account_mismatch"
+	// ContradictionReceipt: the pod's receipt annotation differs from what
+	// the record says was promised.
+	ContradictionReceipt = "receipt_mismatch"
+	// ContradictionStorage: the pod's volumes are not the promised ones (a
+	// promised claim is missing, another claim or a host path is mounted).
+	ContradictionStorage = "storage_mismatch"
 )
+
+// Reasons the mirror gives for transitions, naming the evidence.
+const (
+	ReasonPodDeleted        = "pod deleted"
+	ReasonPodReplaced       = "pod replaced"
+	ReasonModeOutside       = "mode changed outside hiloop"
+	ReasonBeingDeleted      = "being deleted"
+	ReasonLabelChanged      = "label changed"
+	ReasonDeletedThroughAPI = "deleted through the API"
+)
+
+// orgIDPattern is the shape of an organization id (store.NewID("org")).
+var orgIDPattern = regexp.MustCompile(`^org_[A-Za-z0-9]+$`)
 
 // Decide maps what the cluster shows for one sandbox to the state the record
 // should hold. obj is nil when no Sandbox object is observed; pods are the
@@ -35,7 +62,7 @@ func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now tim
 	if obj == nil {
 		switch {
 		case rec.DesiredMode == store.ModeDeleted:
-			return store.Observation{State: store.StateDeleted, Reason: "deleted through the API"}
+			return store.Observation{State: store.StateDeleted, Reason: ReasonDeletedThroughAPI}
 		case rec.State == store.StatePending:
 			// Never observed yet: still pending (the create may be in flight).
 			return store.Observation{State: store.StatePending}
@@ -47,24 +74,33 @@ func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now tim
 	}
 
 	// Identity: the object must say which sandbox and org it is.
-	if id := obj.Labels[k8s.LabelSandbox]; id != rec.ID {
-		return attention(AnomalyIdentityMissing, fmt.Sprintf("sandbox label is %q", id))
-	}
-	if org := obj.Labels[k8s.LabelOrg]; org != rec.OrgID {
-		return attention(AnomalyOrgLabelUnparseable, fmt.Sprintf("org label is %q", org))
+	if o, bad := checkIdentity("", obj.Labels, rec); bad {
+		return o
 	}
 	live := livePods(pods)
 	if len(live) > 1 {
 		return attention(AnomalyMultiplePods, fmt.Sprintf("%d live pods", len(live)))
 	}
+	podUID := ""
 	if len(live) == 1 {
 		if o, bad := checkPod(live[0], rec); bad {
 			return o
 		}
+		podUID = string(live[0].UID)
 	}
+	o := decideLive(obj, pods, live, rec, now)
+	o.PodUID = podUID
+	if o.Reason == "" {
+		o.Reason = why(o.State, podUID, rec)
+	}
+	return o
+}
 
-	if obj.DeletionTimestamp != nil {
-		return store.Observation{State: store.StateStopping, Reason: "being deleted"}
+// decideLive is Decide for an object whose identity and pod checked out.
+func decideLive(obj *v1beta1.Sandbox, pods, live []*corev1.Pod, rec store.Sandbox, now time.Time) store.Observation {
+	if obj.DeletionTimestamp != nil || rec.DesiredMode == store.ModeDeleted {
+		// Never running while a delete is under way, whatever the pod says.
+		return store.Observation{State: store.StateStopping, Reason: ReasonBeingDeleted}
 	}
 	expired := obj.Spec.ShutdownTime != nil && !now.Before(obj.Spec.ShutdownTime.Time)
 	if c := meta.FindStatusCondition(obj.Status.Conditions, string(v1beta1.SandboxConditionReady)); c != nil && c.Reason == v1beta1.SandboxReasonExpired {
@@ -95,6 +131,41 @@ func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now tim
 	return store.Observation{State: store.StateStarting}
 }
 
+// why names the evidence behind a state when Decide had nothing more
+// specific to say: the pod went or was replaced, or the mode differs from
+// what the API asked for.
+func why(state store.State, podUID string, rec store.Sandbox) string {
+	switch {
+	case (state == store.StateStopping || state == store.StateStopped) && rec.DesiredMode == store.ModeRunning:
+		return ReasonModeOutside
+	case (state == store.StateStarting || state == store.StateRunning) && rec.DesiredMode == store.ModeStopped:
+		return ReasonModeOutside
+	case rec.PodUID != "" && podUID == "" && state == store.StateStarting:
+		return ReasonPodDeleted
+	case rec.PodUID != "" && podUID != "" && podUID != rec.PodUID:
+		return ReasonPodReplaced
+	case rec.PodUID != "" && podUID == rec.PodUID && state == rec.State:
+		return rec.Reason // the same evidence as before: keep what was said
+	}
+	return ""
+}
+
+// checkIdentity holds an object's labels to the record. what is "" for the
+// Sandbox and "pod " for its pod.
+func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (store.Observation, bool) {
+	if id := labels[k8s.LabelSandbox]; id != rec.ID {
+		return attention(AnomalyIdentityMissing, fmt.Sprintf("%s: %ssandbox label is %q", ReasonLabelChanged, what, id)), true
+	}
+	switch org := labels[k8s.LabelOrg]; {
+	case org == rec.OrgID:
+		return store.Observation{}, false
+	case !orgIDPattern.MatchString(org):
+		return attention(AnomalyOrgLabelUnparseable, fmt.Sprintf("%s: %sorg label %q is not an organization id", ReasonLabelChanged, what, org)), true
+	default:
+		return attention(AnomalyOrgLabelMismatch, fmt.Sprintf("%s: %sorg label names another organization, %q", ReasonLabelChanged, what, org)), true
+	}
+}
+
 func attention(anomaly, reason string) store.Observation {
 	return store.Observation{State: store.StateAttention, Anomaly: anomaly, Reason: reason}
 }
@@ -110,27 +181,36 @@ func livePods(pods []*corev1.Pod) []*corev1.Pod {
 	return live
 }
 
-// checkPod holds the live pod to the identity labels and the runtime receipt.
+// checkPod holds the live pod to the identity labels and to what the record
+// says was promised. The pod's receipt annotation must be there, readable,
+// and the same promise: someone who edits both the runtime class and the
+// annotation does not escape quarantine.
 func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
-	if p.Labels[k8s.LabelSandbox] != rec.ID {
-		return attention(AnomalyIdentityMissing, "pod sandbox label is "+fmt.Sprintf("%q", p.Labels[k8s.LabelSandbox])), true
-	}
-	if p.Labels[k8s.LabelOrg] != rec.OrgID {
-		return attention(AnomalyOrgLabelUnparseable, fmt.Sprintf("pod org label is %q", p.Labels[k8s.LabelOrg])), true
+	if o, bad := checkIdentity("pod ", p.Labels, rec); bad {
+		return o, true
 	}
 	raw, ok := p.Annotations[k8s.AnnotationReceipt]
 	if !ok {
 		return attention(AnomalyReceiptUnreadable, "pod carries no runtime receipt"), true
 	}
-	receipt, err := k8s.ParseReceipt(raw)
+	annotated, err := k8s.ParseReceipt(raw)
 	if err != nil {
 		return attention(AnomalyReceiptUnreadable, err.Error()), true
 	}
-	var contradictions []string
-	var reasons []string
-	if rc := ptrString(p.Spec.RuntimeClassName); rc != receipt.RuntimeClass {
+	promised := annotated
+	var contradictions, reasons []string
+	if rec.Receipt != "" {
+		if promised, err = k8s.ParseReceipt(rec.Receipt); err != nil {
+			return attention(AnomalyReceiptUnreadable, "record: "+err.Error()), true
+		}
+		if !reflect.DeepEqual(promised, annotated) {
+			contradictions = append(contradictions, ContradictionReceipt)
+			reasons = append(reasons, "the pod's receipt annotation differs from the promise on record")
+		}
+	}
+	if rc := ptrString(p.Spec.RuntimeClassName); rc != promised.RuntimeClass {
 		contradictions = append(contradictions, ContradictionRuntimeClass)
-		reasons = append(reasons, fmt.Sprintf("runtime class %q, receipt promised %q", rc, receipt.RuntimeClass))
+		reasons = append(reasons, fmt.Sprintf("runtime class %q, receipt promised %q", rc, promised.RuntimeClass))
 	}
 	if p.Spec.HostNetwork || p.Spec.HostPID || p.Spec.HostIPC {
 		contradictions = append(contradictions, ContradictionHostNamespaces)
@@ -140,14 +220,52 @@ func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
 		contradictions = append(contradictions, ContradictionTokenMounted)
 		reasons = append(reasons, "a service-account token is mounted")
 	}
-	if p.Spec.ServiceAccountName != "" && p.Spec.ServiceAccountName != receipt.ServiceAccount {
+	if p.Spec.ServiceAccountName != "" && p.Spec.ServiceAccountName != promised.ServiceAccount {
 		contradictions = append(contradictions, ContradictionServiceAccount)
-		reasons = append(reasons, fmt.Sprintf("service account %q, receipt promised %q", p.Spec.ServiceAccountName, receipt.ServiceAccount))
+		reasons = append(reasons, fmt.Sprintf("service account %q, receipt promised %q", p.Spec.ServiceAccountName, promised.ServiceAccount))
+	}
+	if reason := storageMismatch(p, promised); reason != "" {
+		contradictions = append(contradictions, ContradictionStorage)
+		reasons = append(reasons, reason)
 	}
 	if len(contradictions) == 0 {
 		return store.Observation{}, false
 	}
 	return store.Observation{State: store.StateQuarantined, Anomaly: strings.Join(contradictions, ","), Reason: strings.Join(reasons, "; ")}, true
+}
+
+// storageMismatch says how the pod's persistent and host volumes differ from
+// the promised storage ("name:class" entries), or "" when they match. The
+// controller mounts claim template NAME of Sandbox S as volume NAME backed by
+// claim NAME-S; the class is the claim's, which the pod does not show.
+func storageMismatch(p *corev1.Pod, promised k8s.Receipt) string {
+	want := map[string]bool{}
+	for _, s := range promised.Storage {
+		name, _, _ := strings.Cut(s, ":")
+		want[name] = true
+	}
+	seen := map[string]bool{}
+	for _, v := range p.Spec.Volumes {
+		switch {
+		case v.HostPath != nil:
+			return fmt.Sprintf("volume %q mounts a host path", v.Name)
+		case v.PersistentVolumeClaim != nil:
+			owner := ""
+			if ref := metav1.GetControllerOfNoCopy(p); ref != nil {
+				owner = ref.Name
+			}
+			if !want[v.Name] || (owner != "" && v.PersistentVolumeClaim.ClaimName != v.Name+"-"+owner) {
+				return fmt.Sprintf("volume %q mounts claim %q, which was not promised", v.Name, v.PersistentVolumeClaim.ClaimName)
+			}
+			seen[v.Name] = true
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			return fmt.Sprintf("promised volume %q is not mounted", name)
+		}
+	}
+	return ""
 }
 
 func tokenMounted(p *corev1.Pod) bool {

@@ -41,10 +41,21 @@ type Options struct {
 	SyncTimeout time.Duration
 	// Workers is the number of concurrent reconcilers; 4 when zero.
 	Workers int
-	// Recover is called at start-up for each record still pending whose
-	// Sandbox object the cluster does not have: a create interrupted between
-	// the record write and the cluster write. It must finish or fail it.
-	Recover func(ctx context.Context, sb store.Sandbox)
+	// Control resolves pending creates and says which records it changed
+	// without a cluster event; optional.
+	Control Control
+}
+
+// Control is what the mirror needs of the control plane's core
+// (*control.Control): the mirror calls down into it, never the reverse.
+type Control interface {
+	// ResolvePending resolves, in the background, a record left pending by
+	// a create whose outcome is unknown.
+	ResolvePending(id string)
+	// Changed is signalled when records changed that no cluster event will
+	// show; TakeChanged says which.
+	Changed() <-chan struct{}
+	TakeChanged() []string
 }
 
 // Mirror is the status mirror.
@@ -173,8 +184,14 @@ func trimPod(p *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{ObjectMeta: trimMeta(p.ObjectMeta)}
 	out.Spec = corev1.PodSpec{RuntimeClassName: p.Spec.RuntimeClassName, HostNetwork: p.Spec.HostNetwork, HostPID: p.Spec.HostPID,
 		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: p.Spec.ServiceAccountName}
-	// Only the volumes that carry a service-account token matter.
+	// Only the volumes Decide holds to the receipt matter: claims, host
+	// paths, and those that carry a service-account token.
 	for _, v := range p.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil || v.HostPath != nil {
+			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: v.PersistentVolumeClaim, HostPath: v.HostPath}})
+			continue
+		}
 		if v.Projected == nil {
 			continue
 		}
@@ -268,17 +285,20 @@ func (m *Mirror) Orphans() []string {
 // Run starts the informers, waits for their sync, reconciles every unsettled
 // record, then mirrors until ctx ends.
 func (m *Mirror) Run(ctx context.Context) error {
-	defer m.queue.ShutDown()
-	// The informers stop with this context, which must end before Shutdown
-	// waits for them, on an error return too.
+	// One teardown for every return: end the context (the informers and
+	// the change listener stop with it), shut the queue down once (the
+	// workers stop), wait for the workers, then for the informers.
 	ctx, stop := context.WithCancel(ctx)
-	m.sbFactory.Start(ctx.Done())
-	m.podFactory.Start(ctx.Done())
+	var wg sync.WaitGroup
 	defer func() {
 		stop()
+		m.queue.ShutDown()
+		wg.Wait()
 		m.sbFactory.Shutdown()
 		m.podFactory.Shutdown()
 	}()
+	m.sbFactory.Start(ctx.Done())
+	m.podFactory.Start(ctx.Done())
 
 	syncCtx, cancel := context.WithTimeout(ctx, m.o.SyncTimeout)
 	ok := cache.WaitForCacheSync(syncCtx.Done(), m.synced...)
@@ -290,7 +310,6 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return fmt.Errorf("mirror: informers did not sync within %s", m.o.SyncTimeout)
 	}
 
-	var wg sync.WaitGroup
 	for range m.o.Workers {
 		wg.Add(1)
 		go func() {
@@ -299,8 +318,22 @@ func (m *Mirror) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	defer wg.Wait()
-	defer m.queue.ShutDown()
+	if c := m.o.Control; c != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-c.Changed():
+					for _, id := range c.TakeChanged() {
+						m.queue.Add(id)
+					}
+				}
+			}
+		}()
+	}
 
 	if err := m.startupReconcile(ctx); err != nil {
 		return err
@@ -324,9 +357,11 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
-		if rec.State == store.StatePending && m.o.Recover != nil {
+		if rec.State == store.StatePending && m.o.Control != nil {
 			if _, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(rec.ID)); err != nil {
-				m.o.Recover(ctx, rec)
+				// Resolved in the background, each attempt bounded: a hung
+				// API server does not keep the mirror from being ready.
+				m.o.Control.ResolvePending(rec.ID)
 				continue
 			}
 		}
@@ -344,7 +379,7 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 			continue
 		}
 		if ok {
-			if _, err := m.o.Store.Sandbox(ctx, "", id); err == nil {
+			if _, err := m.o.Store.SandboxAnyOrg(ctx, id); err == nil {
 				continue
 			}
 		}
@@ -375,7 +410,7 @@ func (m *Mirror) processNext(ctx context.Context) bool {
 
 // reconcile decides one sandbox from the cache and records the result.
 func (m *Mirror) reconcile(ctx context.Context, id string) error {
-	rec, err := m.o.Store.Sandbox(ctx, "", id)
+	rec, err := m.o.Store.SandboxAnyOrg(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil // an orphan: reported at start-up, otherwise ignored
 	}

@@ -14,7 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/k8stest"
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/mirror"
 	"github.com/hiloop/hiloop/store"
 )
@@ -32,7 +33,7 @@ func heap() uint64 {
 // mirror holds per sandbox after GC.
 func BenchmarkMirrorMemory(b *testing.B) {
 	const n = 2000
-	c := k8stest.New(b)
+	c := e2e.NewCluster(b)
 	ctx := context.Background()
 	db, err := store.Open(ctx, store.Options{Path: filepath.Join(b.TempDir(), "m.db")})
 	if err != nil {
@@ -40,7 +41,7 @@ func BenchmarkMirrorMemory(b *testing.B) {
 	}
 	defer db.Close()
 	org, _ := db.CreateOrg(ctx, "mem", n, n)
-	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8stest.RuntimeClass, Transports: []string{"exec"}})
+	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []string{"exec"}})
 	if err != nil {
 		b.Fatal(err)
 	}

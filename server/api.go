@@ -76,8 +76,11 @@ type Sandbox struct {
 	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
 	Volumes        []VolumeRequest   `json:"volumes"`
 	Labels         map[string]string `json:"labels"`
-	CreatedAt      time.Time         `json:"created_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
+	// Transports are the ways in the sandbox asked for; empty means every
+	// transport the deployment backed when it was created.
+	Transports []string  `json:"transports"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 // SandboxList is a page of sandboxes. Next is the cursor for the following
@@ -115,7 +118,7 @@ func toAPI(sb store.Sandbox) Sandbox {
 		Resources: Resources{CPURequest: sb.Spec.CPURequest, CPULimit: sb.Spec.CPULimit,
 			MemoryRequest: sb.Spec.MemoryRequest, MemoryLimit: sb.Spec.MemoryLimit},
 		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
-		Volumes: []VolumeRequest{}, Labels: map[string]string{},
+		Volumes: []VolumeRequest{}, Labels: map[string]string{}, Transports: append([]string{}, sb.Spec.Transports...),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 	}
 	if sb.Spec.TTLSeconds > 0 {

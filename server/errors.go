@@ -5,12 +5,12 @@ import (
 	"errors"
 	"net/http"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/store"
 )
 
-// Error codes. They are stable: clients switch on them.
+// Error codes. They are stable: clients switch on them. Every code is listed
+// in the OpenAPI document and in docs/api.md, and a test holds them to it.
 const (
 	CodeInvalidJSON           = "invalid_json"
 	CodeUnknownField          = "unknown_field"
@@ -21,13 +21,24 @@ const (
 	CodeNotFound              = "not_found"
 	CodeMethodNotAllowed      = "method_not_allowed"
 	CodeConflict              = "conflict"
+	CodeLastKey               = "last_key"
 	CodeIdempotencyConflict   = "idempotency_conflict"
 	CodeUnsupportedCapability = "unsupported_capability"
 	CodeQuotaExceeded         = "quota_exceeded"
 	CodeClusterRejected       = "cluster_rejected"
 	CodeClusterUnavailable    = "cluster_unavailable"
+	CodeClusterMisconfigured  = "cluster_misconfigured"
 	CodeNotReady              = "not_ready"
 	CodeInternal              = "internal"
+	CodeWebSocketRequired     = "websocket_required"
+	CodeSandboxNotRunning     = "sandbox_not_running"
+	CodeSandboxQuarantined    = "sandbox_quarantined"
+	CodeExecLimit             = "exec_limit"
+	CodeExecFailed            = "exec_failed"
+	CodeExecUnavailable       = "exec_unavailable"
+	CodeExecTimeout           = "exec_timeout"
+	CodeInvalidFrame          = "invalid_frame"
+	CodeSessionEnded          = "session_ended"
 )
 
 // ErrorBody is the envelope of every error response.
@@ -59,73 +70,78 @@ func fieldError(field, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Message: field + ": " + msg, Field: field}}
 }
 
-// errNotFound is the one answer for an absent sandbox and for another
-// organization's: the two must be indistinguishable.
-var errNotFound = newError(http.StatusNotFound, CodeNotFound, "no such sandbox")
+var (
+	// errNotFound is the one answer for an absent sandbox and for another
+	// organization's: the two must be indistinguishable.
+	errNotFound = newError(http.StatusNotFound, CodeNotFound, "no such sandbox")
+	errNotReady = newError(http.StatusServiceUnavailable, CodeNotReady, "hiloop is not ready yet")
+)
 
-// toAPIError maps any error to its status and code, in this one place.
+// toAPIError maps any error to its status and code, in this one place. The
+// message of a 5xx and of a cluster refusal is fixed: what the cluster said
+// can name service accounts, pods and nodes, so it is logged, never sent.
 func toAPIError(err error) *apiError {
 	var ae *apiError
+	var fe *control.FieldError
+	var se *control.StateError
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &fe) && errors.Is(err, control.ErrUnsupported):
+		return &apiError{status: http.StatusUnprocessableEntity, detail: ErrorDetail{Code: CodeUnsupportedCapability, Field: fe.Field, Message: fe.Message}}
 	case errors.Is(err, store.ErrNotFound):
 		return errNotFound
 	case errors.Is(err, store.ErrQuota):
 		return newError(http.StatusTooManyRequests, CodeQuotaExceeded, err.Error())
+	case errors.Is(err, store.ErrLastKey):
+		return newError(http.StatusConflict, CodeLastKey, "this is the organization's last live key; create another key first")
 	case errors.Is(err, store.ErrConflict):
 		return newError(http.StatusConflict, CodeConflict, err.Error())
-	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
-		// The API server's admission refused the object: a deployment policy,
-		// not a hiloop fault, and the record says so.
-		return newError(http.StatusUnprocessableEntity, CodeClusterRejected, "the cluster refused the sandbox: "+apiMessage(err))
-	case isClusterError(err):
-		return newError(http.StatusServiceUnavailable, CodeClusterUnavailable, "the cluster did not accept the write; try again")
+	case errors.Is(err, control.ErrQuarantined):
+		return newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
+	case errors.As(err, &se):
+		return newError(http.StatusConflict, CodeSandboxNotRunning, se.Error())
+	case errors.Is(err, control.ErrSessionLimit):
+		return newError(http.StatusTooManyRequests, CodeExecLimit, err.Error())
+	case errors.Is(err, control.ErrNoExec):
+		return newError(http.StatusServiceUnavailable, CodeExecUnavailable, "this deployment has no exec backend")
+	case errors.Is(err, control.ErrClusterRejected):
+		return newError(http.StatusUnprocessableEntity, CodeClusterRejected, "the cluster's admission policy refused the sandbox")
+	case errors.Is(err, control.ErrClusterQuota):
+		return newError(http.StatusTooManyRequests, CodeQuotaExceeded, "the cluster's quota for sandboxes is exhausted")
+	case errors.Is(err, control.ErrClusterForbidden):
+		return newError(http.StatusInternalServerError, CodeClusterMisconfigured, "the cluster refused hiloop's own request; the operator has to fix hiloop's permissions")
+	case errors.Is(err, control.ErrClusterUnavailable):
+		return newError(http.StatusServiceUnavailable, CodeClusterUnavailable, "the cluster did not answer; try again")
 	default:
 		return newError(http.StatusInternalServerError, CodeInternal, "internal error")
 	}
 }
 
-func apiMessage(err error) string {
-	var se apierrors.APIStatus
-	if errors.As(err, &se) {
-		return se.Status().Message
-	}
-	return err.Error()
-}
-
-// isClusterError reports whether err came from talking to the API server.
-func isClusterError(err error) bool {
-	var se apierrors.APIStatus
-	if errors.As(err, &se) {
-		return true
-	}
-	var ce *clusterError
-	return errors.As(err, &ce)
-}
-
-// clusterError marks a failed cluster write that is not an API status
-// (a refused connection, a timeout).
-type clusterError struct{ err error }
-
-func (e *clusterError) Error() string { return e.err.Error() }
-func (e *clusterError) Unwrap() error { return e.err }
+// retryAfter is the Retry-After of every 503, in seconds.
+const retryAfter = "5"
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", retryAfter)
+	}
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
 }
 
-// writeError writes err as the JSON envelope. 5xx details are logged, never
-// sent.
+// writeError writes err as the JSON envelope. The full error of a 5xx or a
+// cluster refusal is logged, never sent.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := toAPIError(err)
-	if ae.status >= 500 {
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
-	} else {
+	switch {
+	case ae.status >= 500:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "code", ae.detail.Code, "err", err)
+	case ae.detail.Code == CodeClusterRejected || errors.Is(err, control.ErrClusterQuota):
+		s.log.Warn("cluster refused a request", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
+	default:
 		s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", ae.status, "code", ae.detail.Code)
 	}
 	writeJSON(w, ae.status, ErrorBody{Error: ae.detail})

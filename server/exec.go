@@ -13,22 +13,9 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/store"
 )
-
-// Executor runs a command in a sandbox's workload container. k8s.Execer
-// satisfies it.
-type Executor interface {
-	Exec(ctx context.Context, sandboxID string, req k8s.ExecRequest) (k8s.ExitStatus, error)
-}
-
-// noExec answers every exec with an error, for a server built without one.
-type noExec struct{}
-
-func (noExec) Exec(context.Context, string, k8s.ExecRequest) (k8s.ExitStatus, error) {
-	return k8s.ExitStatus{}, errors.New("this server has no exec backend")
-}
 
 // Exec limits and defaults.
 const (
@@ -59,15 +46,6 @@ const (
 	ChanResize   = 4
 	ChanCloseIn  = 255
 	maxFrameSize = 1 << 20
-)
-
-// Exec error codes.
-const (
-	CodeSandboxNotRunning  = "sandbox_not_running"
-	CodeSandboxQuarantined = "sandbox_quarantined"
-	CodeExecLimit          = "exec_limit"
-	CodeExecFailed         = "exec_failed"
-	CodeInvalidFrame       = "invalid_frame"
 )
 
 // ExecRunRequest is the body of POST /v1/sandboxes/{id}/exec/run.
@@ -110,52 +88,11 @@ type ResizeFrame struct {
 	Height uint16 `json:"height"`
 }
 
-// ExecLimits bound concurrent exec sessions.
-type ExecLimits struct {
-	PerSandbox int
-	PerOrg     int
-}
-
-// sessions counts live exec sessions per sandbox and per org.
-type sessions struct {
-	mu        sync.Mutex
-	bySandbox map[string]int
-	byOrg     map[string]int
-}
-
-// acquire takes a session slot, or reports that a limit is reached.
-func (s *sessions) acquire(lim ExecLimits, org, id string) (release func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.bySandbox[id] >= lim.PerSandbox {
-		return nil, newError(http.StatusTooManyRequests, CodeExecLimit, fmt.Sprintf("at most %d exec sessions per sandbox", lim.PerSandbox))
-	}
-	if s.byOrg[org] >= lim.PerOrg {
-		return nil, newError(http.StatusTooManyRequests, CodeExecLimit, fmt.Sprintf("at most %d exec sessions per organization", lim.PerOrg))
-	}
-	s.bySandbox[id]++
-	s.byOrg[org]++
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.bySandbox[id]--
-		s.byOrg[org]--
-	}, nil
-}
-
-// admitExec checks the record (the sandbox must be the caller's, running,
-// and not quarantined) and takes an exec session slot.
-func (s *Server) admitExec(ctx context.Context, org, id string) (release func(), err error) {
-	_, err = s.o.Store.CheckReachable(ctx, org, id)
-	switch {
-	case errors.Is(err, store.ErrQuarantined):
-		return nil, newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
-	case errors.Is(err, store.ErrNotRunning):
-		return nil, newError(http.StatusConflict, CodeSandboxNotRunning, err.Error())
-	case err != nil:
-		return nil, err
-	}
-	return s.execs.acquire(s.o.ExecLimits, org, id)
+// StartFrame is the first client message of a stream opened without a
+// command in its URL: the argv travels in the message, so it stays out of
+// proxy and access logs. It is a text message.
+type StartFrame struct {
+	Command []string `json:"command"`
 }
 
 func validateArgv(argv []string) error {
@@ -189,9 +126,45 @@ func parseTimeout(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// execError maps a failed exec to the API's answer.
-func execError(err error) *apiError {
-	return newError(http.StatusBadGateway, CodeExecFailed, "exec failed: "+err.Error())
+// execError maps a failed exec to the API's answer. What broke is logged by
+// writeError, never sent: it can name the pod or the node.
+func execError(err error) error {
+	var ce *control.ClusterError
+	if errors.As(err, &ce) || errors.Is(err, control.ErrNoExec) {
+		return err
+	}
+	return &wrappedAPIError{apiError: newError(http.StatusBadGateway, CodeExecFailed, "the stream to the sandbox broke before the command's exit status arrived"), err: err}
+}
+
+// wrappedAPIError is an apiError that keeps the error behind it for the log.
+type wrappedAPIError struct {
+	*apiError
+	err error
+}
+
+func (e *wrappedAPIError) Error() string { return e.apiError.Error() + ": " + e.err.Error() }
+func (e *wrappedAPIError) Unwrap() error { return e.apiError }
+
+// sessionEnded is the answer for a command whose session was ended from the
+// outside, by cause.
+func sessionEnded(cause error) *apiError {
+	status := http.StatusConflict
+	if errors.Is(cause, control.ErrShuttingDown) {
+		status = http.StatusServiceUnavailable
+	}
+	return newError(status, CodeSessionEnded, "the session ended: "+cause.Error())
+}
+
+// endedBy reports why a session's context ended from the outside, or nil
+// when it did not (or only the caller's own context ended).
+func endedBy(sess *control.Session) error {
+	cause := context.Cause(sess.Context())
+	for _, c := range []error{control.ErrShuttingDown, control.ErrKeyRevoked, control.ErrSandboxChanged} {
+		if errors.Is(cause, c) {
+			return c
+		}
+	}
+	return nil
 }
 
 // capWriter keeps the first max bytes and counts what it drops.
@@ -215,9 +188,9 @@ func (c *capWriter) Write(p []byte) (int, error) {
 }
 
 func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
-	org, id := caller(r).OrgID, r.PathValue("id")
+	id := r.PathValue("id")
 	var req ExecRunRequest
-	if _, err := decodeLimit(w, r, &req, MaxRunBody); err != nil {
+	if err := decodeLimit(w, r, &req, MaxRunBody); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -230,14 +203,14 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	release, err := s.admitExec(r.Context(), org, id)
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	defer release()
+	defer sess.End()
 
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
 	stdout, stderr := &capWriter{max: MaxRunOutput}, &capWriter{max: MaxRunOutput}
 	ereq := k8s.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
@@ -245,10 +218,17 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		ereq.Stdin = strings.NewReader(*req.Stdin)
 	}
 	start := time.Now()
-	st, err := s.o.Exec.Exec(ctx, id, ereq)
+	st, err := sess.Exec(ctx, ereq)
 	resp := ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
 		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
+	var ce *control.ClusterError
 	switch {
+	case err != nil && errors.As(err, &ce):
+		s.writeError(w, r, err)
+		return
+	case err != nil && endedBy(sess) != nil:
+		s.writeError(w, r, sessionEnded(endedBy(sess)))
+		return
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		resp.TimedOut = true
 	case err != nil:
@@ -270,7 +250,7 @@ var upgrader = websocket.Upgrader{
 }
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
-	org, id := caller(r).OrgID, r.PathValue("id")
+	id := r.PathValue("id")
 	q := r.URL.Query()
 	for k := range q {
 		switch k {
@@ -280,10 +260,13 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// Without command in the URL, the argv is the first message.
 	argv := q["command"]
-	if err := validateArgv(argv); err != nil {
-		s.writeError(w, r, err)
-		return
+	if len(argv) > 0 {
+		if err := validateArgv(argv); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 	}
 	flags := map[string]bool{}
 	for _, f := range []string{"stdin", "tty"} {
@@ -305,24 +288,26 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !websocket.IsWebSocketUpgrade(r) {
-		s.writeError(w, r, newError(http.StatusBadRequest, "websocket_required", "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
+		s.writeError(w, r, newError(http.StatusBadRequest, CodeWebSocketRequired, "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	release, err := s.admitExec(r.Context(), org, id)
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	defer release()
+	defer sess.End()
 	conn, err := upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader answered the client
 	}
 	defer conn.Close()
 	conn.SetReadLimit(maxFrameSize)
-	log := s.log.With("sandbox", id, "org", org)
+	log := s.log.With("sandbox", id, "org", sess.OrgID)
 
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	// The session's context ends on a revoke, a stop or delete of the
+	// sandbox, or shutdown; the timeout bounds the command.
+	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
 	// Output is one message per chunk and blocks on the client: a slow
 	// reader slows the command down instead of growing a buffer.
@@ -331,6 +316,13 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		b, _ := json.Marshal(f)
 		cc.Send(ChanExit, b)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+	}
+	if len(argv) == 0 {
+		var ferr *apiError
+		if argv, ferr = readStart(conn); ferr != nil {
+			sendExit(ExitFrame{Error: &ferr.detail})
+			return
+		}
 	}
 	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: cc.Writer(ChanStdout), Stderr: cc.Writer(ChanStderr)}
 	var stdinR *io.PipeReader
@@ -370,29 +362,62 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	st, err := s.o.Exec.Exec(ctx, id, ereq)
+	st, err := sess.Exec(ctx, ereq)
 	if stdinR != nil {
 		stdinR.Close() // unblocks a stdin write nobody will read
 	}
 	frameMu.Lock()
 	ferr := frameErr
 	frameMu.Unlock()
+	var ce *control.ClusterError
 	switch {
 	case ferr != nil:
 		log.Info("exec session refused a frame", "err", ferr)
 		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeInvalidFrame, Message: ferr.Error()}})
+	case err != nil && errors.As(err, &ce):
+		log.Warn("exec could not reach the sandbox", "err", err)
+		d := toAPIError(err).detail
+		sendExit(ExitFrame{Error: &d})
+	case err != nil && endedBy(sess) != nil:
+		log.Info("exec session ended", "cause", endedBy(sess))
+		d := sessionEnded(endedBy(sess)).detail
+		sendExit(ExitFrame{Error: &d})
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		sendExit(ExitFrame{Error: &ErrorDetail{Code: "exec_timeout", Message: "the command ran past its timeout of " + timeout.String()}})
+		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}})
 	case err != nil && ctx.Err() != nil:
 		// The client left; nobody is listening for the exit.
 	case err != nil:
 		log.Warn("exec failed", "err", err)
-		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeExecFailed, Message: err.Error()}})
+		d := toAPIError(execError(err)).detail
+		sendExit(ExitFrame{Error: &d})
 	default:
 		sendExit(ExitFrame{ExitCode: &st.Code, Signal: st.Signal})
 	}
 	conn.Close()
 	<-readDone
+}
+
+// readStart reads the StartFrame of a stream opened without a command.
+func readStart(conn *websocket.Conn) ([]string, *apiError) {
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	defer conn.SetReadDeadline(time.Time{})
+	mt, b, err := conn.ReadMessage()
+	if err != nil {
+		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, "no command: neither in the URL nor in a first message")
+	}
+	if mt != websocket.TextMessage {
+		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, `the first message must be a text message {"command":[...]} when the URL has no command`)
+	}
+	var f StartFrame
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, `the first message must be {"command":[...]}`)
+	}
+	if err := validateArgv(f.Command); err != nil {
+		return nil, toAPIError(err)
+	}
+	return f.Command, nil
 }
 
 // handleFrame applies one client message, or says why it is invalid.

@@ -1,37 +1,16 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/hiloop/hiloop/store"
 )
-
-// noCluster satisfies Cluster for tests that never reach it.
-type noCluster struct{}
-
-func (noCluster) Create(context.Context, store.Sandbox) error        { return nil }
-func (noCluster) SetMode(context.Context, string, store.Mode) error  { return nil }
-func (noCluster) SetExpiry(context.Context, string, time.Time) error { return nil }
-func (noCluster) Delete(context.Context, string) error               { return nil }
 
 // TestOpenAPICoversEveryRoute checks the served document names every route
 // the server registers, with its method, and nothing the server lacks.
 func TestOpenAPICoversEveryRoute(t *testing.T) {
-	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "o.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	s, err := New(Options{Store: db, Cluster: noCluster{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t, &fakeCluster{}).srv
 	rec := httptest.NewRecorder()
 	s.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/openapi.json", nil))
 	if rec.Code != 200 {

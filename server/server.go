@@ -17,87 +17,53 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/store"
 )
 
 // MaxBodyBytes caps every request body.
 const MaxBodyBytes = 64 << 10
 
-// Cluster is what the API needs of the cluster: k8s.Writer satisfies it.
-type Cluster interface {
-	Create(ctx context.Context, sb store.Sandbox) error
-	SetMode(ctx context.Context, id string, mode store.Mode) error
-	SetExpiry(ctx context.Context, id string, at time.Time) error
-	Delete(ctx context.Context, id string) error
-}
-
 // Options configure New.
 type Options struct {
-	Store   *store.Store
-	Cluster Cluster
-	Caps    Capabilities
+	// Store answers every read.
+	Store *store.Store
+	// Control does everything a caller may do to a sandbox.
+	Control *control.Control
 	Log     *slog.Logger
-	Now     func() time.Time
 	// Ready reports whether the server may take traffic (cluster checked,
-	// mirror synced); /readyz answers 503 with its error until it is nil.
+	// mirror synced); /readyz answers 503 until it returns nil, and gives it
+	// ReadyTimeout to answer.
 	Ready func(ctx context.Context) error
-	// Observe asks the mirror to re-decide a sandbox now; optional.
-	Observe func(id string)
-	// ClusterTimeout bounds each cluster write; 15s when zero.
-	ClusterTimeout time.Duration
-	// Exec runs commands in sandboxes; exec is answered 503 without it.
-	Exec Executor
-	// ExecLimits bound concurrent exec sessions; 8 per sandbox and 32 per
-	// organization when zero.
-	ExecLimits ExecLimits
+	// ReadyTimeout bounds /readyz; 2s when zero.
+	ReadyTimeout time.Duration
 }
 
-// Server is the HTTP API.
+// Server is the HTTP API. Its handlers only translate: HTTP in, a call to
+// control or a read of the store, HTTP out.
 type Server struct {
 	o   Options
 	log *slog.Logger
 	mux *http.ServeMux
-
-	// sandboxLocks serialise mutations of one sandbox, so that the record
-	// and the cluster see them in the same order.
-	locks sync.Map
-	execs sessions
 }
 
 // New builds the API.
 func New(o Options) (*Server, error) {
-	if o.Store == nil || o.Cluster == nil {
-		return nil, errors.New("server: store and cluster are required")
+	if o.Store == nil || o.Control == nil {
+		return nil, errors.New("server: store and control are required")
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
 	if o.Ready == nil {
 		o.Ready = func(context.Context) error { return nil }
 	}
-	if o.Observe == nil {
-		o.Observe = func(string) {}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 2 * time.Second
 	}
-	if o.ClusterTimeout == 0 {
-		o.ClusterTimeout = 15 * time.Second
-	}
-	if o.ExecLimits.PerSandbox == 0 {
-		o.ExecLimits.PerSandbox = 8
-	}
-	if o.ExecLimits.PerOrg == 0 {
-		o.ExecLimits.PerOrg = 32
-	}
-	if o.Exec == nil {
-		o.Exec = noExec{}
-	}
-	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(),
-		execs: sessions{bySandbox: map[string]int{}, byOrg: map[string]int{}}}
+	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux()}
 	for _, rt := range s.routes() {
 		h := rt.handler
 		if rt.auth {
@@ -206,39 +172,43 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func caller(r *http.Request) store.APIKey { return r.Context().Value(ctxKey{}).(store.APIKey) }
+// caller is the organization and key that authenticated the request.
+func caller(r *http.Request) control.Caller {
+	k := r.Context().Value(ctxKey{}).(store.APIKey)
+	return control.Caller{OrgID: k.OrgID, KeyID: k.ID}
+}
 
 // decode reads a JSON body of at most MaxBodyBytes into v, refusing unknown
-// fields and trailing data. It returns the raw body too.
-func decode(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+// fields and trailing data.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return decodeLimit(w, r, v, MaxBodyBytes)
 }
 
 // decodeLimit is decode with another size cap.
-func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) ([]byte, error) {
+func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return nil, newError(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Content-Type must be application/json")
+			return newError(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Content-Type must be application/json")
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", limit))
+			return newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", limit))
 		}
-		return nil, newError(http.StatusBadRequest, CodeInvalidJSON, "could not read body")
+		return newError(http.StatusBadRequest, CodeInvalidJSON, "could not read body")
 	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return nil, jsonError(err)
+		return jsonError(err)
 	}
 	if dec.More() {
-		return nil, newError(http.StatusBadRequest, CodeInvalidJSON, "body holds more than one JSON value")
+		return newError(http.StatusBadRequest, CodeInvalidJSON, "body holds more than one JSON value")
 	}
-	return body, nil
+	return nil
 }
 
 func jsonError(err error) *apiError {
@@ -268,11 +238,22 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers within ReadyTimeout even when the check hangs (a hung API
+// server). Why it is not ready is logged, not sent.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.ReadyTimeout)
 	defer cancel()
-	if err := s.o.Ready(ctx); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{Code: CodeNotReady, Message: err.Error()}})
+	done := make(chan error, 1)
+	go func() { done <- s.o.Ready(ctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("readiness check did not answer within %s", s.o.ReadyTimeout)
+	}
+	if err != nil {
+		s.log.Warn("not ready", "err", err)
+		s.writeError(w, r, errNotReady)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -298,7 +279,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	var req CreateKeyRequest
-	if _, err := decode(w, r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -315,7 +296,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
-	if err := s.o.Store.RevokeKey(r.Context(), caller(r).OrgID, r.PathValue("id")); err != nil {
+	if err := s.o.Control.RevokeKey(r.Context(), caller(r), r.PathValue("id")); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			err = newError(http.StatusNotFound, CodeNotFound, "no such key")
 		}
@@ -325,24 +306,9 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// lock serialises mutations of one sandbox.
-func (s *Server) lock(id string) func() {
-	v, _ := s.locks.LoadOrStore(id, &sync.Mutex{})
-	mu := v.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
-
-// clusterCtx bounds one cluster write. It is detached from the request, so
-// a client that hangs up cannot leave the record and the cluster half-done.
-func (s *Server) clusterCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), s.o.ClusterTimeout)
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req CreateSandboxRequest
-	body, err := decode(w, r, &req)
-	if err != nil {
+	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -351,14 +317,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
 		return
 	}
-	spec, expires, err := validateCreate(req, s.o.Caps, s.o.Now())
+	spec, expires, err := validateCreate(req, time.Now())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sum := sha256.Sum256(body)
-	sb, created, err := s.o.Store.CreateSandbox(r.Context(), store.NewSandbox{
-		OrgID: caller(r).OrgID, Spec: spec, ExpiresAt: expires, IdempotencyKey: idem, RequestHash: hex.EncodeToString(sum[:])})
+	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
+		Spec: spec, ExpiresAt: expires, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
 	if errors.Is(err, store.ErrConflict) && idem != "" {
 		err = newError(http.StatusConflict, CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
@@ -366,64 +331,27 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if !created {
+	switch outcome {
+	case control.Replayed:
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeJSON(w, http.StatusOK, toAPI(sb))
-		return
-	}
-	unlock := s.lock(sb.ID)
-	defer unlock()
-	ctx, cancel := s.clusterCtx()
-	defer cancel()
-	if err := s.o.Cluster.Create(ctx, sb); err != nil {
-		s.failCreate(sb, err)
-		s.writeError(w, r, clusterErr(err))
-		return
-	}
-	writeJSON(w, http.StatusCreated, toAPI(sb))
-}
-
-// failCreate records that the cluster refused or never got a sandbox, so the
-// record says so instead of staying pending.
-func (s *Server) failCreate(sb store.Sandbox, cause error) {
-	reason := "cluster write failed: " + apiMessage(cause)
-	if _, err := s.o.Store.Observe(context.Background(), sb.ID, store.Observation{State: store.StateFailed, Reason: truncateReason(reason)}); err != nil {
-		s.log.Error("record failed create", "sandbox", sb.ID, "err", err)
+	case control.Accepted:
+		// The record stands and is resolved from evidence; retrying would
+		// only find it again.
+		writeJSON(w, http.StatusAccepted, toAPI(sb))
+	default:
+		writeJSON(w, http.StatusCreated, toAPI(sb))
 	}
 }
 
-// FinishPending completes a create that was interrupted between the record
-// write and the cluster write: it creates the object, or fails the record.
-func (s *Server) FinishPending(ctx context.Context, sb store.Sandbox) {
-	unlock := s.lock(sb.ID)
-	defer unlock()
-	var err error
-	if sb.DesiredMode == store.ModeDeleted {
-		err = s.o.Cluster.Delete(ctx, sb.ID)
-	} else {
-		err = s.o.Cluster.Create(ctx, sb)
-	}
-	if err != nil {
-		s.log.Warn("interrupted create could not be finished; failing it", "sandbox", sb.ID, "err", err)
-		s.failCreate(sb, err)
-		return
-	}
-	s.log.Info("finished interrupted create", "sandbox", sb.ID)
-	s.o.Observe(sb.ID)
-}
-
-func truncateReason(s string) string {
-	if len(s) > 500 {
-		return s[:500]
-	}
-	return s
-}
-
-func clusterErr(err error) error {
-	if isClusterError(err) {
-		return err
-	}
-	return &clusterError{err}
+// canonicalHash identifies a create request by its meaning, not its bytes:
+// the same request with its keys reordered or other whitespace is the same
+// request (encoding/json marshals struct fields in order and map keys
+// sorted).
+func canonicalHash(req CreateSandboxRequest) string {
+	b, _ := json.Marshal(req)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -498,60 +426,28 @@ func validState(s string) bool {
 }
 
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeStopped, func(ctx context.Context, id string) error {
-		return s.o.Cluster.SetMode(ctx, id, store.ModeStopped)
-	})
+	s.setMode(w, r, store.ModeStopped)
 }
 
 func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeRunning, func(ctx context.Context, id string) error {
-		return s.o.Cluster.SetMode(ctx, id, store.ModeRunning)
-	})
+	s.setMode(w, r, store.ModeRunning)
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeDeleted, s.o.Cluster.Delete)
+	s.setMode(w, r, store.ModeDeleted)
 }
 
-// setMode records the desired mode, then applies it to the cluster; when
-// that fails the record's desired mode is restored. Nothing is sent when the
-// mode is unchanged or the sandbox has no object any more.
-func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode, apply func(ctx context.Context, id string) error) {
-	org, id := caller(r).OrgID, r.PathValue("id")
+func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode) {
 	if err := emptyBody(w, r); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	unlock := s.lock(id)
-	defer unlock()
-	before, err := s.o.Store.Sandbox(r.Context(), org, id)
+	sb, err := s.o.Control.SetMode(r.Context(), caller(r), r.PathValue("id"), mode)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err := s.o.Store.SetDesiredMode(r.Context(), org, id, mode)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if before.DesiredMode != mode && !before.State.Terminal() {
-		ctx, cancel := s.clusterCtx()
-		defer cancel()
-		if err := apply(ctx, id); err != nil {
-			s.restoreMode(id, before.DesiredMode)
-			s.writeError(w, r, clusterErr(err))
-			return
-		}
-	}
-	s.o.Observe(id)
 	writeJSON(w, http.StatusOK, toAPI(sb))
-}
-
-// restoreMode undoes a desired-mode change whose cluster write failed.
-func (s *Server) restoreMode(id string, mode store.Mode) {
-	if err := s.o.Store.RestoreDesiredMode(context.Background(), id, mode); err != nil {
-		s.log.Error("restore desired mode", "sandbox", id, "err", err)
-	}
 }
 
 // emptyBody accepts an absent, empty or {} body on action endpoints.
@@ -560,7 +456,7 @@ func emptyBody(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	var v struct{}
-	_, err := decode(w, r, &v)
+	err := decode(w, r, &v)
 	if ae, ok := err.(*apiError); ok && ae.detail.Message == "empty body" {
 		return nil
 	}
@@ -568,9 +464,8 @@ func emptyBody(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
-	org, id := caller(r).OrgID, r.PathValue("id")
 	var req UpdateSandboxRequest
-	if _, err := decode(w, r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -583,28 +478,9 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	unlock := s.lock(id)
-	defer unlock()
-	before, err := s.o.Store.Sandbox(r.Context(), org, id)
+	sb, err := s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl)
 	if err != nil {
 		s.writeError(w, r, err)
-		return
-	}
-	at := s.o.Now().Add(ttl).UTC().Truncate(time.Second)
-	sb, err := s.o.Store.SetExpiry(r.Context(), org, id, at, int64(ttl/time.Second))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	ctx, cancel := s.clusterCtx()
-	defer cancel()
-	if err := s.o.Cluster.SetExpiry(ctx, id, at); err != nil {
-		if before.ExpiresAt != nil {
-			s.o.Store.SetExpiry(context.Background(), org, id, *before.ExpiresAt, before.Spec.TTLSeconds)
-		} else {
-			s.o.Store.ClearExpiry(context.Background(), id)
-		}
-		s.writeError(w, r, clusterErr(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, toAPI(sb))

@@ -24,6 +24,13 @@ const (
 	maxCPU        = "256"
 	maxMemory     = "2Ti"
 	maxVolumeSize = "64Ti"
+	// The smallest CPU, memory and volume a sandbox may ask for: below them
+	// no image starts (gVisor alone needs tens of MiB), so a smaller value
+	// is a typo, not a choice.
+	minCPU        = "10m"
+	minMemory     = "16Mi"
+	minVolumeSize = "1Mi"
+	MaxTransports = 8
 )
 
 var (
@@ -32,25 +39,17 @@ var (
 	// optional digest.
 	imageRef = regexp.MustCompile(`^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?` +
 		`[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*` +
-		`(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$`)
-	dnsLabel   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
-	labelKey   = regexp.MustCompile(`^([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
-	labelValue = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
+		`(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@(?:sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}))?$`)
+	transportName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+	dnsLabel      = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
+	labelKey      = regexp.MustCompile(`^([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
+	labelValue    = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
 )
 
-// Capabilities are what this deployment backs. A request for anything else
-// is refused with unsupported_capability rather than half-honoured.
-type Capabilities struct {
-	// StorageClasses a volume may name. A volume that names none gets the
-	// cluster's default class, which is always backed.
-	StorageClasses []string
-	// Transports a sandbox may ask for.
-	Transports []string
-}
-
 // validateCreate checks every field of a create request and returns the
-// spec to record and the expiry, or an error naming the field.
-func validateCreate(req CreateSandboxRequest, caps Capabilities, now time.Time) (store.Spec, *time.Time, error) {
+// spec to record and the expiry, or an error naming the field. Whether the
+// deployment backs what the spec asks for is control's admission.
+func validateCreate(req CreateSandboxRequest, now time.Time) (store.Spec, *time.Time, error) {
 	spec := store.Spec{Image: req.Image, ShutdownPolicy: "retain", Labels: req.Labels}
 	switch {
 	case req.Image == "":
@@ -60,10 +59,10 @@ func validateCreate(req CreateSandboxRequest, caps Capabilities, now time.Time) 
 	}
 	if r := req.Resources; r != nil {
 		spec.CPURequest, spec.CPULimit, spec.MemoryRequest, spec.MemoryLimit = r.CPURequest, r.CPULimit, r.MemoryRequest, r.MemoryLimit
-		if err := validatePair("resources.cpu", r.CPURequest, r.CPULimit, maxCPU); err != nil {
+		if err := validatePair("resources.cpu", r.CPURequest, r.CPULimit, minCPU, maxCPU); err != nil {
 			return spec, nil, err
 		}
-		if err := validatePair("resources.memory", r.MemoryRequest, r.MemoryLimit, maxMemory); err != nil {
+		if err := validatePair("resources.memory", r.MemoryRequest, r.MemoryLimit, minMemory, maxMemory); err != nil {
 			return spec, nil, err
 		}
 	}
@@ -97,7 +96,7 @@ func validateCreate(req CreateSandboxRequest, caps Capabilities, now time.Time) 
 			return spec, nil, fieldError(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
 		}
 		names[v.Name] = true
-		if err := validateQuantity(f+".size", v.Size, maxVolumeSize, true); err != nil {
+		if err := validateQuantity(f+".size", v.Size, minVolumeSize, maxVolumeSize, true); err != nil {
 			return spec, nil, err
 		}
 		if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" || strings.ContainsAny(v.MountPath, "\x00:") {
@@ -111,34 +110,24 @@ func validateCreate(req CreateSandboxRequest, caps Capabilities, now time.Time) 
 			if !dnsLabel.MatchString(v.StorageClass) && !labelKey.MatchString(v.StorageClass) {
 				return spec, nil, fieldError(f+".storage_class", fmt.Sprintf("%q is not a storage class name", truncate(v.StorageClass)))
 			}
-			if !slices.Contains(caps.StorageClasses, v.StorageClass) {
-				return spec, nil, unsupported(f+".storage_class", fmt.Sprintf("storage class %q is not backed by this deployment (backed: %s)", v.StorageClass, listOrNone(caps.StorageClasses)))
-			}
 		}
 		spec.Volumes = append(spec.Volumes, store.Volume{Name: v.Name, Size: v.Size, MountPath: v.MountPath, StorageClass: v.StorageClass})
 	}
+	if len(req.Transports) > MaxTransports {
+		return spec, nil, fieldError("transports", fmt.Sprintf("at most %d transports", MaxTransports))
+	}
 	for i, t := range req.Transports {
-		if !slices.Contains(caps.Transports, t) {
-			return spec, nil, unsupported(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("transport %q is not backed by this deployment (backed: %s)", truncate(t), listOrNone(caps.Transports)))
+		if !transportName.MatchString(t) {
+			return spec, nil, fieldError(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", truncate(t)))
+		}
+		if !slices.Contains(spec.Transports, t) {
+			spec.Transports = append(spec.Transports, t)
 		}
 	}
 	if err := validateLabels("labels", req.Labels); err != nil {
 		return spec, nil, err
 	}
 	return spec, expires, nil
-}
-
-func unsupported(field, msg string) *apiError {
-	e := newError(422, CodeUnsupportedCapability, msg)
-	e.detail.Field = field
-	return e
-}
-
-func listOrNone(l []string) string {
-	if len(l) == 0 {
-		return "none"
-	}
-	return strings.Join(l, ", ")
 }
 
 func parseTTL(field, s string) (time.Duration, error) {
@@ -169,11 +158,11 @@ func validateLabels(field string, labels map[string]string) error {
 
 // validatePair checks a request and a limit, and that the request does not
 // exceed the limit.
-func validatePair(field, request, limit, max string) error {
-	if err := validateQuantity(field+"_request", request, max, false); err != nil {
+func validatePair(field, request, limit, min, max string) error {
+	if err := validateQuantity(field+"_request", request, min, max, false); err != nil {
 		return err
 	}
-	if err := validateQuantity(field+"_limit", limit, max, false); err != nil {
+	if err := validateQuantity(field+"_limit", limit, min, max, false); err != nil {
 		return err
 	}
 	if request == "" || limit == "" {
@@ -186,7 +175,7 @@ func validatePair(field, request, limit, max string) error {
 	return nil
 }
 
-func validateQuantity(field, v, max string, required bool) error {
+func validateQuantity(field, v, min, max string, required bool) error {
 	if v == "" {
 		if required {
 			return fieldError(field, "is required")
@@ -199,6 +188,9 @@ func validateQuantity(field, v, max string, required bool) error {
 	}
 	if q.Sign() <= 0 {
 		return fieldError(field, fmt.Sprintf("%s must be positive", v))
+	}
+	if m := resource.MustParse(min); q.Cmp(m) < 0 {
+		return fieldError(field, fmt.Sprintf("%s is below the minimum %s", v, min))
 	}
 	if m := resource.MustParse(max); q.Cmp(m) > 0 {
 		return fieldError(field, fmt.Sprintf("%s exceeds the maximum %s", v, max))

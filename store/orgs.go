@@ -8,9 +8,25 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 )
+
+// errNoOrg is what every organization-scoped method answers for an empty
+// organization id: no access, never "any organization".
+var errNoOrg = fmt.Errorf("no organization given: %w", ErrNotFound)
+
+// ErrLastKey reports that revoking a key would leave its organization with
+// no live key, locking it out until an operator acts offline.
+var ErrLastKey = errors.New("it is the organization's last live key")
+
+// orgName is what an organization may be called: a DNS label. Ids start with
+// "org_", which no name can, so a reference is never ambiguous.
+var orgName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ErrInvalidName reports an organization name that is not a DNS label.
+var ErrInvalidName = errors.New("an organization name must be a lower-case DNS label of at most 63 characters")
 
 // Org is an organization: the unit of ownership and isolation.
 type Org struct {
@@ -41,6 +57,9 @@ const keyPrefix = "hl_"
 
 // CreateOrg creates an organization. A zero quota takes the default.
 func (s *Store) CreateOrg(ctx context.Context, name string, maxSandboxes, maxRunning int) (Org, error) {
+	if !orgName.MatchString(name) {
+		return Org{}, fmt.Errorf("create org %q: %w", name, ErrInvalidName)
+	}
 	if maxSandboxes == 0 {
 		maxSandboxes = DefaultMaxSandboxes
 	}
@@ -68,14 +87,31 @@ func (s *Store) SetQuota(ctx context.Context, orgID string, maxSandboxes, maxRun
 	return affected(res, "org")
 }
 
-// Org returns one organization by id or name.
-func (s *Store) Org(ctx context.Context, idOrName string) (Org, error) {
+// Org returns one organization by id.
+func (s *Store) Org(ctx context.Context, id string) (Org, error) {
+	return s.org(ctx, `id = ?`, id)
+}
+
+// LookupOrg returns one organization by a reference an operator typed: an
+// id (it starts with "org_") or else a name. Names cannot start with "org_",
+// so the two never collide.
+func (s *Store) LookupOrg(ctx context.Context, ref string) (Org, error) {
+	if strings.HasPrefix(ref, "org_") {
+		return s.org(ctx, `id = ?`, ref)
+	}
+	return s.org(ctx, `name = ?`, ref)
+}
+
+func (s *Store) org(ctx context.Context, where, arg string) (Org, error) {
 	var o Org
 	var created int64
-	err := s.read.QueryRowContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs WHERE id = ? OR name = ?`, idOrName, idOrName).
+	if arg == "" {
+		return Org{}, errNoOrg
+	}
+	err := s.read.QueryRowContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs WHERE `+where, arg).
 		Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Org{}, fmt.Errorf("org %q: %w", idOrName, ErrNotFound)
+		return Org{}, fmt.Errorf("org %q: %w", arg, ErrNotFound)
 	}
 	if err != nil {
 		return Org{}, fmt.Errorf("get org: %w", err)
@@ -107,6 +143,9 @@ func (s *Store) Orgs(ctx context.Context) ([]Org, error) {
 // CreateKey issues a new API key for an organization and returns it with its
 // secret, which is shown to the caller once and never stored.
 func (s *Store) CreateKey(ctx context.Context, orgID, name string) (APIKey, string, error) {
+	if orgID == "" {
+		return APIKey{}, "", fmt.Errorf("create key: %w", errNoOrg)
+	}
 	secret := newSecret()
 	k := APIKey{ID: NewID("key"), OrgID: orgID, Name: name, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
 	_, err := s.write.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, ?, ?, ?)`,
@@ -142,6 +181,9 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (APIKey, error)
 
 // Keys lists an organization's keys.
 func (s *Store) Keys(ctx context.Context, orgID string) ([]APIKey, error) {
+	if orgID == "" {
+		return nil, fmt.Errorf("list keys: %w", errNoOrg)
+	}
 	rows, err := s.read.QueryContext(ctx, `SELECT id, org_id, name, created_at, revoked_at FROM api_keys WHERE org_id = ? ORDER BY created_at, id`, orgID)
 	if err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
@@ -161,13 +203,44 @@ func (s *Store) Keys(ctx context.Context, orgID string) ([]APIKey, error) {
 	return out, rows.Err()
 }
 
-// RevokeKey revokes one of an organization's keys.
-func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string) error {
-	res, err := s.write.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND org_id = ? AND revoked_at IS NULL`, ms(s.now()), keyID, orgID)
+// RevokeKey revokes one of an organization's keys. It refuses (ErrLastKey)
+// to revoke the organization's last live key unless force is set.
+func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string, force bool) error {
+	if orgID == "" {
+		return fmt.Errorf("revoke key: %w", errNoOrg)
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var live, target int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE id = ?) FROM api_keys WHERE org_id = ? AND revoked_at IS NULL`,
+			keyID, orgID).Scan(&live, &target); err != nil {
+			return err
+		}
+		if target == 0 {
+			return fmt.Errorf("key %q: %w", keyID, ErrNotFound)
+		}
+		if live == 1 && !force {
+			return ErrLastKey
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND org_id = ?`, ms(s.now()), keyID, orgID)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}
-	return affected(res, "key")
+	return nil
+}
+
+// LiveKeys reports which of the given key ids are still live (not revoked).
+func (s *Store) LiveKeys(ctx context.Context, ids []string) (map[string]bool, error) {
+	live := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		var n int
+		if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM api_keys WHERE id = ? AND revoked_at IS NULL`, id).Scan(&n); err != nil {
+			return nil, fmt.Errorf("live keys: %w", err)
+		}
+		live[id] = n > 0
+	}
+	return live, nil
 }
 
 // Bootstrap creates the admin organization and its first key when no

@@ -66,6 +66,9 @@ type Spec struct {
 	ShutdownPolicy string            `json:"shutdown_policy"`
 	Volumes        []Volume          `json:"volumes,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	// Transports are the ways in the sandbox asked for; empty means every
+	// transport the deployment backed at create time.
+	Transports []string `json:"transports,omitempty"`
 }
 
 // Volume is a persistent volume that lives as long as its sandbox.
@@ -89,6 +92,14 @@ type Sandbox struct {
 	ExpiresAt   *time.Time
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+	// Receipt is what the control plane promised at create time (JSON, see
+	// k8s.Receipt); "" for records older than the column.
+	Receipt string
+	// ModeOutside reports that the sandbox is observed stopped or stopping
+	// while the API last asked it to run.
+	ModeOutside bool
+	// PodUID is the live pod last observed.
+	PodUID string
 }
 
 // Observation is what the mirror concluded from the cluster.
@@ -97,6 +108,8 @@ type Observation struct {
 	Anomaly  string
 	ExitCode *int
 	Reason   string
+	// PodUID is the live pod observed, "" when there is none.
+	PodUID string
 }
 
 // Event is one recorded state transition.
@@ -113,13 +126,15 @@ type NewSandbox struct {
 	OrgID     string
 	Spec      Spec
 	ExpiresAt *time.Time
+	// Receipt is what the control plane promises for the sandbox.
+	Receipt string
 	// IdempotencyKey, when set, makes a retried create return the first
 	// sandbox. RequestHash tells a true retry from a reuse of the key.
 	IdempotencyKey string
 	RequestHash    string
 }
 
-const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at`
+const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
@@ -127,7 +142,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var exit sql.NullInt64
 	var expires sql.NullInt64
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID); err != nil {
 		return Sandbox{}, err
 	}
 	if err := json.Unmarshal([]byte(spec), &sb.Spec); err != nil {
@@ -147,6 +162,9 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 // When the idempotency key was used before with the same request hash it
 // returns that sandbox and created=false; with another hash, ErrConflict.
 func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, created bool, err error) {
+	if n.OrgID == "" {
+		return Sandbox{}, false, fmt.Errorf("create sandbox: %w", errNoOrg)
+	}
 	spec, err := json.Marshal(n.Spec)
 	if err != nil {
 		return Sandbox{}, false, err
@@ -171,15 +189,15 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 		}
 		now := s.now().UTC().Truncate(time.Millisecond)
 		sb = Sandbox{ID: NewID("sbx"), OrgID: n.OrgID, Spec: n.Spec, DesiredMode: ModeRunning, State: StatePending,
-			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now}
+			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now, Receipt: n.Receipt}
 		var idem, hash sql.NullString
 		if n.IdempotencyKey != "" {
 			idem = sql.NullString{String: n.IdempotencyKey, Valid: true}
 			hash = sql.NullString{String: n.RequestHash, Valid: true}
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`, idempotency_key, request_hash)
-			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, ?)`,
-			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), idem, hash); err != nil {
+			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', ?, ?)`,
+			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt, idem, hash); err != nil {
 			return err
 		}
 		created = true
@@ -197,7 +215,8 @@ func checkQuota(ctx context.Context, tx *sql.Tx, orgID string, all bool) error {
 	var maxAll, maxRunning, live, running int
 	err := tx.QueryRowContext(ctx, `SELECT o.max_sandboxes, o.max_running,
 		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND state NOT IN `+terminalSQL+`),
-		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND state NOT IN `+terminalSQL+` AND state NOT IN ('exited', 'expired'))
+		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND mode_outside = 0
+			AND state NOT IN `+terminalSQL+` AND state NOT IN ('exited', 'expired'))
 		FROM orgs o WHERE o.id = ?`, orgID).Scan(&maxAll, &maxRunning, &live, &running)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("org %q: %w", orgID, ErrNotFound)
@@ -214,10 +233,26 @@ func checkQuota(ctx context.Context, tx *sql.Tx, orgID string, all bool) error {
 	return nil
 }
 
-// Sandbox returns one sandbox. An orgID other than "" restricts the lookup to
-// that organization, so another org's sandbox is ErrNotFound like an absent one.
+// Sandbox returns one of an organization's sandboxes. Another org's sandbox
+// is ErrNotFound like an absent one, and so is every sandbox for an empty
+// orgID: scoping fails closed.
 func (s *Store) Sandbox(ctx context.Context, orgID, id string) (Sandbox, error) {
-	sb, err := scanSandbox(s.read.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND (? = '' OR org_id = ?)`, id, orgID, orgID))
+	if orgID == "" {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errNoOrg)
+	}
+	return s.getSandbox(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID)
+}
+
+// SandboxAnyOrg returns a sandbox of any organization. It is for the status
+// mirror and the control plane's own bookkeeping, never for a caller's
+// request.
+func (s *Store) SandboxAnyOrg(ctx context.Context, id string) (Sandbox, error) {
+	return s.getSandbox(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+}
+
+func (s *Store) getSandbox(ctx context.Context, q string, args ...any) (Sandbox, error) {
+	id := args[0]
+	sb, err := scanSandbox(s.read.QueryRowContext(ctx, q, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -240,6 +275,9 @@ type ListOptions struct {
 // ListSandboxes lists an organization's sandboxes in creation order, one page
 // at a time. next is the cursor of the following page, "" on the last.
 func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbox, next string, err error) {
+	if o.OrgID == "" {
+		return nil, "", fmt.Errorf("list sandboxes: %w", errNoOrg)
+	}
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
@@ -301,45 +339,63 @@ func (s *Store) querySandboxes(ctx context.Context, q string, args ...any) ([]Sa
 	return out, rows.Err()
 }
 
-// SetDesiredMode records what the API asked for. Asking a sandbox to run
-// checks the running quota in the same transaction. A sandbox in a terminal
-// state cannot be changed (ErrConflict), except that deleting it again is a
-// no-op.
-func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (Sandbox, error) {
-	var sb Sandbox
+// ModeChange is a desired-mode change and what the record held before it,
+// so that a failed cluster write can be undone exactly.
+type ModeChange struct {
+	Before, After Sandbox
+}
+
+// SetDesiredMode records what the API asked for, whatever the record's
+// desired mode already was: a sandbox stopped outside hiloop still has desired
+// running, and starting it must still make the cluster run it. Asking a
+// sandbox to run checks the running quota in the same transaction unless it
+// already counts against it. A terminal sandbox can only be deleted
+// (ErrConflict otherwise), and a sandbox being deleted cannot be changed.
+func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (ModeChange, error) {
+	var ch ModeChange
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
+		sb, err := sandboxInTx(ctx, tx, orgID, id)
+		if err != nil {
 			return err
 		}
-		if sb.DesiredMode == mode {
-			return nil
-		}
-		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted {
-			if mode == ModeDeleted {
-				return nil
-			}
+		ch.Before = sb
+		switch {
+		case mode == ModeDeleted:
+		case sb.State.Terminal() || sb.DesiredMode == ModeDeleted:
 			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
-		}
-		if mode == ModeRunning {
+		case mode == ModeRunning && (sb.DesiredMode != ModeRunning || sb.ModeOutside):
 			if err := checkQuota(ctx, tx, orgID, false); err != nil {
 				return err
 			}
 		}
-		sb.DesiredMode, sb.UpdatedAt = mode, s.now().UTC().Truncate(time.Millisecond)
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, updated_at = ? WHERE id = ?`, mode, ms(sb.UpdatedAt), id)
+		sb.DesiredMode, sb.ModeOutside, sb.UpdatedAt = mode, false, s.now().UTC().Truncate(time.Millisecond)
+		ch.After = sb
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = 0, updated_at = ? WHERE id = ?`, mode, ms(sb.UpdatedAt), id)
 		return err
 	})
 	if err != nil {
-		return Sandbox{}, fmt.Errorf("set mode %s: %w", mode, err)
+		return ModeChange{}, fmt.Errorf("set mode %s: %w", mode, err)
 	}
-	return sb, nil
+	return ch, nil
 }
 
-// sandboxInTx reads one sandbox inside a write transaction; an orgID other
-// than "" restricts it to that organization.
+// sandboxInTx reads one of an organization's sandboxes inside a write
+// transaction; an empty orgID sees nothing.
 func sandboxInTx(ctx context.Context, tx *sql.Tx, orgID, id string) (Sandbox, error) {
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND (? = '' OR org_id = ?)`, id, orgID, orgID))
+	if orgID == "" {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errNoOrg)
+	}
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	return sb, err
+}
+
+// anySandboxInTx is sandboxInTx for any organization, for the mirror's and
+// the control plane's own writes.
+func anySandboxInTx(ctx context.Context, tx *sql.Tx, id string) (Sandbox, error) {
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -382,15 +438,18 @@ func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, t
 
 // Observe records what the mirror observed. It writes nothing when the
 // observation equals the record, and records an event when the state changes.
-// It reports whether it wrote.
+// It reports whether it wrote. Observing a sandbox stopped or stopping while
+// its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
 	changed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		sb, err := sandboxInTx(ctx, tx, "", id)
+		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason && equalCode(sb.ExitCode, o.ExitCode) {
+		outside := sb.DesiredMode == ModeRunning && (o.State == StateStopped || o.State == StateStopping)
+		if sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason && equalCode(sb.ExitCode, o.ExitCode) &&
+			sb.PodUID == o.PodUID && sb.ModeOutside == outside {
 			return nil
 		}
 		// A terminal state is final: nothing observed later can revive it.
@@ -402,8 +461,8 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		if o.ExitCode != nil {
 			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, updated_at = ? WHERE id = ?`,
-			o.State, o.Anomaly, exit, o.Reason, ms(now), id); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?, updated_at = ? WHERE id = ?`,
+			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(now), id); err != nil {
 			return err
 		}
 		changed = true
@@ -422,6 +481,27 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 	return changed, nil
 }
 
+// Fail records that a sandbox's create definitely did not reach the cluster
+// (the cluster refused it, or it never got it), with a reason fit to show
+// its owner. It changes nothing once the record is terminal or observed.
+func (s *Store) Fail(ctx context.Context, id, reason string) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		sb, err := anySandboxInTx(ctx, tx, id)
+		if err != nil || sb.State != StatePending {
+			return err
+		}
+		now := s.now().UTC().Truncate(time.Millisecond)
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ? WHERE id = ?`, StateFailed, reason, ms(now), id); err != nil {
+			return err
+		}
+		return insertEvent(ctx, tx, id, now, sb.State, StateFailed, reason)
+	})
+	if err != nil {
+		return fmt.Errorf("fail sandbox: %w", err)
+	}
+	return nil
+}
+
 func equalCode(a, b *int) bool {
 	if a == nil || b == nil {
 		return a == b
@@ -435,8 +515,8 @@ func insertEvent(ctx context.Context, tx *sql.Tx, id string, at time.Time, from,
 	return err
 }
 
-// Events returns a sandbox's state transitions in order. An orgID other than
-// "" restricts the lookup to that organization.
+// Events returns one of an organization's sandboxes' state transitions in
+// order.
 func (s *Store) Events(ctx context.Context, orgID, id string) ([]Event, error) {
 	if _, err := s.Sandbox(ctx, orgID, id); err != nil {
 		return nil, err
@@ -459,12 +539,28 @@ func (s *Store) Events(ctx context.Context, orgID, id string) ([]Event, error) {
 	return out, rows.Err()
 }
 
-// RestoreDesiredMode puts back the desired mode a failed cluster write was
-// meant to change. It checks nothing: it undoes, it does not ask.
-func (s *Store) RestoreDesiredMode(ctx context.Context, id string, mode Mode) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, updated_at = ? WHERE id = ?`, mode, ms(s.now()), id)
+// RestoreMode puts back the desired mode (and the outside-mode mark) that a
+// failed cluster write was meant to change. It checks nothing: it undoes, it
+// does not ask.
+func (s *Store) RestoreMode(ctx context.Context, before Sandbox) error {
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = ?, updated_at = ? WHERE id = ?`,
+		before.DesiredMode, before.ModeOutside, ms(s.now()), before.ID)
 	if err != nil {
 		return fmt.Errorf("restore desired mode: %w", err)
+	}
+	return nil
+}
+
+// RestoreExpiry puts back the expiry a failed cluster write was meant to
+// change.
+func (s *Store) RestoreExpiry(ctx context.Context, before Sandbox) error {
+	if before.ExpiresAt == nil {
+		return s.ClearExpiry(ctx, before.ID)
+	}
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = json_set(spec, '$.ttl_seconds', ?), updated_at = ? WHERE id = ?`,
+		ms(*before.ExpiresAt), before.Spec.TTLSeconds, ms(s.now()), before.ID)
+	if err != nil {
+		return fmt.Errorf("restore expiry: %w", err)
 	}
 	return nil
 }
@@ -476,27 +572,4 @@ func (s *Store) ClearExpiry(ctx context.Context, id string) error {
 		return fmt.Errorf("clear expiry: %w", err)
 	}
 	return nil
-}
-
-// Errors of CheckReachable.
-var (
-	ErrNotRunning  = errors.New("sandbox is not running")
-	ErrQuarantined = errors.New("sandbox is quarantined")
-)
-
-// CheckReachable reports whether exec and sessions may reach a sandbox of
-// the organization: ErrNotFound (absent or another org's), ErrQuarantined,
-// ErrNotRunning, or nil when the record says running.
-func (s *Store) CheckReachable(ctx context.Context, orgID, id string) (Sandbox, error) {
-	sb, err := s.Sandbox(ctx, orgID, id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	switch {
-	case sb.State == StateQuarantined:
-		return sb, ErrQuarantined
-	case sb.State != StateRunning || sb.DesiredMode != ModeRunning:
-		return sb, fmt.Errorf("%w (state %s)", ErrNotRunning, sb.State)
-	}
-	return sb, nil
 }

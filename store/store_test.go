@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -86,7 +88,7 @@ func TestMigrateOlderSchema(t *testing.T) {
 	if diff := cmp.Diff(allMigrations(t), applied); diff != "" {
 		t.Fatalf("upgrade (-want +got):\n%s", diff)
 	}
-	got, err := s.Org(ctx, "legacy")
+	got, err := s.LookupOrg(ctx, "legacy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +138,23 @@ func TestKeysAndBootstrap(t *testing.T) {
 			t.Errorf("Authenticate(%q) = %v, want ErrNotFound", bad, err)
 		}
 	}
-	if err := s.RevokeKey(ctx, org.ID, k.ID); err != nil {
+	// The last live key cannot be revoked without force: that would lock
+	// the organization out.
+	if err := s.RevokeKey(ctx, org.ID, k.ID, false); !errors.Is(err, store.ErrLastKey) {
+		t.Fatalf("revoking the last key: %v, want ErrLastKey", err)
+	}
+	second, _, err := s.CreateKey(ctx, org.ID, "second")
+	if err != nil {
 		t.Fatal(err)
+	}
+	if err := s.RevokeKey(ctx, org.ID, k.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RevokeKey(ctx, org.ID, second.ID, false); !errors.Is(err, store.ErrLastKey) {
+		t.Fatalf("revoking the new last key: %v", err)
+	}
+	if err := s.RevokeKey(ctx, org.ID, second.ID, true); err != nil {
+		t.Fatalf("forced revoke: %v", err)
 	}
 	if _, err := s.Authenticate(ctx, secret); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoked key authenticated: %v", err)
@@ -299,5 +316,132 @@ func TestListPagination(t *testing.T) {
 	list, _, _ = s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, State: store.StateRunning})
 	if len(list) != 0 {
 		t.Fatalf("state filter: %d", len(list))
+	}
+}
+
+// TestScopingFailsClosed: an empty organization sees nothing and can do
+// nothing, rather than everything.
+func TestScopingFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "f.db"), nil)
+	org, _ := s.CreateOrg(ctx, "a", 0, 0)
+	sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sandbox(ctx, "", sb.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Sandbox with empty org: %v", err)
+	}
+	if _, _, err := s.ListSandboxes(ctx, store.ListOptions{}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("ListSandboxes with empty org: %v", err)
+	}
+	if _, err := s.SetDesiredMode(ctx, "", sb.ID, store.ModeStopped); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SetDesiredMode with empty org: %v", err)
+	}
+	if _, err := s.SetExpiry(ctx, "", sb.ID, time.Now(), 60); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SetExpiry with empty org: %v", err)
+	}
+	if _, err := s.Events(ctx, "", sb.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Events with empty org: %v", err)
+	}
+	if _, err := s.Keys(ctx, ""); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Keys with empty org: %v", err)
+	}
+	if _, _, err := s.CreateSandbox(ctx, store.NewSandbox{Spec: store.Spec{Image: "busybox"}}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("CreateSandbox with empty org: %v", err)
+	}
+	// The explicitly unscoped read is the mirror's.
+	if got, err := s.SandboxAnyOrg(ctx, sb.ID); err != nil || got.ID != sb.ID {
+		t.Errorf("SandboxAnyOrg: %v", err)
+	}
+}
+
+// TestOrgLookupIsUnambiguous: names are DNS labels, ids start with org_, and
+// a lookup uses one column.
+func TestOrgLookupIsUnambiguous(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "l.db"), nil)
+	a, _ := s.CreateOrg(ctx, "acme", 0, 0)
+	for _, bad := range []string{a.ID, "org_x", "Acme", "", "a b", strings.Repeat("a", 64)} {
+		if _, err := s.CreateOrg(ctx, bad, 0, 0); !errors.Is(err, store.ErrInvalidName) {
+			t.Errorf("CreateOrg(%q) = %v, want ErrInvalidName", bad, err)
+		}
+	}
+	for _, ref := range []string{a.ID, "acme"} {
+		if got, err := s.LookupOrg(ctx, ref); err != nil || got.ID != a.ID {
+			t.Errorf("LookupOrg(%q) = %v, %v", ref, got.ID, err)
+		}
+	}
+	if _, err := s.Org(ctx, "acme"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Org by name: %v, want not found (Org takes an id)", err)
+	}
+	if _, err := s.LookupOrg(ctx, ""); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("LookupOrg empty: %v", err)
+	}
+}
+
+// TestModeOutsideLeavesRunningQuota: a sandbox observed stopped while its
+// desired mode is running (stopped outside hiloop) does not count against
+// max_running, and starting it again checks the quota.
+func TestModeOutsideLeavesRunningQuota(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "m.db"), nil)
+	org, _ := s.CreateOrg(ctx, "m", 10, 1)
+	first, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}}); !errors.Is(err, store.ErrQuota) {
+		t.Fatalf("second running sandbox: %v, want ErrQuota", err)
+	}
+	if _, err := s.Observe(ctx, first.ID, store.Observation{State: store.StateStopped}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Sandbox(ctx, org.ID, first.ID); !got.ModeOutside {
+		t.Fatal("stopped with desired running is not marked as changed outside hiloop")
+	}
+	second, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatalf("create while the first is stopped outside hiloop: %v", err)
+	}
+	// Starting the first again needs room, although its desired mode is
+	// already running.
+	if _, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning); !errors.Is(err, store.ErrQuota) {
+		t.Fatalf("start over quota: %v", err)
+	}
+	if _, err := s.SetDesiredMode(ctx, org.ID, second.ID, store.ModeStopped); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning)
+	if err != nil || ch.After.ModeOutside || !ch.Before.ModeOutside {
+		t.Fatalf("start: %+v %v", ch, err)
+	}
+	if err := s.RestoreMode(ctx, ch.Before); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Sandbox(ctx, org.ID, first.ID); !got.ModeOutside {
+		t.Fatal("restore did not put the outside mark back")
+	}
+}
+
+// TestDeleteTerminal: a terminal sandbox can be deleted (desired becomes
+// deleted) but not started or stopped.
+func TestDeleteTerminal(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "d.db"), nil)
+	org, _ := s.CreateOrg(ctx, "d", 0, 0)
+	sb, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err := s.Fail(ctx, sb.ID, "cluster write failed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeRunning); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("start a failed sandbox: %v", err)
+	}
+	ch, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeDeleted)
+	if err != nil || ch.After.DesiredMode != store.ModeDeleted {
+		t.Fatalf("delete a failed sandbox: %+v %v", ch.After, err)
+	}
+	if got, _ := s.Sandbox(ctx, org.ID, sb.ID); got.DesiredMode != store.ModeDeleted || got.State != store.StateFailed {
+		t.Fatalf("after delete: desired %s state %s", got.DesiredMode, got.State)
 	}
 }

@@ -1,4 +1,4 @@
-package k8stest_test
+package localcluster_test
 
 import (
 	"bufio"
@@ -21,17 +21,18 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
-	"github.com/hiloop/hiloop/k8s/k8stest"
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 )
 
-// eventually polls a condition; see k8stest.Eventually.
-var eventually = k8stest.Eventually
+// eventually polls a condition; see e2e.Eventually.
+var eventually = e2e.Eventually
 
 // TestUpstreamSandboxLifecycle checks the local cluster does what the real
 // agent-sandbox controller does on a real cluster: one Ready pod per Sandbox,
 // Suspended removes it, Running replaces it, delete collects it.
 func TestUpstreamSandboxLifecycle(t *testing.T) {
-	c := k8stest.New(t)
+	c := e2e.NewCluster(t)
 	ctx := context.Background()
 	sandboxes := c.Clients.Sandbox.AgentsV1beta1().Sandboxes(c.Namespace)
 	pods := c.Clients.Kube.CoreV1().Pods(c.Namespace)
@@ -42,7 +43,7 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 			Spec: corev1.PodSpec{
 				Containers:                   []corev1.Container{{Name: "workload", Image: "busybox"}},
 				RestartPolicy:                corev1.RestartPolicyNever,
-				RuntimeClassName:             ptr.To(k8stest.RuntimeClass),
+				RuntimeClassName:             ptr.To(localcluster.RuntimeClass),
 				AutomountServiceAccountToken: ptr.To(false),
 			},
 		}}},
@@ -70,7 +71,7 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 		t.Fatalf("want exactly one pod, got %d (%v)", len(list.Items), err)
 	}
 	if ip := list.Items[0].Status.PodIP; len(ip) < 10 || ip[:10] != "127.0.100." {
-		t.Fatalf("pod IP %q is not in %s", ip, k8stest.PodCIDR)
+		t.Fatalf("pod IP %q is not in %s", ip, localcluster.PodCIDR)
 	}
 
 	patch := func(mode v1beta1.SandboxOperatingMode) {
@@ -117,7 +118,7 @@ func podReady(p *corev1.Pod) bool {
 // ends every cluster process and removes the work directory.
 func TestKilledRunLeavesNothing(t *testing.T) {
 	if os.Getenv("HILOOP_K8STEST_CHILD") == "1" {
-		c, err := k8stest.Start(context.Background(), k8stest.Options{})
+		c, err := localcluster.Start(context.Background(), localcluster.Options{})
 		if err != nil {
 			fmt.Println("ERR", err)
 			os.Exit(1)

@@ -1,20 +1,23 @@
-// Package k8stest starts a real, local Kubernetes control plane for tests and
-// for `hiloop dev`, in the spirit of net/http/httptest: a real etcd,
+// Package localcluster starts a real, local Kubernetes control plane for
+// `hiloop dev` and for the tests (internal/e2e wraps it): a real etcd,
 // kube-apiserver, kube-controller-manager and kube-scheduler run by kwokctl's
 // binary runtime, pods faked by kwok on a node whose pod IPs are loopback
 // addresses, the agent-sandbox Sandbox CRD at v1beta1, and the upstream
 // agent-sandbox controller.
 //
 // The binaries come from testdata/cluster/build.sh, found through
-// $HILOOP_CLUSTER_BIN. Every process started is ended by Stop, and by a
-// reaper process when the process that started the cluster dies without
-// stopping it (even by SIGKILL).
-package k8stest
+// $HILOOP_CLUSTER_BIN. What it reads of upstream modules (the Sandbox CRD,
+// kwok's stages) is embedded at build time from assets/, made by go
+// generate, so it needs no Go toolchain at run time. Every process started
+// is ended by Stop, and by a reaper process when the process that started
+// the cluster dies without stopping it (even by SIGKILL).
+package localcluster
+
+//go:generate go run gen.go
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +27,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,28 +45,38 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 )
 
-// Pinned module versions whose files the cluster reads (CRD, kwok stages).
-// They match testdata/cluster/versions.env.
+// Pinned module versions whose files assets/ holds (CRD, kwok stages). They
+// match testdata/cluster/versions.env.
 const (
 	AgentSandboxModule = "sigs.k8s.io/agent-sandbox@v0.5.6"
 	KwokModule         = "sigs.k8s.io/kwok@v0.8.0"
 )
 
-// Defaults of Options.
+// What the cluster defines.
 const (
-	DefaultNamespace = "hiloop-sandboxes"
-	NodeName         = "kwok-node-0"
+	NodeName = "kwok-node-0"
 	// RuntimeClass is the gVisor runtime class the cluster defines.
-	RuntimeClass = "gvisor"
+	RuntimeClass = k8s.DefaultRuntimeClass
 	// PodCIDR gives pods loopback addresses, which a test may listen on.
 	PodCIDR = "127.0.100.0/24"
 )
+
+// SandboxCRD is the agent-sandbox Sandbox CRD at v1beta1 only, without its
+// conversion webhook (see gen.go).
+//
+//go:embed assets/sandbox-crd.yaml
+var SandboxCRD []byte
+
+// KwokStages are the kwok Stage files the cluster runs (see gen.go).
+//
+//go:embed assets/kwok-stages.yaml
+var KwokStages []byte
 
 // Options configure Start.
 type Options struct {
 	// BinDir holds the cluster binaries; $HILOOP_CLUSTER_BIN when empty.
 	BinDir string
-	// Namespace is created for sandboxes; DefaultNamespace when empty.
+	// Namespace is created for sandboxes; k8s.DefaultNamespace when empty.
 	Namespace string
 	// Log receives progress lines; discarded when nil.
 	Log io.Writer
@@ -90,33 +102,6 @@ type Cluster struct {
 	stopErr    error
 }
 
-// New starts a cluster for a test and stops it in t.Cleanup. It fails the
-// test when the cluster cannot start.
-func New(t testing.TB) *Cluster {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := Start(ctx, Options{Log: testLog{t}})
-	if c != nil {
-		t.Cleanup(func() {
-			if err := c.Stop(); err != nil {
-				t.Errorf("stop cluster: %v", err)
-			}
-		})
-	}
-	if err != nil {
-		t.Fatalf("start cluster: %v", err)
-	}
-	return c
-}
-
-type testLog struct{ t testing.TB }
-
-func (l testLog) Write(p []byte) (int, error) {
-	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
-	return len(p), nil
-}
-
 // Start starts a cluster. On error the returned Cluster, when not nil, must
 // still be stopped.
 func Start(ctx context.Context, o Options) (*Cluster, error) {
@@ -127,7 +112,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		return nil, errors.New("HILOOP_CLUSTER_BIN is not set: build the cluster with testdata/cluster/build.sh (make cluster) and point it at the printed directory")
 	}
 	if o.Namespace == "" {
-		o.Namespace = DefaultNamespace
+		o.Namespace = k8s.DefaultNamespace
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -153,7 +138,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		if err := fn(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		fmt.Fprintf(o.Log, "k8stest: %s (%s)\n", what, time.Since(t).Round(time.Millisecond))
+		fmt.Fprintf(o.Log, "localcluster: %s (%s)\n", what, time.Since(t).Round(time.Millisecond))
 		return nil
 	}
 	// kwokctl picks its ports by scanning for free ones, so two clusters
@@ -174,13 +159,13 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return c, err
 	}
-	fmt.Fprintf(o.Log, "k8stest: cluster up in %s, KWOK_WORKDIR=%s\n", time.Since(start).Round(time.Millisecond), workdir)
+	fmt.Fprintf(o.Log, "localcluster: cluster up in %s, KWOK_WORKDIR=%s\n", time.Since(start).Round(time.Millisecond), workdir)
 	return c, nil
 }
 
 // lockPorts takes the machine-wide lock on cluster creation.
 func lockPorts() (unlock func(), err error) {
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), "hiloop-k8stest.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "hiloop-localcluster.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -237,34 +222,8 @@ spec:
   - local: {}
 `
 
-// kwokStages are the kwok Stage files the cluster runs: kwokctl's defaults
-// for nodes and pods, plus fake volume provisioning. Listing any stage
-// replaces kwokctl's defaults, so the defaults are listed too.
-var kwokStages = []string{
-	"kustomize/stage/node/fast/node-initialize.yaml",
-	"kustomize/stage/node/heartbeat/node-heartbeat.yaml",
-	"kustomize/stage/pod/fast/pod-ready.yaml",
-	"kustomize/stage/pod/fast/pod-complete.yaml",
-	"kustomize/stage/pod/fast/pod-delete.yaml",
-	"kustomize/stage/volume/fast/pvc-provision.yaml",
-	"kustomize/stage/volume/fast/pv-bind.yaml",
-	"kustomize/stage/volume/fast/pvc-delete.yaml",
-	"kustomize/stage/volume/fast/pv-delete.yaml",
-}
-
 func (c *Cluster) createControlPlane(ctx context.Context) error {
-	kwokDir, err := ModuleDir(ctx, KwokModule)
-	if err != nil {
-		return err
-	}
-	config := kwokConfig
-	for _, f := range kwokStages {
-		b, err := os.ReadFile(filepath.Join(kwokDir, f))
-		if err != nil {
-			return err
-		}
-		config += "---\n" + string(b)
-	}
+	config := kwokConfig + "---\n" + string(KwokStages)
 	configPath := filepath.Join(c.Workdir, "kwok.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return err
@@ -355,38 +314,13 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
-// InstallCRD installs the agent-sandbox Sandbox CRD, read from the module
-// cache, with only its v1beta1 version and no conversion webhook, and waits
-// until it is established.
+// InstallCRD installs the embedded Sandbox CRD and waits until it is
+// served.
 func InstallCRD(ctx context.Context, clients *k8s.Clients) error {
-	dir, err := ModuleDir(ctx, AgentSandboxModule)
-	if err != nil {
-		return err
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "k8s", "crds", "agents.x-k8s.io_sandboxes.yaml"))
-	if err != nil {
-		return err
-	}
 	var crd unstructured.Unstructured
-	if err := yaml.Unmarshal(raw, &crd.Object); err != nil {
+	if err := yaml.Unmarshal(SandboxCRD, &crd.Object); err != nil {
 		return fmt.Errorf("sandbox crd: %w", err)
 	}
-	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
-	var keep []any
-	for _, v := range versions {
-		m := v.(map[string]any)
-		if m["name"] == k8s.SandboxVersion {
-			m["served"], m["storage"] = true, true
-			keep = append(keep, m)
-		}
-	}
-	if len(keep) != 1 {
-		return fmt.Errorf("sandbox crd: no %s version", k8s.SandboxVersion)
-	}
-	if err := unstructured.SetNestedSlice(crd.Object, keep, "spec", "versions"); err != nil {
-		return err
-	}
-	unstructured.RemoveNestedField(crd.Object, "spec", "conversion")
 	dyn, err := dynamic.NewForConfig(clients.Config)
 	if err != nil {
 		return err
@@ -405,6 +339,49 @@ func InstallCRD(ctx context.Context, clients *k8s.Clients) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// TrimCRD keeps only the v1beta1 version of the upstream Sandbox CRD, served
+// and stored, and drops its conversion webhook, which the local cluster does
+// not run.
+func TrimCRD(raw []byte) ([]byte, error) {
+	var crd unstructured.Unstructured
+	if err := yaml.Unmarshal(raw, &crd.Object); err != nil {
+		return nil, fmt.Errorf("sandbox crd: %w", err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	var keep []any
+	for _, v := range versions {
+		m := v.(map[string]any)
+		if m["name"] == k8s.SandboxVersion {
+			m["served"], m["storage"] = true, true
+			keep = append(keep, m)
+		}
+	}
+	if len(keep) != 1 {
+		return nil, fmt.Errorf("sandbox crd: no %s version", k8s.SandboxVersion)
+	}
+	if err := unstructured.SetNestedSlice(crd.Object, keep, "spec", "versions"); err != nil {
+		return nil, err
+	}
+	unstructured.RemoveNestedField(crd.Object, "spec", "conversion")
+	return yaml.Marshal(crd.Object)
+}
+
+// KwokStageFiles are the kwok Stage files, relative to the kwok module, that
+// the cluster runs: kwokctl's defaults for nodes and pods, plus fake volume
+// provisioning. Listing any stage replaces kwokctl's defaults, so the
+// defaults are listed too.
+var KwokStageFiles = []string{
+	"kustomize/stage/node/fast/node-initialize.yaml",
+	"kustomize/stage/node/heartbeat/node-heartbeat.yaml",
+	"kustomize/stage/pod/fast/pod-ready.yaml",
+	"kustomize/stage/pod/fast/pod-complete.yaml",
+	"kustomize/stage/pod/fast/pod-delete.yaml",
+	"kustomize/stage/volume/fast/pvc-provision.yaml",
+	"kustomize/stage/volume/fast/pv-bind.yaml",
+	"kustomize/stage/volume/fast/pvc-delete.yaml",
+	"kustomize/stage/volume/fast/pv-delete.yaml",
 }
 
 func (c *Cluster) startController() error {
@@ -459,58 +436,4 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
-}
-
-// ModuleDir returns the directory of a module version in the module cache,
-// downloading it through the module proxy when missing.
-func ModuleDir(ctx context.Context, modVersion string) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion).Output()
-	if err != nil {
-		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
-	}
-	var m struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &m); err != nil {
-		return "", err
-	}
-	if m.Error != "" || m.Dir == "" {
-		return "", fmt.Errorf("go mod download %s: %s", modVersion, m.Error)
-	}
-	return m.Dir, nil
-}
-
-// Eventually polls cond every 100ms until it holds, and fails t with the
-// last error cond returned when timeout passes first.
-func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
-}
-
-// SyncBuffer is a bytes.Buffer that may be read while a process or
-// goroutine writes to it.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// String returns what was written so far.
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

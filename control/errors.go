@@ -1,0 +1,138 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+// Sentinel errors. Every way in maps them to its own answer: server to HTTP
+// statuses and codes in its one error map, the SSH gateway to messages.
+// Errors from the record (store.ErrNotFound, store.ErrConflict,
+// store.ErrQuota, store.ErrLastKey) pass through unchanged.
+var (
+	// ErrNotRunning: the sandbox exists but is not running, so nothing can
+	// reach into it.
+	ErrNotRunning = errors.New("sandbox is not running")
+	// ErrQuarantined: the sandbox broke what its receipt promised; sessions
+	// and exec are refused.
+	ErrQuarantined = errors.New("sandbox is quarantined")
+	// ErrSessionLimit: a per-sandbox or per-organization session limit is
+	// reached.
+	ErrSessionLimit = errors.New("session limit reached")
+	// ErrUnsupported: the request asks for a capability this deployment does
+	// not back.
+	ErrUnsupported = errors.New("unsupported capability")
+	// ErrClusterUnavailable: the cluster did not answer in time or could not
+	// be reached; trying again later may work.
+	ErrClusterUnavailable = errors.New("the cluster is unavailable")
+	// ErrClusterRejected: the cluster's admission refused the object (a
+	// deployment policy, not a hiloop fault).
+	ErrClusterRejected = errors.New("the cluster refused the sandbox")
+	// ErrClusterQuota: the cluster's own quota for sandboxes is exhausted.
+	ErrClusterQuota = errors.New("the cluster's sandbox quota is exhausted")
+	// ErrClusterForbidden: the cluster refused hiloop's own request for lack
+	// of permission: an operator fault, never the caller's.
+	ErrClusterForbidden = errors.New("the cluster refused hiloop's request (permissions)")
+	// ErrNoExec: this deployment has no exec backend.
+	ErrNoExec = errors.New("exec is not available")
+
+	// Causes with which a live session ends.
+	ErrShuttingDown   = errors.New("hiloop is shutting down")
+	ErrKeyRevoked     = errors.New("the key this session authenticated with was revoked")
+	ErrSandboxChanged = errors.New("the sandbox stopped, was deleted or was quarantined")
+)
+
+// FieldError is a request field the deployment cannot honour. Err is the
+// sentinel it wraps (ErrUnsupported).
+type FieldError struct {
+	Field   string
+	Message string
+	Err     error
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// StateError is ErrNotRunning with the state the record holds, so an answer
+// can say what to do.
+type StateError struct {
+	State store.State
+	Mode  store.Mode
+}
+
+func (e *StateError) Error() string {
+	return fmt.Sprintf("sandbox is %s, not running", e.State)
+}
+func (e *StateError) Unwrap() error { return ErrNotRunning }
+
+// ClusterError is a failed cluster call: Kind is one of the ErrCluster*
+// sentinels, Err the cluster's own error, which is logged and never sent to a
+// caller (it can name service accounts, pods and nodes).
+type ClusterError struct {
+	Kind error
+	Err  error
+}
+
+func (e *ClusterError) Error() string   { return e.Kind.Error() + ": " + e.Err.Error() }
+func (e *ClusterError) Unwrap() []error { return []error{e.Kind, e.Err} }
+
+// classify turns a cluster error into a ClusterError of the right kind.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *ClusterError
+	if errors.As(err, &ce) {
+		return err
+	}
+	kind := ErrClusterUnavailable
+	switch {
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		kind = ErrClusterRejected
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
+		kind = ErrClusterQuota
+	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+		kind = ErrClusterForbidden
+	}
+	return &ClusterError{Kind: kind, Err: err}
+}
+
+// ambiguous reports whether a failed create may still have been written: a
+// timeout or a server-side failure after the request was sent. A refusal
+// (an API status in the 4xx range other than a timeout) or a connection that
+// was never made is definite.
+func ambiguous(err error) bool {
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		code := se.Status().Code
+		if apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) {
+			return true
+		}
+		return code == 0 || code >= 500
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return true
+}
+
+// contextErr reports whether err is only the end of ctx.
+func contextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

@@ -1,0 +1,224 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// Session is one live way into a sandbox: an exec stream, a one-shot exec,
+// or (through the SSH gateway) a shell. Its context ends when the session
+// must end: its key was revoked, its sandbox stopped, was deleted or
+// quarantined, or hiloop is shutting down. context.Cause says which.
+type Session struct {
+	SandboxID string
+	OrgID     string
+	KeyID     string
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	c      *Control
+	once   sync.Once
+}
+
+// Context ends with the session; context.Cause(ctx) tells why.
+func (s *Session) Context() context.Context { return s.ctx }
+
+// Exec runs a command in the session's sandbox. ctx should derive from
+// Context.
+func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+	if s.c.o.Exec == nil {
+		return k8s.ExitStatus{}, ErrNoExec
+	}
+	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
+	var ce *k8s.ConnectError
+	if errors.As(err, &ce) {
+		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
+	}
+	return st, err
+}
+
+// End releases the session's slot. It is safe to call more than once.
+func (s *Session) End() {
+	s.once.Do(func() {
+		s.cancel(context.Canceled)
+		s.c.sessions.remove(s)
+	})
+}
+
+// Admit checks that the caller may reach into a sandbox now (it is the
+// caller's organization's, not quarantined, and running) and takes a
+// session slot within the per-sandbox and per-organization limits. The
+// session's context derives from ctx. The caller must End it.
+func (c *Control) Admit(ctx context.Context, who Caller, id string) (*Session, error) {
+	if c.o.Exec == nil {
+		return nil, ErrNoExec
+	}
+	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := reachable(sb); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, ctx: sctx, cancel: cancel, c: c}
+	if err := c.sessions.add(s, c.o.Limits); err != nil {
+		cancel(err)
+		return nil, err
+	}
+	// Shutdown ends every session, even one whose ctx is detached.
+	stop := context.AfterFunc(c.base, func() { cancel(ErrShuttingDown) })
+	context.AfterFunc(sctx, func() { stop() })
+	return s, nil
+}
+
+// reachable reports whether exec and sessions may reach a sandbox.
+func reachable(sb store.Sandbox) error {
+	switch {
+	case sb.State == store.StateQuarantined:
+		return ErrQuarantined
+	case sb.State != store.StateRunning || sb.DesiredMode != store.ModeRunning:
+		return &StateError{State: sb.State, Mode: sb.DesiredMode}
+	}
+	return nil
+}
+
+// endSessionsIf ends the live sessions that match, with cause.
+func (c *Control) endSessionsIf(match func(*Session) bool, cause error) {
+	for _, s := range c.sessions.list() {
+		if match(s) {
+			s.cancel(cause)
+		}
+	}
+}
+
+// sweep ends the sessions whose key is no longer live or whose sandbox is
+// no longer reachable, as the record says now.
+func (c *Control) sweep(ctx context.Context) {
+	live := c.sessions.list()
+	if len(live) == 0 {
+		return
+	}
+	keys := map[string]bool{}
+	for _, s := range live {
+		keys[s.KeyID] = true
+	}
+	ids := make([]string, 0, len(keys))
+	for k := range keys {
+		ids = append(ids, k)
+	}
+	liveKeys, err := c.o.Store.LiveKeys(ctx, ids)
+	if err != nil {
+		c.log.Warn("session sweep", "err", err)
+		return
+	}
+	verdict := map[string]error{}
+	for _, s := range live {
+		if !liveKeys[s.KeyID] {
+			s.cancel(ErrKeyRevoked)
+			continue
+		}
+		err, seen := verdict[s.SandboxID]
+		if !seen {
+			sb, gerr := c.o.Store.SandboxAnyOrg(ctx, s.SandboxID)
+			if gerr != nil {
+				err = ErrSandboxChanged
+				if !errors.Is(gerr, store.ErrNotFound) {
+					err = nil // a read error is no verdict
+				}
+			} else if reachable(sb) != nil {
+				err = ErrSandboxChanged
+			}
+			verdict[s.SandboxID] = err
+		}
+		if err != nil {
+			s.cancel(err)
+		}
+	}
+}
+
+// registry holds the live sessions and their counts per sandbox and per
+// organization. Counts drop to no entry at zero, so it stays bounded by what
+// is live.
+type registry struct {
+	mu        sync.Mutex
+	live      map[*Session]bool
+	bySandbox map[string]int
+	byOrg     map[string]int
+	idle      *sync.Cond
+}
+
+func (r *registry) init() {
+	r.live, r.bySandbox, r.byOrg = map[*Session]bool{}, map[string]int{}, map[string]int{}
+	r.idle = sync.NewCond(&r.mu)
+}
+
+func (r *registry) add(s *Session, lim Limits) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bySandbox[s.SandboxID] >= lim.PerSandbox {
+		return fmt.Errorf("%w: at most %d sessions per sandbox", ErrSessionLimit, lim.PerSandbox)
+	}
+	if r.byOrg[s.OrgID] >= lim.PerOrg {
+		return fmt.Errorf("%w: at most %d sessions per organization", ErrSessionLimit, lim.PerOrg)
+	}
+	r.live[s] = true
+	r.bySandbox[s.SandboxID]++
+	r.byOrg[s.OrgID]++
+	return nil
+}
+
+func (r *registry) remove(s *Session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.live[s] {
+		return
+	}
+	delete(r.live, s)
+	dec(r.bySandbox, s.SandboxID)
+	dec(r.byOrg, s.OrgID)
+	if len(r.live) == 0 {
+		r.idle.Broadcast()
+	}
+}
+
+func dec(m map[string]int, k string) {
+	if m[k] <= 1 {
+		delete(m, k)
+		return
+	}
+	m[k]--
+}
+
+func (r *registry) list() []*Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Session, 0, len(r.live))
+	for s := range r.live {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (r *registry) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.live)
+}
+
+// wait blocks until no session is live.
+func (r *registry) wait() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.live) > 0 {
+		r.idle.Wait()
+	}
+}
+
+// Sessions is the number of live sessions.
+func (c *Control) Sessions() int { return c.sessions.count() }

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/hiloop/hiloop/server"
+)
+
+// SandboxExecCmd runs a command in a sandbox, streaming its I/O.
+type SandboxExecCmd struct {
+	Conn        `embed:""`
+	ID          string        `arg:"" help:"Sandbox id."`
+	Interactive bool          `short:"i" help:"Pass stdin to the command."`
+	TTY         bool          `short:"t" help:"Allocate a terminal (implies -i); the local one goes raw and its size follows."`
+	Timeout     time.Duration `default:"0s" help:"Kill the command after this long (default: no limit but the server's)."`
+	Command     []string      `arg:"" passthrough:"" help:"Command and arguments, after --."`
+}
+
+// exitCode makes hiloop exit with a remote command's own code.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+// execFailure is hiloop's own failure during exec: exit 255, like ssh.
+type execFailure struct{ error }
+
+// ExitCode makes kong exit 255.
+func (execFailure) ExitCode() int { return 255 }
+
+// Run runs the command and returns its exit code as an exitCode. ctx ends
+// on SIGINT or SIGTERM, which cancels the remote command.
+func (c *SandboxExecCmd) Run(ctx context.Context) error {
+	if len(c.Command) > 0 && c.Command[0] == "--" {
+		c.Command = c.Command[1:]
+	}
+	if len(c.Command) == 0 {
+		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
+	}
+	o := server.StreamOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
+	// A terminal without input is of no use; -t implies -i, as in ssh.
+	if c.Interactive || c.TTY {
+		o.Stdin = os.Stdin
+	}
+	if c.TTY {
+		restore, resize, err := localTerminal()
+		if err != nil {
+			return execFailure{err}
+		}
+		defer restore()
+		o.Resize = resize
+	}
+	f, err := c.api().ExecStream(ctx, c.ID, o)
+	switch {
+	case err == nil && f.ExitCode != nil:
+		return exitCode(*f.ExitCode)
+	case err == nil:
+		return execFailure{errors.New("the exit frame carried neither an exit code nor an error")}
+	case ctx.Err() != nil:
+		// Ctrl-C (without -t) cancels the remote command.
+		return exitCode(130)
+	default:
+		return execFailure{err}
+	}
+}
+
+// localTerminal puts the local terminal in raw mode (when stdin is one) and
+// reports its size now and on every SIGWINCH until restore is called.
+func localTerminal() (restore func(), resize <-chan server.ResizeFrame, err error) {
+	in := int(os.Stdin.Fd())
+	unraw := func() {}
+	if term.IsTerminal(in) {
+		old, err := term.MakeRaw(in)
+		if err != nil {
+			return nil, nil, fmt.Errorf("raw terminal: %w", err)
+		}
+		unraw = func() { term.Restore(in, old) }
+	}
+	sizes := make(chan server.ResizeFrame, 1)
+	sendSize := func() {
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && w > 0 && h > 0 {
+			select {
+			case sizes <- server.ResizeFrame{Width: uint16(w), Height: uint16(h)}:
+			default:
+			}
+		}
+	}
+	sendSize()
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-winch:
+				sendSize()
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(winch)
+		close(done)
+		unraw()
+	}, sizes, nil
+}

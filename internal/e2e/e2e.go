@@ -1,0 +1,427 @@
+// Package e2e is the shared end-to-end harness: it wraps the local cluster
+// of k8s/localcluster for tests, builds the hiloop binary, starts `hiloop
+// serve` against the cluster, and runs the CLI as a user does. The root
+// tests and the SSH tests use it; a test that needs no cluster starts none,
+// since the shared cluster starts on first use.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/store"
+)
+
+var (
+	sharedOnce    sync.Once
+	shared        *localcluster.Cluster
+	sharedErr     error
+	binOnce       sync.Once
+	binPath       string
+	binErr        error
+	binDir        string
+	clusterBudget = 3 * time.Minute
+)
+
+// Main runs the tests of a package that uses the shared cluster or the
+// binary, and tears both down after: call it from TestMain as
+// os.Exit(e2e.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if shared != nil {
+		if err := shared.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop cluster:", err)
+		}
+	}
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	return code
+}
+
+// SharedCluster is the package's one local cluster, started on first use
+// and stopped by Main.
+func SharedCluster(t testing.TB) *localcluster.Cluster {
+	t.Helper()
+	sharedOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), clusterBudget)
+		defer cancel()
+		shared, sharedErr = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
+		if sharedErr != nil && shared != nil {
+			shared.Stop()
+			shared = nil
+		}
+	})
+	if sharedErr != nil {
+		t.Fatalf("start cluster: %v", sharedErr)
+	}
+	return shared
+}
+
+// NewCluster starts a cluster of the test's own and stops it in t.Cleanup.
+func NewCluster(t testing.TB) *localcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterBudget)
+	defer cancel()
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: testLog{t}})
+	if c != nil {
+		t.Cleanup(func() {
+			if err := c.Stop(); err != nil {
+				t.Errorf("stop cluster: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("start cluster: %v", err)
+	}
+	return c
+}
+
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
+
+// Binary builds the hiloop binary once per test process and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		var root []byte
+		root, binErr = exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+		if binErr != nil {
+			return
+		}
+		if binDir, binErr = os.MkdirTemp("", "hiloop-e2e-"); binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "hiloop")
+		build := exec.Command("go", "build", "-o", binPath, ".")
+		build.Dir = strings.TrimSpace(string(root))
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("build hiloop: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// NewNamespace makes a fresh sandbox namespace in the shared cluster.
+func NewNamespace(t testing.TB) string {
+	t.Helper()
+	ns := "t-" + strings.ToLower(strings.ReplaceAll(store.NewID("n")[2:], "_", ""))[:10]
+	_, err := SharedCluster(t).Clients.Kube.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// Instance is one `hiloop serve` process with its own database and
+// namespace.
+type Instance struct {
+	t     testing.TB
+	URL   string
+	Token string // the admin org's key, printed on first start
+	DB    string
+	NS    string
+	// Out is what the process wrote, stdout and stderr.
+	Out  *SyncBuffer
+	Cmd  *exec.Cmd
+	done chan error
+}
+
+// ServingRE finds the API address serve prints; TokenRE a printed key.
+var (
+	ServingRE = regexp.MustCompile(`serving on (http://\S+)`)
+	TokenRE   = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
+)
+
+// Serve starts hiloop serve against the shared cluster and waits for
+// /readyz.
+func Serve(t testing.TB, db, ns string, args ...string) *Instance {
+	t.Helper()
+	in := &Instance{t: t, DB: db, NS: ns, Out: &SyncBuffer{}, done: make(chan error, 1)}
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", SharedCluster(t).Kubeconfig,
+		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s"}, args...)
+	in.Cmd = exec.Command(Binary(t), full...)
+	// A killed test run takes its servers with it.
+	in.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := in.Cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Cmd.Stderr = in.Out
+	if err := in.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { in.done <- in.Cmd.Wait() }()
+	t.Cleanup(in.Stop)
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			in.Out.Write([]byte(sc.Text() + "\n"))
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	timeout := time.After(30 * time.Second)
+	for in.URL == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("serve exited before serving:\n%s", in.Out.String())
+			}
+			if m := TokenRE.FindStringSubmatch(l); m != nil {
+				in.Token = m[1]
+			}
+			if m := ServingRE.FindStringSubmatch(l); m != nil {
+				in.URL = m[1]
+			}
+		case <-timeout:
+			t.Fatalf("serve did not start:\n%s", in.Out.String())
+		}
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	Eventually(t, "/readyz 200", 30*time.Second, func() (bool, error) {
+		resp, err := http.Get(in.URL + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, fmt.Errorf("status %d", resp.StatusCode)
+	})
+	return in
+}
+
+// Stop sends SIGINT and waits for a clean exit.
+func (in *Instance) Stop() {
+	if in.Cmd.ProcessState != nil {
+		return
+	}
+	in.Cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-in.done:
+		if err != nil {
+			in.t.Errorf("serve did not exit cleanly: %v\n%s", err, in.Out.String())
+		}
+	case <-time.After(30 * time.Second):
+		in.Cmd.Process.Kill()
+		in.t.Errorf("serve did not stop on SIGINT")
+	}
+}
+
+// Signal sends sig and waits up to timeout for the process to exit,
+// returning its exit error.
+func (in *Instance) Signal(sig os.Signal, timeout time.Duration) error {
+	in.Cmd.Process.Signal(sig)
+	select {
+	case err := <-in.done:
+		return err
+	case <-time.After(timeout):
+		in.Cmd.Process.Kill()
+		return fmt.Errorf("serve did not exit within %s of %v", timeout, sig)
+	}
+}
+
+// Env is the environment the CLI runs with against the instance.
+func (in *Instance) Env(token string) []string {
+	return append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+token, "HILOOP_DB="+in.DB)
+}
+
+// CLI runs the hiloop binary as a user would, against the instance.
+func (in *Instance) CLI(token string, args ...string) (stdout, stderr string, code int) {
+	in.t.Helper()
+	cmd := exec.Command(Binary(in.t), args...)
+	cmd.Env = in.Env(token)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			in.t.Fatalf("run hiloop %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return o.String(), e.String(), code
+}
+
+// MustCLI runs the CLI and fails the test on a non-zero exit.
+func (in *Instance) MustCLI(token string, args ...string) string {
+	in.t.Helper()
+	out, errOut, code := in.CLI(token, args...)
+	if code != 0 {
+		in.t.Fatalf("hiloop %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// Sandbox is the part of the API's sandbox the tests read.
+type Sandbox struct {
+	ID         string   `json:"id"`
+	State      string   `json:"state"`
+	Anomaly    string   `json:"anomaly"`
+	Reason     string   `json:"reason"`
+	ExitCode   *int     `json:"exit_code"`
+	Desired    string   `json:"desired"`
+	Expires    *string  `json:"expires_at"`
+	Transports []string `json:"transports"`
+}
+
+// Create makes a sandbox through the CLI.
+func (in *Instance) Create(token string, args ...string) Sandbox {
+	in.t.Helper()
+	out := in.MustCLI(token, append([]string{"sandbox", "create", "-o", "json"}, args...)...)
+	var sb Sandbox
+	if err := json.Unmarshal([]byte(out), &sb); err != nil {
+		in.t.Fatalf("create output %q: %v", out, err)
+	}
+	return sb
+}
+
+// Get reads a sandbox through the API.
+func (in *Instance) Get(token, id string) Sandbox {
+	in.t.Helper()
+	var sb Sandbox
+	status, body := in.Call(token, "GET", "/v1/sandboxes/"+id, "")
+	if status != 200 {
+		in.t.Fatalf("get %s: %d %s", id, status, body)
+	}
+	json.Unmarshal([]byte(body), &sb)
+	return sb
+}
+
+// WaitState waits until the record says state.
+func (in *Instance) WaitState(token, id, state string) Sandbox {
+	in.t.Helper()
+	var sb Sandbox
+	Eventually(in.t, id+" "+state, 60*time.Second, func() (bool, error) {
+		sb = in.Get(token, id)
+		return sb.State == state, fmt.Errorf("state %s/%s: %s", sb.State, sb.Anomaly, sb.Reason)
+	})
+	return sb
+}
+
+// Call makes one raw HTTP request and returns status and body.
+func (in *Instance) Call(token, method, path, body string, headers ...string) (int, string) {
+	in.t.Helper()
+	status, _, b := in.CallFull(token, method, path, body, headers...)
+	return status, b
+}
+
+// CallFull is Call that returns the response headers too.
+func (in *Instance) CallFull(token, method, path, body string, headers ...string) (int, http.Header, string) {
+	in.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, in.URL+path, rd)
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// NewOrg creates an organization offline against the live database file,
+// as an operator would, and returns its key.
+func (in *Instance) NewOrg(name string, maxSandboxes, maxRunning int) string {
+	in.t.Helper()
+	out := in.MustCLI("", "org", "create", name, "--max-sandboxes", fmt.Sprint(maxSandboxes), "--max-running", fmt.Sprint(maxRunning))
+	m := TokenRE.FindStringSubmatch(out)
+	if m == nil {
+		in.t.Fatalf("org create printed no key: %q", out)
+	}
+	return m[1]
+}
+
+// Kubectl runs kubectl against the shared cluster and fails the test on
+// error.
+func Kubectl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := SharedCluster(t).Kubectl(context.Background(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Eventually polls cond every 100ms until it holds, and fails t with the
+// last error cond returned when timeout passes first.
+func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
+}
+
+// SyncBuffer is a bytes.Buffer that may be read while a process or
+// goroutine writes to it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,15 @@
+package main_test
+
+// End-to-end tests: the built hiloop binary, run as a user runs it, against
+// the real local cluster, through the shared harness of internal/e2e.
+
+import (
+	"os"
+	"testing"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+)
+
+func TestMain(m *testing.M) { os.Exit(e2e.Main(m)) }
+
+func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }

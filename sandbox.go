@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/store"
+)
+
+// Conn says where the API is and who calls it.
+type Conn struct {
+	URL   string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
+	Token string `env:"HILOOP_TOKEN" help:"API key."`
+}
+
+func (c *Conn) api() *server.Client { return &server.Client{URL: c.URL, Token: c.Token} }
+
+// Client flags shared by the commands that talk to the API and print.
+type Client struct {
+	Conn   `embed:""`
+	Output string `short:"o" default:"table" enum:"table,json" help:"Output format: table or json."`
+}
+
+func (c *Client) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
+	if c.Output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+func sandboxRows(tw *tabwriter.Writer, list ...server.Sandbox) {
+	fmt.Fprintln(tw, "ID\tSTATE\tDESIRED\tIMAGE\tEXPIRES\tREASON")
+	for _, sb := range list {
+		state := string(sb.State)
+		if sb.Anomaly != "" {
+			state += "/" + sb.Anomaly
+		}
+		reason := sb.Reason
+		if sb.ExitCode != nil {
+			reason = strings.TrimSpace(fmt.Sprintf("exit %d %s", *sb.ExitCode, reason))
+		}
+		expires := "-"
+		if sb.ExpiresAt != nil {
+			expires = sb.ExpiresAt.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, state, sb.Desired, sb.Image, expires, reason)
+	}
+}
+
+// SandboxCmd groups the sandbox commands.
+type SandboxCmd struct {
+	Create SandboxCreateCmd `cmd:"" help:"Create a sandbox."`
+	List   SandboxListCmd   `cmd:"" help:"List sandboxes."`
+	Get    SandboxGetCmd    `cmd:"" help:"Show one sandbox."`
+	Stop   SandboxStopCmd   `cmd:"" help:"Stop a sandbox (volumes survive, processes do not)."`
+	Start  SandboxStartCmd  `cmd:"" help:"Start a stopped sandbox."`
+	Ttl    SandboxTTLCmd    `cmd:"" name:"ttl" help:"Set a sandbox's TTL from now."`
+	Delete SandboxDeleteCmd `cmd:"" help:"Delete a sandbox."`
+	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
+	Events SandboxEventsCmd `cmd:"" help:"Show a sandbox's state history."`
+	Exec   SandboxExecCmd   `cmd:"" help:"Run a command in a sandbox and exit with its exit code."`
+}
+
+// SandboxCreateCmd creates a sandbox.
+type SandboxCreateCmd struct {
+	Client         `embed:""`
+	Image          string            `arg:"" help:"Image to run, entrypoint unmodified."`
+	CPU            string            `help:"CPU request (and limit unless --cpu-limit)."`
+	CPULimit       string            `name:"cpu-limit" help:"CPU limit."`
+	Memory         string            `help:"Memory request (and limit unless --memory-limit)."`
+	MemoryLimit    string            `help:"Memory limit."`
+	TTL            string            `name:"ttl" help:"Time to live, such as 2h."`
+	ShutdownPolicy string            `help:"What expiry does: retain or delete."`
+	Volume         []string          `help:"Volume NAME:SIZE:MOUNTPATH[:STORAGECLASS]; repeatable."`
+	Label          map[string]string `help:"Label KEY=VALUE; repeatable."`
+	Transport      []string          `help:"Transport the sandbox needs; repeatable."`
+	IdempotencyKey string            `help:"Idempotency-Key: a retry with the same key never makes a second sandbox."`
+	Wait           bool              `help:"Wait until the sandbox runs, showing its progress."`
+	Timeout        time.Duration     `default:"5m" help:"How long --wait waits."`
+}
+
+// Run creates the sandbox.
+func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
+	req := server.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport}
+	if c.CPU != "" || c.CPULimit != "" || c.Memory != "" || c.MemoryLimit != "" {
+		req.Resources = &server.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
+	}
+	for _, v := range c.Volume {
+		parts := strings.Split(v, ":")
+		if len(parts) < 3 || len(parts) > 4 {
+			return fmt.Errorf("--volume %q: want NAME:SIZE:MOUNTPATH[:STORAGECLASS]", v)
+		}
+		vr := server.VolumeRequest{Name: parts[0], Size: parts[1], MountPath: parts[2]}
+		if len(parts) == 4 {
+			vr.StorageClass = parts[3]
+		}
+		req.Volumes = append(req.Volumes, vr)
+	}
+	sb, err := c.api().CreateSandbox(ctx, req, c.IdempotencyKey)
+	if err != nil {
+		return err
+	}
+	if c.Wait {
+		sb, err = waitFor(ctx, c.api(), sb.ID, store.StateRunning, c.Timeout)
+		if err != nil {
+			return err
+		}
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// waitFor waits for a state, showing progress on stderr: one line rewritten
+// in place on a terminal, one line per state otherwise.
+func waitFor(ctx context.Context, api *server.Client, id string, want store.State, timeout time.Duration) (server.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tty := term.IsTerminal(int(os.Stderr.Fd()))
+	var trail []string
+	start := time.Now()
+	sb, err := api.Wait(ctx, id, want, func(sb server.Sandbox) {
+		trail = append(trail, string(sb.State))
+		line := fmt.Sprintf("%s: %s (%s)", id, strings.Join(trail, " -> "), time.Since(start).Round(100*time.Millisecond))
+		if tty {
+			fmt.Fprintf(os.Stderr, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(os.Stderr, line)
+		}
+	})
+	if tty {
+		fmt.Fprintln(os.Stderr)
+	}
+	return sb, err
+}
+
+// SandboxListCmd lists sandboxes.
+type SandboxListCmd struct {
+	Client `embed:""`
+	State  string   `help:"Only sandboxes in this state."`
+	Label  []string `help:"Only sandboxes with label KEY=VALUE; repeatable."`
+	Limit  int      `default:"100" help:"Page size."`
+	After  string   `help:"Cursor: the previous page's next."`
+	All    bool     `help:"Follow every page."`
+}
+
+// Run lists.
+func (c *SandboxListCmd) Run(ctx context.Context, stdout io.Writer) error {
+	var all []server.Sandbox
+	after := c.After
+	next := ""
+	for {
+		page, err := c.api().ListSandboxes(ctx, c.State, c.Label, c.Limit, after)
+		if err != nil {
+			return err
+		}
+		all = append(all, page.Items...)
+		next = page.Next
+		if !c.All || page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	return c.print(stdout, server.SandboxList{Items: all, Next: next}, func(tw *tabwriter.Writer) {
+		sandboxRows(tw, all...)
+		if next != "" {
+			tw.Flush()
+			fmt.Fprintf(os.Stderr, "more: --after %s (or --all)\n", next)
+		}
+	})
+}
+
+// sandboxArg is a command that acts on one sandbox and prints it.
+type sandboxArg struct {
+	Client `embed:""`
+	ID     string `arg:"" help:"Sandbox id."`
+}
+
+// show prints the sandbox an API call returned.
+func (c *sandboxArg) show(stdout io.Writer, sb server.Sandbox, err error) error {
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) { sandboxRows(tw, sb) })
+}
+
+// SandboxGetCmd shows one sandbox.
+type SandboxGetCmd struct{ sandboxArg }
+
+// Run shows the sandbox.
+func (c *SandboxGetCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().Sandbox(ctx, c.ID)
+	return c.show(stdout, sb, err)
+}
+
+// SandboxEventsCmd shows a sandbox's history.
+type SandboxEventsCmd struct{ sandboxArg }
+
+// Run shows the events.
+func (c *SandboxEventsCmd) Run(ctx context.Context, stdout io.Writer) error {
+	evs, err := c.api().Events(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	return c.print(stdout, evs, func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "AT\tFROM\tTO\tREASON")
+		for _, e := range evs {
+			from := string(e.From)
+			if from == "" {
+				from = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.At.Local().Format("2006-01-02 15:04:05.000"), from, e.To, e.Reason)
+		}
+	})
+}
+
+// SandboxStopCmd stops a sandbox.
+type SandboxStopCmd struct{ sandboxArg }
+
+// Run stops it.
+func (c *SandboxStopCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().Action(ctx, c.ID, "stop")
+	return c.show(stdout, sb, err)
+}
+
+// SandboxStartCmd starts a sandbox.
+type SandboxStartCmd struct{ sandboxArg }
+
+// Run starts it.
+func (c *SandboxStartCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().Action(ctx, c.ID, "start")
+	return c.show(stdout, sb, err)
+}
+
+// SandboxDeleteCmd deletes a sandbox.
+type SandboxDeleteCmd struct{ sandboxArg }
+
+// Run deletes it.
+func (c *SandboxDeleteCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().DeleteSandbox(ctx, c.ID)
+	return c.show(stdout, sb, err)
+}
+
+// SandboxTTLCmd sets a TTL.
+type SandboxTTLCmd struct {
+	sandboxArg
+	TTL string `arg:"" name:"ttl" help:"New time to live from now, such as 4h."`
+}
+
+// Run sets the TTL.
+func (c *SandboxTTLCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().UpdateTTL(ctx, c.ID, c.TTL)
+	return c.show(stdout, sb, err)
+}
+
+// SandboxWaitCmd waits for a state.
+type SandboxWaitCmd struct {
+	sandboxArg
+	For     string        `default:"running" help:"State to wait for."`
+	Timeout time.Duration `default:"5m" help:"How long to wait."`
+}
+
+// Run waits.
+func (c *SandboxWaitCmd) Run(ctx context.Context, stdout io.Writer) error {
+	if !slices.Contains(store.States, store.State(c.For)) {
+		return usageError{fmt.Errorf("--for: %q is not a state", c.For)}
+	}
+	sb, err := waitFor(ctx, c.api(), c.ID, store.State(c.For), c.Timeout)
+	return c.show(stdout, sb, err)
+}

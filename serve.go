@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/mirror"
+	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/store"
+)
+
+// ServeCmd runs the control plane.
+type ServeCmd struct {
+	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+	Kubeconfig      string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
+	Namespace       string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
+	RuntimeClass    string        `default:"${default_runtime_class}" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
+	StorageClasses  []string      `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
+	Transports      []string      `default:"exec" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs."`
+	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
+	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
+	ClusterTimeout  time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
+	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
+	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
+}
+
+var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// knownTransports are the transports hiloop can back at all.
+var knownTransports = []string{"exec"}
+
+// Validate checks the flags; kong reports a failure naming the flag, exit 2.
+func (s *ServeCmd) Validate() error {
+	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
+		return fmt.Errorf("--listen: %q is not host:port", s.Listen)
+	}
+	if s.DB == "" {
+		return errors.New("--db: must not be empty")
+	}
+	if s.Kubeconfig != "" {
+		if _, err := os.Stat(s.Kubeconfig); err != nil {
+			return fmt.Errorf("--kubeconfig: %w", err)
+		}
+	}
+	if !dnsLabelRE.MatchString(s.Namespace) {
+		return fmt.Errorf("--namespace: %q is not a valid namespace name", s.Namespace)
+	}
+	if !dnsLabelRE.MatchString(s.RuntimeClass) {
+		return fmt.Errorf("--runtime-class: %q is not a valid RuntimeClass name", s.RuntimeClass)
+	}
+	if !dnsLabelRE.MatchString(s.AdminOrg) {
+		return fmt.Errorf("--admin-org: %q is not a lower-case DNS label", s.AdminOrg)
+	}
+	for _, t := range s.Transports {
+		if !slices.Contains(knownTransports, t) {
+			return fmt.Errorf("--transports: unknown transport %q (known: %s)", t, strings.Join(knownTransports, ", "))
+		}
+	}
+	if s.ExecPerSandbox < 1 {
+		return errors.New("--exec-per-sandbox: must be at least 1")
+	}
+	if s.ExecPerOrg < 1 {
+		return errors.New("--exec-per-org: must be at least 1")
+	}
+	if s.ClusterTimeout <= 0 {
+		return errors.New("--cluster-timeout: must be positive")
+	}
+	if s.ShutdownTimeout <= 0 {
+		return errors.New("--shutdown-timeout: must be positive")
+	}
+	return nil
+}
+
+// Run serves until ctx (SIGINT or SIGTERM) ends.
+func (s *ServeCmd) Run(ctx context.Context, stdout io.Writer) error {
+	return s.run(ctx, stdout)
+}
+
+func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
+	var level slog.Level
+	level.UnmarshalText([]byte(s.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// client-go's own logging goes through slog, at one level less chatty.
+	klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})).With("component", "client-go"))
+
+	// The listener is bound first: a port in use fails before anything starts.
+	ln, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer ln.Close()
+	cfg, err := k8s.LoadConfig(s.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	clients, err := k8s.NewClients(cfg)
+	if err != nil {
+		return err
+	}
+	if err := clients.CheckReachable(ctx, s.ClusterTimeout); err != nil {
+		return err
+	}
+	checkCtx, cancel := context.WithTimeout(ctx, s.ClusterTimeout)
+	err = clients.CheckSandboxAPI(checkCtx)
+	cancel()
+	if err != nil {
+		return err
+	}
+
+	db, err := store.Open(ctx, store.Options{Path: s.DB})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	org, secret, err := db.Bootstrap(ctx, s.AdminOrg)
+	if err != nil {
+		return err
+	}
+	if secret != "" {
+		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
+	}
+
+	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports})
+	if err != nil {
+		return err
+	}
+	core, err := control.New(control.Options{
+		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout,
+		Exec:   &k8s.Execer{Clients: clients, Namespace: s.Namespace, ConnectTimeout: s.ClusterTimeout},
+		Caps:   control.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
+		Limits: control.Limits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},
+	})
+	if err != nil {
+		return err
+	}
+	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log, Control: core})
+	if err != nil {
+		return err
+	}
+	api, err := server.New(server.Options{
+		Store: db, Control: core, Log: log,
+		Ready: func(ctx context.Context) error {
+			if !mir.Ready() {
+				return errors.New("status mirror has not synced yet")
+			}
+			return clients.CheckSandboxAPI(ctx)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	log.Info("serving", "addr", ln.Addr().String(), "namespace", s.Namespace, "db", s.DB, "cluster", cfg.Host)
+	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, ln.Addr(), cfg.Host, s.Namespace)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error { return mir.Run(gctx) })
+	g.Go(func() error { return core.Run(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down", "sessions", core.Sessions())
+		sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+		defer cancel()
+		// Live sessions (hijacked connections Shutdown does not see) get a
+		// final frame saying why, then the server drains.
+		cerr := core.Close(sctx)
+		return errors.Join(cerr, httpSrv.Shutdown(sctx))
+	})
+	return g.Wait()
+}
+
+// DevCmd runs hiloop against a local simulated cluster.
+type DevCmd struct {
+	ClusterBin string `required:"" env:"HILOOP_CLUSTER_BIN" help:"Directory of the cluster binaries (printed by testdata/cluster/build.sh)."`
+	ServeCmd   `embed:""`
+}
+
+// Run starts the cluster, serves against it, and tears it down on exit.
+func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
+	fmt.Fprintln(stdout, "Starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, kwok, agent-sandbox controller)...")
+	c, err := localcluster.Start(ctx, localcluster.Options{BinDir: d.ClusterBin, Namespace: d.Namespace, Log: os.Stderr})
+	if c != nil {
+		defer c.Stop()
+	}
+	if err != nil {
+		return err
+	}
+	d.Kubeconfig = c.Kubeconfig
+	if len(d.StorageClasses) == 0 {
+		d.StorageClasses = []string{"kwok-volume"}
+	}
+	fmt.Fprintf(stdout, "Local cluster up. Inspect it with:\n\n    kubectl --kubeconfig %s get sandboxes,pods -n %s\n\n", c.Kubeconfig, c.Namespace)
+	return d.ServeCmd.run(ctx, stdout)
+}

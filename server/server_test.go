@@ -1,0 +1,573 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// leaky is what a cluster error can carry that no answer may repeat: a
+// service account, a pod and a node.
+const leaky = `User "system:serviceaccount:hiloop-sandboxes:hiloop-org-x" cannot patch pod sbx-abc on node kwok-node-0`
+
+// fakeCluster is control.Cluster with programmable failures. objects holds
+// the ids whose object exists.
+type fakeCluster struct {
+	mu      sync.Mutex
+	calls   []string
+	objects map[string]bool
+	// createErr fails Create; with createWrites the object is written all
+	// the same (an ambiguous timeout).
+	createErr    error
+	createWrites bool
+	modeErr      error
+	expiryErr    error
+	deleteErr    error
+}
+
+func (f *fakeCluster) record(call string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call)
+}
+
+func (f *fakeCluster) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string{}, f.calls...)
+}
+
+func (f *fakeCluster) set(fn func(f *fakeCluster)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+func (f *fakeCluster) Receipt(orgID string, spec store.Spec) (string, error) {
+	b, err := json.Marshal(k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: "gvisor", Transports: []string{"exec"}}))
+	return string(b), err
+}
+
+func (f *fakeCluster) Create(_ context.Context, sb store.Sandbox) error {
+	f.record("create " + sb.ID)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.createErr == nil || f.createWrites {
+		if f.objects == nil {
+			f.objects = map[string]bool{}
+		}
+		f.objects[sb.ID] = true
+	}
+	return f.createErr
+}
+
+func (f *fakeCluster) Exists(_ context.Context, id string) (bool, error) {
+	f.record("exists " + id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.objects[id], nil
+}
+
+func (f *fakeCluster) SetMode(_ context.Context, id string, mode store.Mode) error {
+	f.record("mode " + id + " " + string(mode))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.modeErr
+}
+
+func (f *fakeCluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
+	f.record("expiry " + id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.expiryErr
+}
+
+func (f *fakeCluster) Delete(_ context.Context, id string) error {
+	f.record("delete " + id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deleteErr == nil {
+		delete(f.objects, id)
+	}
+	return f.deleteErr
+}
+
+// fakeExec runs every command until its context ends, or fails with err.
+type fakeExec struct{ err error }
+
+func (e fakeExec) Exec(ctx context.Context, _ string, _ k8s.ExecRequest) (k8s.ExitStatus, error) {
+	if e.err != nil {
+		return k8s.ExitStatus{}, e.err
+	}
+	<-ctx.Done()
+	return k8s.ExitStatus{}, ctx.Err()
+}
+
+type testServer struct {
+	t     *testing.T
+	srv   *Server
+	db    *store.Store
+	ctl   *control.Control
+	fc    *fakeCluster
+	org   store.Org
+	token string
+	keyID string
+	ready func(context.Context) error
+}
+
+func newTestServer(t *testing.T, fc *fakeCluster, opts ...func(*Options, *control.Options)) *testServer {
+	t.Helper()
+	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "s.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	co := control.Options{Store: db, Cluster: fc, Exec: fakeExec{}, Log: log, ClusterTimeout: time.Second,
+		Caps: control.Capabilities{Transports: []string{"exec"}, StorageClasses: []string{"fast"}}}
+	so := Options{Store: db, Log: log}
+	for _, o := range opts {
+		o(&so, &co)
+	}
+	ctl, err := control.New(co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctl.Close(context.Background()) })
+	so.Control = ctl
+	srv, err := New(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	org, secret, err := db.Bootstrap(context.Background(), "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := db.Authenticate(context.Background(), secret)
+	return &testServer{t: t, srv: srv, db: db, ctl: ctl, fc: fc, org: org, token: secret, keyID: k.ID}
+}
+
+// do makes one request and returns the recorder.
+func (ts *testServer) do(method, path, body string, headers ...string) *httptest.ResponseRecorder {
+	ts.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, rd)
+	req.Header.Set("Authorization", "Bearer "+ts.token)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	ts.srv.ServeHTTP(rec, req)
+	if strings.Contains(rec.Body.String(), "system:serviceaccount") || strings.Contains(rec.Body.String(), "kwok-node-0") ||
+		strings.Contains(rec.Body.String(), "sbx-abc") {
+		ts.t.Errorf("%s %s answered with cluster details: %s", method, path, rec.Body.String())
+	}
+	return rec
+}
+
+// create makes a sandbox and returns its id.
+func (ts *testServer) create(body string) string {
+	ts.t.Helper()
+	rec := ts.do("POST", "/v1/sandboxes", body)
+	if rec.Code != http.StatusCreated {
+		ts.t.Fatalf("create: %d %s", rec.Code, rec.Body.String())
+	}
+	return decodeSandbox(ts.t, rec).ID
+}
+
+func decodeSandbox(t *testing.T, rec *httptest.ResponseRecorder) Sandbox {
+	t.Helper()
+	var sb Sandbox
+	if err := json.Unmarshal(rec.Body.Bytes(), &sb); err != nil {
+		t.Fatalf("decode %q: %v", rec.Body.String(), err)
+	}
+	return sb
+}
+
+func errCode(t *testing.T, rec *httptest.ResponseRecorder) string {
+	t.Helper()
+	var b ErrorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {
+		t.Fatalf("decode error %q: %v", rec.Body.String(), err)
+	}
+	return b.Error.Code
+}
+
+func (ts *testServer) record(id string) store.Sandbox {
+	ts.t.Helper()
+	sb, err := ts.db.SandboxAnyOrg(context.Background(), id)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	return sb
+}
+
+var (
+	errTimeout   = apierrors.NewTimeoutError("request did not complete within the allotted timeout "+leaky, 1)
+	errForbidden = apierrors.NewForbidden(schema.GroupResource{Group: "agents.x-k8s.io", Resource: "sandboxes"}, "sbx-abc", errors.New(leaky))
+	errInvalid   = apierrors.NewInvalid(schema.GroupKind{Group: "agents.x-k8s.io", Kind: "Sandbox"}, "sbx-abc", nil)
+)
+
+// TestErrorMap drives each cluster failure through the API and checks the
+// status, the code, Retry-After on 503, and what the record holds after.
+func TestErrorMap(t *testing.T) {
+	t.Run("mode change restored on cluster failure", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{})
+		id := ts.create(`{"image":"busybox"}`)
+		ts.fc.set(func(f *fakeCluster) { f.modeErr = errTimeout })
+		rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", "")
+		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("stop with the cluster away: %d %s %q", rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
+		}
+		if got := ts.record(id).DesiredMode; got != store.ModeRunning {
+			t.Fatalf("desired mode after a failed stop: %s, want running", got)
+		}
+	})
+	t.Run("expiry restored on cluster failure", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{})
+		id := ts.create(`{"image":"busybox","ttl":"1h"}`)
+		before := ts.record(id)
+		ts.fc.set(func(f *fakeCluster) { f.expiryErr = errTimeout })
+		rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"5h"}`)
+		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable {
+			t.Fatalf("ttl with the cluster away: %d %s", rec.Code, rec.Body.String())
+		}
+		after := ts.record(id)
+		if !after.ExpiresAt.Equal(*before.ExpiresAt) || after.Spec.TTLSeconds != before.Spec.TTLSeconds {
+			t.Fatalf("expiry after a failed change: %v %d, want %v %d", after.ExpiresAt, after.Spec.TTLSeconds, before.ExpiresAt, before.Spec.TTLSeconds)
+		}
+		// A sandbox without expiry gets none back.
+		id2 := ts.create(`{"image":"busybox"}`)
+		ts.do("PATCH", "/v1/sandboxes/"+id2, `{"ttl":"5h"}`)
+		if got := ts.record(id2); got.ExpiresAt != nil || got.Spec.TTLSeconds != 0 {
+			t.Fatalf("expiry appeared after a failed change: %v", got.ExpiresAt)
+		}
+	})
+	t.Run("conflict", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{})
+		id := ts.create(`{"image":"busybox"}`)
+		ts.db.Observe(context.Background(), id, store.Observation{State: store.StateLost})
+		rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", "")
+		if rec.Code != 409 || errCode(t, rec) != CodeConflict {
+			t.Fatalf("start a lost sandbox: %d %s", rec.Code, rec.Body.String())
+		}
+	})
+	t.Run("forbidden is an operator fault", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{createErr: errForbidden})
+		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+		if rec.Code != 500 || errCode(t, rec) != CodeClusterMisconfigured {
+			t.Fatalf("create refused for permissions: %d %s", rec.Code, rec.Body.String())
+		}
+		list := ts.do("GET", "/v1/sandboxes", "")
+		if !strings.Contains(list.Body.String(), `"failed"`) {
+			t.Fatalf("record after a definite refusal: %s", list.Body.String())
+		}
+	})
+	t.Run("admission refusal", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{createErr: errInvalid})
+		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+		if rec.Code != 422 || errCode(t, rec) != CodeClusterRejected {
+			t.Fatalf("create refused by admission: %d %s", rec.Code, rec.Body.String())
+		}
+	})
+	t.Run("not ready, bounded, without details", func(t *testing.T) {
+		ts := newTestServer(t, &fakeCluster{}, func(o *Options, _ *control.Options) {
+			o.ReadyTimeout = 200 * time.Millisecond
+			o.Ready = func(ctx context.Context) error {
+				time.Sleep(time.Hour) // a hung API server that ignores ctx
+				return nil
+			}
+		})
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() { done <- ts.do("GET", "/readyz", "") }()
+		select {
+		case rec := <-done:
+			if rec.Code != 503 || errCode(t, rec) != CodeNotReady || rec.Header().Get("Retry-After") == "" {
+				t.Fatalf("readyz: %d %s", rec.Code, rec.Body.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("readyz did not answer while the check hung")
+		}
+		ts2 := newTestServer(t, &fakeCluster{}, func(o *Options, _ *control.Options) {
+			o.Ready = func(context.Context) error { return errors.New(leaky) }
+		})
+		if rec := ts2.do("GET", "/readyz", ""); rec.Code != 503 {
+			t.Fatalf("readyz: %d", rec.Code)
+		}
+	})
+}
+
+// TestAmbiguousCreate: a create whose cluster write timed out after the
+// object was written is accepted, stays pending, and is resolved by
+// adopting the object: never failed, never created twice.
+func TestAmbiguousCreate(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{createErr: errTimeout, createWrites: true})
+	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "k1")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("ambiguous create: %d %s", rec.Code, rec.Body.String())
+	}
+	sb := decodeSandbox(t, rec)
+	if sb.State != store.StatePending {
+		t.Fatalf("state %s, want pending", sb.State)
+	}
+	waitFor(t, "adoption", func() bool { return contains(ts.fc.Calls(), "exists "+sb.ID) })
+	creates := 0
+	for _, c := range ts.fc.Calls() {
+		if strings.HasPrefix(c, "create ") {
+			creates++
+		}
+	}
+	if creates != 1 {
+		t.Fatalf("creates %d, want 1 (the object existed): %v", creates, ts.fc.Calls())
+	}
+	if got := ts.record(sb.ID).State; got != store.StatePending {
+		t.Fatalf("record %s, want pending until the mirror observes the object", got)
+	}
+	// A retry with the key finds the same sandbox.
+	again := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "k1")
+	if again.Code != 200 || decodeSandbox(t, again).ID != sb.ID {
+		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
+	}
+}
+
+// TestAmbiguousCreateNotWritten: when the timed-out write did not land, the
+// resolution creates the object once the cluster answers.
+func TestAmbiguousCreateNotWritten(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{createErr: errTimeout})
+	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("ambiguous create: %d %s", rec.Code, rec.Body.String())
+	}
+	id := decodeSandbox(t, rec).ID
+	ts.fc.set(func(f *fakeCluster) { f.createErr = nil })
+	waitFor(t, "object created", func() bool {
+		ts.fc.mu.Lock()
+		defer ts.fc.mu.Unlock()
+		return ts.fc.objects[id]
+	})
+	if got := ts.record(id).State; got == store.StateFailed {
+		t.Fatal("an ambiguous create was failed")
+	}
+}
+
+// TestStartStopAfterOutOfBandMode: the cluster is written whatever the
+// record's desired mode was.
+func TestStartStopAfterOutOfBandMode(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{})
+	id := ts.create(`{"image":"busybox"}`)
+	// Suspended outside hiloop: desired stays running, the mirror sees
+	// stopped.
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateStopped})
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 200 {
+		t.Fatalf("start: %d %s", rec.Code, rec.Body.String())
+	}
+	if !contains(ts.fc.Calls(), "mode "+id+" running") {
+		t.Fatalf("start wrote nothing to the cluster: %v", ts.fc.Calls())
+	}
+	// And the other way round: stopped through the API, resumed outside.
+	ts.do("POST", "/v1/sandboxes/"+id+"/stop", "")
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	before := len(ts.fc.Calls())
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", ""); rec.Code != 200 {
+		t.Fatalf("stop: %d %s", rec.Code, rec.Body.String())
+	}
+	if !contains(ts.fc.Calls()[before:], "mode "+id+" stopped") {
+		t.Fatalf("second stop wrote nothing: %v", ts.fc.Calls())
+	}
+}
+
+// TestDeleteTerminalDeletesObject: deleting a failed, lost or exited
+// sandbox deletes whatever carries its name and records the delete.
+func TestDeleteTerminalDeletesObject(t *testing.T) {
+	for _, st := range []store.State{store.StateFailed, store.StateLost, store.StateExited} {
+		ts := newTestServer(t, &fakeCluster{})
+		id := ts.create(`{"image":"busybox"}`)
+		if st == store.StateFailed {
+			ts.db.Fail(context.Background(), id, "x")
+		} else {
+			ts.db.Observe(context.Background(), id, store.Observation{State: st})
+		}
+		rec := ts.do("DELETE", "/v1/sandboxes/"+id, "")
+		if rec.Code != 200 || decodeSandbox(t, rec).Desired != store.ModeDeleted {
+			t.Fatalf("%s: delete %d %s", st, rec.Code, rec.Body.String())
+		}
+		if !contains(ts.fc.Calls(), "delete "+id) {
+			t.Fatalf("%s: no cluster delete: %v", st, ts.fc.Calls())
+		}
+	}
+}
+
+// TestIdempotencyCanonical: the same request with its keys reordered and
+// other whitespace is a replay, not a conflict.
+func TestIdempotencyCanonical(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{})
+	a := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","labels":{"a":"1","b":"2"},"ttl":"1h"}`, "Idempotency-Key", "k")
+	b := ts.do("POST", "/v1/sandboxes", "{ \"ttl\": \"1h\",\n \"labels\": {\"b\":\"2\", \"a\":\"1\"}, \"image\": \"busybox\" }", "Idempotency-Key", "k")
+	if a.Code != 201 || b.Code != 200 || decodeSandbox(t, a).ID != decodeSandbox(t, b).ID {
+		t.Fatalf("reordered retry: %d %d %s", a.Code, b.Code, b.Body.String())
+	}
+	c := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","ttl":"2h"}`, "Idempotency-Key", "k")
+	if c.Code != 409 || errCode(t, c) != CodeIdempotencyConflict {
+		t.Fatalf("other request, same key: %d %s", c.Code, c.Body.String())
+	}
+}
+
+// TestValidationBounds: sha512 digests are images; absurdly small resources
+// are refused with the minimum named.
+func TestValidationBounds(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{})
+	ts.create(`{"image":"busybox@sha512:` + strings.Repeat("a", 128) + `"}`)
+	for _, tc := range []struct{ body, field, says string }{
+		{`{"image":"busybox","resources":{"memory_limit":"1"}}`, "resources.memory_limit", "minimum 16Mi"},
+		{`{"image":"busybox","resources":{"cpu_request":"1n"}}`, "resources.cpu_request", "minimum 10m"},
+		{`{"image":"busybox","volumes":[{"name":"d","size":"1","mount_path":"/d"}]}`, "volumes[0].size", "minimum 1Mi"},
+		{`{"image":"busybox@sha512:abc"}`, "image", "not a valid image"},
+		{`{"image":"busybox","transports":["Bad Name"]}`, "transports[0]", "not a transport"},
+	} {
+		rec := ts.do("POST", "/v1/sandboxes", tc.body)
+		var b ErrorBody
+		json.Unmarshal(rec.Body.Bytes(), &b)
+		if rec.Code != 400 || b.Error.Field != tc.field || !strings.Contains(b.Error.Message, tc.says) {
+			t.Errorf("%s: %d %s", tc.body, rec.Code, rec.Body.String())
+		}
+	}
+	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["ssh"]}`)
+	if rec.Code != 422 || errCode(t, rec) != CodeUnsupportedCapability {
+		t.Errorf("unbacked transport: %d %s", rec.Code, rec.Body.String())
+	}
+	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["exec","exec"]}`)
+	if rec.Code != 201 || strings.Join(decodeSandbox(t, rec).Transports, ",") != "exec" {
+		t.Errorf("transports recorded: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestRevokeLastKey: the API refuses to revoke an organization's last live
+// key, and a revoke ends the sessions opened with the key.
+func TestRevokeLastKey(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{})
+	rec := ts.do("DELETE", "/v1/keys/"+ts.keyID, "")
+	if rec.Code != 409 || errCode(t, rec) != CodeLastKey {
+		t.Fatalf("revoke the last key: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("GET", "/v1/org", ""); rec.Code != 200 {
+		t.Fatalf("the key no longer works: %d", rec.Code)
+	}
+}
+
+// TestSessionsEndOnRevoke: a live exec ends as soon as its key is revoked,
+// and session bookkeeping drops to nothing.
+func TestSessionsEndOnRevoke(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	second := ts.do("POST", "/v1/keys", `{"name":"second"}`)
+	var ck CreatedKey
+	json.Unmarshal(second.Body.Bytes(), &ck)
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["sleep","1000"],"timeout":"1h"}`) }()
+	waitFor(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
+	// Revoke the key the session runs under, with the other key.
+	other := *ts
+	other.token = ck.Secret
+	if rec := other.do("DELETE", "/v1/keys/"+ts.keyID, ""); rec.Code != 204 {
+		t.Fatalf("revoke: %d %s", rec.Code, rec.Body.String())
+	}
+	select {
+	case rec := <-done:
+		if rec.Code != 409 || errCode(t, rec) != CodeSessionEnded {
+			t.Fatalf("exec after revoke: %d %s", rec.Code, rec.Body.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session outlived its key")
+	}
+	waitFor(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
+}
+
+// TestExecClusterUnreachable: an exec that cannot reach the cluster is 503
+// cluster_unavailable, not a command that timed out.
+func TestExecClusterUnreachable(t *testing.T) {
+	ts := newTestServer(t, &fakeCluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = fakeExec{err: &k8s.ConnectError{Err: errors.New("dial tcp: " + leaky)}}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	rec := ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`)
+	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("exec with the cluster away: %d %s", rec.Code, rec.Body.String())
+	}
+	ts2 := newTestServer(t, &fakeCluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = fakeExec{err: errors.New("stream reset: " + leaky)}
+	})
+	id = ts2.create(`{"image":"busybox"}`)
+	ts2.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	if rec := ts2.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`); rec.Code != 502 || errCode(t, rec) != CodeExecFailed {
+		t.Fatalf("broken exec: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestEveryCodeDocumented: every code the server defines is in the OpenAPI
+// document and in docs/api.md.
+func TestEveryCodeDocumented(t *testing.T) {
+	src, err := os.ReadFile("errors.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes := regexp.MustCompile(`Code[A-Za-z]+ += "([a-z_]+)"`).FindAllStringSubmatch(string(src), -1)
+	if len(codes) < 20 {
+		t.Fatalf("found only %d codes in errors.go", len(codes))
+	}
+	spec, _ := os.ReadFile("openapi.yaml")
+	doc, err := os.ReadFile("../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range codes {
+		if !regexp.MustCompile(`\b` + c[1] + `\b`).Match(spec) {
+			t.Errorf("code %s is not in openapi.yaml", c[1])
+		}
+		if !strings.Contains(string(doc), "`"+c[1]+"`") {
+			t.Errorf("code %s is not in docs/api.md", c[1])
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

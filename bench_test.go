@@ -184,18 +184,18 @@ func BenchmarkCreateToRunning(b *testing.B) {
 }
 
 // timeReads measures k GETs of single sandboxes and k/10 lists of 1000 items.
-func timeReads(in *e2e.Instance, token string, ids []string, k int) (get, list []time.Duration) {
+func timeReads(b *testing.B, in *e2e.Instance, token string, ids []string, k int) (get, list []time.Duration) {
 	for i := range k {
 		t0 := time.Now()
 		if s, _ := in.Call(token, "GET", "/v1/sandboxes/"+ids[(i*7919)%len(ids)], ""); s != 200 {
-			in.t.Fatalf("get: %d", s)
+			b.Fatalf("get: %d", s)
 		}
 		get = append(get, time.Since(t0))
 		if i%10 == 0 {
 			t0 = time.Now()
 			s, body := in.Call(token, "GET", "/v1/sandboxes?limit=1000", "")
 			if s != 200 || len(body) < 1000 {
-				in.t.Fatalf("list: %d", s)
+				b.Fatalf("list: %d", s)
 			}
 			list = append(list, time.Since(t0))
 		}
@@ -212,7 +212,7 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 	ids := createMany(b, in, key, 1000, 25)
 	b.ResetTimer()
 	for range b.N {
-		idleGet, idleList := timeReads(in, key, ids, 500)
+		idleGet, idleList := timeReads(b, in, key, ids, 500)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -220,7 +220,7 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 		}()
 		var loadGet, loadList []time.Duration
 		for {
-			g, l := timeReads(in, key, ids, 50)
+			g, l := timeReads(b, in, key, ids, 50)
 			loadGet, loadList = append(loadGet, g...), append(loadList, l...)
 			select {
 			case <-done:

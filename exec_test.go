@@ -25,48 +25,35 @@ import (
 
 // cliExec runs `hiloop sandbox exec` with stdin and returns what it printed
 // and its exit code.
-func (in *e2e.Instance) cliExec(token string, stdin string, args ...string) (string, string, int) {
-	in.t.Helper()
-	cmd := exec.Command(e2e.Binary(t), append([]string{"sandbox", "exec"}, args...)...)
-	cmd.Env = append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+token)
-	cmd.Stdin = strings.NewReader(stdin)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		in.t.Fatal(err)
-	}
-	return o.String(), e.String(), code
+func cliExec(in *e2e.Instance, token string, stdin string, args ...string) (string, string, int) {
+	return in.CLIInput(token, stdin, append([]string{"sandbox", "exec"}, args...)...)
 }
 
 func TestExecThroughAPIAndCLI(t *testing.T) {
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 
-	if out, errOut, code := in.cliExec(in.Token, "", sb.ID, "--", "echo", "hello", "sandbox"); code != 0 || out != "hello sandbox\n" {
+	if out, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "echo", "hello", "sandbox"); code != 0 || out != "hello sandbox\n" {
 		t.Fatalf("echo: %d %q %q", code, out, errOut)
 	}
 	for _, want := range []int{0, 1, 42, 255} {
-		if _, errOut, code := in.cliExec(in.Token, "", sb.ID, "--", "sh", "-c", "exit "+strconv.Itoa(want)); code != want {
+		if _, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "sh", "-c", "exit "+strconv.Itoa(want)); code != want {
 			t.Errorf("exit %d came back as %d (%s)", want, code, errOut)
 		}
 	}
 	// The fake kubelet wraps a signal death into an error text; it still
 	// comes back as 128+9.
-	if _, errOut, code := in.cliExec(in.Token, "", sb.ID, "--", "sh", "-c", "kill -KILL $$"); code != 137 {
+	if _, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "sh", "-c", "kill -KILL $$"); code != 137 {
 		t.Errorf("signal death: exit %d (%s)", code, errOut)
 	}
 	// Stdin round trip (the fake kubelet never delivers stdin EOF, so the
 	// command stops reading by itself; EOF is covered in k8s/exec_test.go).
-	if out, errOut, code := in.cliExec(in.Token, "first line\nsecond\n", "-i", sb.ID, "--", "head", "-n", "1"); code != 0 || out != "first line\n" {
+	if out, errOut, code := cliExec(in, in.Token, "first line\nsecond\n", "-i", sb.ID, "--", "head", "-n", "1"); code != 0 || out != "first line\n" {
 		t.Fatalf("stdin: %d %q %q", code, out, errOut)
 	}
 	// Large output arrives complete and in order.
 	want, _ := exec.Command("seq", "1", "2000000").Output()
-	out, errOut, code := in.cliExec(in.Token, "", sb.ID, "--", "seq", "1", "2000000")
+	out, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "seq", "1", "2000000")
 	if code != 0 || len(out) != len(want) || sha256.Sum256([]byte(out)) != sha256.Sum256(want) {
 		t.Fatalf("seq 1 2000000: exit %d, %d bytes (want %d) %s", code, len(out), len(want), errOut)
 	}
@@ -122,7 +109,7 @@ func TestExecRefused(t *testing.T) {
 			if status != tc.status || errorCode(t, body) != tc.code {
 				t.Fatalf("exec/run: %d %s", status, body)
 			}
-			_, errOut, code := in.cliExec(tc.token, "", tc.id, "--", "true")
+			_, errOut, code := cliExec(in, tc.token, "", tc.id, "--", "true")
 			if code != 255 || !strings.Contains(errOut, tc.code) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 				t.Fatalf("cli: exit %d, stderr %q; want 255 and one line naming %s", code, errOut, tc.code)
 			}
@@ -230,7 +217,7 @@ func TestExecBadInput(t *testing.T) {
 		})
 	}
 	// The server is still fine.
-	if out, _, code := in.cliExec(in.Token, "", sb.ID, "--", "echo", "ok"); code != 0 || out != "ok\n" {
+	if out, _, code := cliExec(in, in.Token, "", sb.ID, "--", "echo", "ok"); code != 0 || out != "ok\n" {
 		t.Fatalf("after bad frames: %d %q", code, out)
 	}
 }

@@ -1,8 +1,6 @@
 package main_test
 
 import (
-	"github.com/hiloop/hiloop/internal/e2e"
-
 	"context"
 	"encoding/json"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -101,17 +100,92 @@ func TestOutOfBandChanges(t *testing.T) {
 		if !strings.Contains(got.Anomaly, "runtime_class_mismatch") || !strings.Contains(got.Reason, "runc") {
 			t.Fatalf("quarantined with %q: %s", got.Anomaly, got.Reason)
 		}
-		// Quarantine is what exec and sessions ask the record about.
-		db, err := store.Open(ctx, store.Options{Path: in.DB})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		org := orgOf(t, in, in.Token)
-		if _, err := db.CheckReachable(ctx, org, sb.ID); err != store.ErrQuarantined {
-			t.Fatalf("CheckReachable = %v, want ErrQuarantined", err)
+		// Quarantine refuses exec.
+		status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["true"]}`)
+		if status != 409 || errorCode(t, body) != "sandbox_quarantined" {
+			t.Fatalf("exec into a quarantined sandbox: %d %s", status, body)
 		}
 	})
+
+	t.Run("editing the receipt with the runtime class does not escape quarantine", func(t *testing.T) {
+		sb := in.Create(in.Token, "busybox", "--wait")
+		raw := e2e.Kubectl(t, "get", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", `jsonpath={.spec.podTemplate.metadata.annotations.hiloop\.dev/runtime-receipt}`)
+		forged := strings.Replace(raw, `"runtime_class":"gvisor"`, `"runtime_class":"runc"`, 1)
+		if forged == raw {
+			t.Fatalf("receipt %q names no gvisor runtime class", raw)
+		}
+		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podTemplate": map[string]any{
+			"metadata": map[string]any{"annotations": map[string]string{k8s.AnnotationReceipt: forged}},
+			"spec":     map[string]any{"runtimeClassName": "runc"}}}})
+		e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--type=merge", "-p", string(patch))
+		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
+		got := in.WaitState(in.Token, sb.ID, "quarantined")
+		if !strings.Contains(got.Anomaly, "receipt_mismatch") || !strings.Contains(got.Anomaly, "runtime_class_mismatch") {
+			t.Fatalf("quarantined with %q: %s", got.Anomaly, got.Reason)
+		}
+	})
+
+	t.Run("org label of another organization is org_label_mismatch", func(t *testing.T) {
+		sb := in.Create(in.Token, "busybox", "--wait")
+		e2e.Kubectl(t, "label", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--overwrite", k8s.LabelOrg+"=org_someoneelse")
+		got := in.WaitState(in.Token, sb.ID, "attention")
+		if got.Anomaly != "org_label_mismatch" || !strings.Contains(got.Reason, "label changed") {
+			t.Fatalf("anomaly %q reason %q", got.Anomaly, got.Reason)
+		}
+	})
+
+	t.Run("mode changed outside hiloop, then start and stop through hiloop", func(t *testing.T) {
+		org := in.NewOrg("oob-"+strings.ToLower(k8s.ObjectName(in.NS)), 10, 1)
+		sb := in.Create(org, "busybox", "--wait")
+		e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Suspended"}}`)
+		got := in.WaitState(org, sb.ID, "stopped")
+		if got.Desired != "running" {
+			t.Fatalf("desired %s", got.Desired)
+		}
+		if !eventsSay(t, in, org, sb.ID, "stopping", "mode changed outside hiloop") {
+			t.Fatalf("no event says the mode changed outside hiloop")
+		}
+		// Stopped outside hiloop, it does not hold the one running slot.
+		other := in.Create(org, "busybox", "--wait")
+		in.MustCLI(org, "sandbox", "stop", other.ID)
+		in.WaitState(org, other.ID, "stopped")
+		// start writes the cluster although desired already was running.
+		in.MustCLI(org, "sandbox", "start", sb.ID)
+		in.WaitState(org, sb.ID, "running")
+		// And the other way round: resumed outside hiloop, stop works.
+		e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(other.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Running"}}`)
+		in.WaitState(org, other.ID, "running")
+		in.MustCLI(org, "sandbox", "stop", other.ID)
+		in.WaitState(org, other.ID, "stopped")
+	})
+
+	t.Run("a deleted pod is named in the event", func(t *testing.T) {
+		sb := in.Create(in.Token, "busybox", "--wait")
+		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
+		e2e.Eventually(t, "event naming the deleted pod", 60*time.Second, func() (bool, error) {
+			return eventsSay(t, in, in.Token, sb.ID, "starting", "pod deleted"), nil
+		})
+	})
+}
+
+// eventsSay reports whether a sandbox's history has a transition to state
+// whose reason contains reason.
+func eventsSay(t testing.TB, in *e2e.Instance, token, id, state, reason string) bool {
+	t.Helper()
+	status, body := in.Call(token, "GET", "/v1/sandboxes/"+id+"/events", "")
+	if status != 200 {
+		t.Fatalf("events: %d %s", status, body)
+	}
+	var evs struct {
+		Items []struct{ To, Reason string }
+	}
+	json.Unmarshal([]byte(body), &evs)
+	for _, e := range evs.Items {
+		if e.To == state && strings.Contains(e.Reason, reason) {
+			return true
+		}
+	}
+	return false
 }
 
 func orgOf(t testing.TB, in *e2e.Instance, token string) string {
@@ -161,15 +235,15 @@ func TestRestartConverges(t *testing.T) {
 	s.Close()
 
 	again := e2e.Serve(t, db, ns)
-	again.waitState(token, gone.ID, "lost")
-	again.waitState(token, paused.ID, "stopped")
-	sb := again.waitState(token, failed.ID, "exited")
+	again.WaitState(token, gone.ID, "lost")
+	again.WaitState(token, paused.ID, "stopped")
+	sb := again.WaitState(token, failed.ID, "exited")
 	if sb.ExitCode == nil || *sb.ExitCode != 0 {
 		t.Fatalf("exit code %v", sb.ExitCode)
 	}
-	again.waitState(token, interrupted.ID, "running")
-	if !strings.Contains(again.out.String(), "finished interrupted create") {
-		t.Errorf("start-up did not report finishing the interrupted create:\n%s", again.out.String())
+	again.WaitState(token, interrupted.ID, "running")
+	if !strings.Contains(again.Out.String(), "resolved pending create") {
+		t.Errorf("start-up did not report finishing the interrupted create:\n%s", again.Out.String())
 	}
 }
 

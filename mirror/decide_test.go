@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -16,9 +17,21 @@ import (
 
 var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
+var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec"}}
+
+// promise is the receipt a record holds, as control stores it at create.
+func promise(spec store.Spec) string {
+	b, err := json.Marshal(k8s.NewReceipt("org_a", spec, renderOpts))
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
 func record(mut ...func(*store.Sandbox)) store.Sandbox {
 	sb := store.Sandbox{ID: "sbx_a", OrgID: "org_a", DesiredMode: store.ModeRunning, State: store.StateStarting,
 		Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}}
+	sb.Receipt = promise(sb.Spec)
 	for _, m := range mut {
 		m(&sb)
 	}
@@ -26,7 +39,7 @@ func record(mut ...func(*store.Sandbox)) store.Sandbox {
 }
 
 func object(mut ...func(*v1beta1.Sandbox)) *v1beta1.Sandbox {
-	obj, err := k8s.Render(record(), k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor"})
+	obj, err := k8s.Render(record(), renderOpts)
 	if err != nil {
 		panic(err)
 	}
@@ -73,8 +86,21 @@ func TestDecide(t *testing.T) {
 		{"object, no pod", object(), nil, record(), store.Observation{State: store.StateStarting}},
 		{"pod not ready", object(), []*corev1.Pod{pod(pending)}, record(), store.Observation{State: store.StateStarting}},
 		{"pod ready", object(), []*corev1.Pod{pod()}, record(), store.Observation{State: store.StateRunning}},
-		{"suspended with pod", object(suspended), []*corev1.Pod{pod()}, record(), store.Observation{State: store.StateStopping}},
-		{"suspended without pod", object(suspended), nil, record(), store.Observation{State: store.StateStopped}},
+		{"suspended with pod", object(suspended), []*corev1.Pod{pod()}, record(func(s *store.Sandbox) { s.DesiredMode = store.ModeStopped }),
+			store.Observation{State: store.StateStopping}},
+		{"suspended without pod", object(suspended), nil, record(func(s *store.Sandbox) { s.DesiredMode = store.ModeStopped }),
+			store.Observation{State: store.StateStopped}},
+		{"suspended outside hiloop", object(suspended), []*corev1.Pod{pod()}, record(),
+			store.Observation{State: store.StateStopping, Reason: ReasonModeOutside}},
+		{"resumed outside hiloop", object(), nil, record(func(s *store.Sandbox) { s.DesiredMode = store.ModeStopped; s.State = store.StateStopped }),
+			store.Observation{State: store.StateStarting, Reason: ReasonModeOutside}},
+		{"pod deleted behind hiloop's back", object(), nil, record(func(s *store.Sandbox) { s.State = store.StateRunning; s.PodUID = "u1" }),
+			store.Observation{State: store.StateStarting, Reason: ReasonPodDeleted}},
+		{"pod replaced behind hiloop's back", object(), []*corev1.Pod{pod(pending, func(p *corev1.Pod) { p.UID = "u2" })},
+			record(func(s *store.Sandbox) { s.State = store.StateRunning; s.PodUID = "u1" }),
+			store.Observation{State: store.StateStarting, Reason: ReasonPodReplaced, PodUID: "u2"}},
+		{"never running while deleting", object(), []*corev1.Pod{pod()}, record(func(s *store.Sandbox) { s.DesiredMode = store.ModeDeleted }),
+			store.Observation{State: store.StateStopping, Reason: ReasonBeingDeleted}},
 		{"pod failed", object(), []*corev1.Pod{pod(terminated(corev1.PodFailed, 42, "Error"))}, record(),
 			store.Observation{State: store.StateExited, ExitCode: code(42), Reason: "Error"}},
 		{"pod succeeded", object(), []*corev1.Pod{pod(terminated(corev1.PodSucceeded, 0, "Completed"))}, record(),
@@ -96,9 +122,36 @@ func TestDecide(t *testing.T) {
 		{"a finished pod beside a live one is not two", object(), []*corev1.Pod{pod(), pod(terminated(corev1.PodFailed, 1, ""))}, record(),
 			store.Observation{State: store.StateExited, ExitCode: code(1), Reason: "Failed"}},
 		{"org label mangled", object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "garbage" }), nil, record(),
-			store.Observation{State: store.StateAttention, Anomaly: AnomalyOrgLabelUnparseable, Reason: `org label is "garbage"`}},
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyOrgLabelUnparseable, Reason: `label changed: org label "garbage" is not an organization id`}},
+		{"org label of another org", object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "org_b" }), nil, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyOrgLabelMismatch, Reason: `label changed: org label names another organization, "org_b"`}},
+		{"pod org label of another org", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Labels = map[string]string{k8s.LabelSandbox: "sbx_a", k8s.LabelOrg: "org_b"} })}, record(),
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyOrgLabelMismatch, Reason: `label changed: pod org label names another organization, "org_b"`}},
 		{"sandbox label missing", object(func(o *v1beta1.Sandbox) { delete(o.Labels, k8s.LabelSandbox) }), nil, record(),
-			store.Observation{State: store.StateAttention, Anomaly: AnomalyIdentityMissing, Reason: `sandbox label is ""`}},
+			store.Observation{State: store.StateAttention, Anomaly: AnomalyIdentityMissing, Reason: `label changed: sandbox label is ""`}},
+		{"service account swapped", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Spec.ServiceAccountName = "default" })}, record(),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionServiceAccount, Reason: `service account "default", receipt promised "hiloop-org-a"`}},
+		{"receipt and runtime class edited together", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
+			p.Spec.RuntimeClassName = ptr.To("runc")
+			r := k8s.NewReceipt("org_a", store.Spec{}, k8s.RenderOptions{RuntimeClass: "runc", Transports: []string{"exec"}})
+			b, _ := json.Marshal(r)
+			p.Annotations = map[string]string{k8s.AnnotationReceipt: string(b)}
+		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionReceipt + "," + ContradictionRuntimeClass,
+			Reason: `the pod's receipt annotation differs from the promise on record; runtime class "runc", receipt promised "gvisor"`}},
+		{"legacy record without a stored receipt holds the pod to its annotation", object(), []*corev1.Pod{pod()},
+			record(func(s *store.Sandbox) { s.Receipt = "" }), store.Observation{State: store.StateRunning}},
+		{"host path mounted", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionStorage, Reason: `volume "h" mounts a host path`}},
+		{"claim not promised", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "x", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "x-other"}}})
+		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionStorage, Reason: `volume "x" mounts claim "x-other", which was not promised`}},
+		{"promised claim missing", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
+			r := k8s.NewReceipt("org_a", store.Spec{Volumes: []store.Volume{{Name: "data"}}}, renderOpts)
+			b, _ := json.Marshal(r)
+			p.Annotations = map[string]string{k8s.AnnotationReceipt: string(b)}
+		})}, record(func(s *store.Sandbox) { s.Receipt = promise(store.Spec{Volumes: []store.Volume{{Name: "data"}}}) }),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionStorage, Reason: `promised volume "data" is not mounted`}},
 		{"receipt missing on pod", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Annotations = nil })}, record(),
 			store.Observation{State: store.StateAttention, Anomaly: AnomalyReceiptUnreadable, Reason: "pod carries no runtime receipt"}},
 		{"receipt garbled", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Annotations = map[string]string{k8s.AnnotationReceipt: "{"} })}, record(),

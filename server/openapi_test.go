@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/hiloop/hiloop/control/controltest"
+
 	"encoding/json"
 	"net/http/httptest"
 	"strings"
@@ -10,7 +12,7 @@ import (
 // TestOpenAPICoversEveryRoute checks the served document names every route
 // the server registers, with its method, and nothing the server lacks.
 func TestOpenAPICoversEveryRoute(t *testing.T) {
-	s := newTestServer(t, &fakeCluster{}).srv
+	s := newTestServer(t, &controltest.Cluster{}).srv
 	rec := httptest.NewRecorder()
 	s.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/openapi.json", nil))
 	if rec.Code != 200 {

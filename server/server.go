@@ -252,8 +252,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("readiness check did not answer within %s", s.o.ReadyTimeout)
 	}
 	if err != nil {
-		s.log.Warn("not ready", "err", err)
-		s.writeError(w, r, errNotReady)
+		// Probes ask often, and not ready is expected while starting.
+		s.log.Debug("not ready", "err", err)
+		writeJSON(w, errNotReady.status, ErrorBody{Error: errNotReady.detail})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -28,112 +28,19 @@ import (
 // service account, a pod and a node.
 const leaky = `User "system:serviceaccount:hiloop-sandboxes:hiloop-org-x" cannot patch pod sbx-abc on node kwok-node-0`
 
-// fakeCluster is control.Cluster with programmable failures. objects holds
-// the ids whose object exists.
-type fakeCluster struct {
-	mu      sync.Mutex
-	calls   []string
-	objects map[string]bool
-	// createErr fails Create; with createWrites the object is written all
-	// the same (an ambiguous timeout).
-	createErr    error
-	createWrites bool
-	modeErr      error
-	expiryErr    error
-	deleteErr    error
-}
-
-func (f *fakeCluster) record(call string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, call)
-}
-
-func (f *fakeCluster) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string{}, f.calls...)
-}
-
-func (f *fakeCluster) set(fn func(f *fakeCluster)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	fn(f)
-}
-
-func (f *fakeCluster) Receipt(orgID string, spec store.Spec) (string, error) {
-	b, err := json.Marshal(k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: "gvisor", Transports: []string{"exec"}}))
-	return string(b), err
-}
-
-func (f *fakeCluster) Create(_ context.Context, sb store.Sandbox) error {
-	f.record("create " + sb.ID)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.createErr == nil || f.createWrites {
-		if f.objects == nil {
-			f.objects = map[string]bool{}
-		}
-		f.objects[sb.ID] = true
-	}
-	return f.createErr
-}
-
-func (f *fakeCluster) Exists(_ context.Context, id string) (bool, error) {
-	f.record("exists " + id)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.objects[id], nil
-}
-
-func (f *fakeCluster) SetMode(_ context.Context, id string, mode store.Mode) error {
-	f.record("mode " + id + " " + string(mode))
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.modeErr
-}
-
-func (f *fakeCluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
-	f.record("expiry " + id)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.expiryErr
-}
-
-func (f *fakeCluster) Delete(_ context.Context, id string) error {
-	f.record("delete " + id)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.deleteErr == nil {
-		delete(f.objects, id)
-	}
-	return f.deleteErr
-}
-
-// fakeExec runs every command until its context ends, or fails with err.
-type fakeExec struct{ err error }
-
-func (e fakeExec) Exec(ctx context.Context, _ string, _ k8s.ExecRequest) (k8s.ExitStatus, error) {
-	if e.err != nil {
-		return k8s.ExitStatus{}, e.err
-	}
-	<-ctx.Done()
-	return k8s.ExitStatus{}, ctx.Err()
-}
-
 type testServer struct {
 	t     *testing.T
 	srv   *Server
 	db    *store.Store
 	ctl   *control.Control
-	fc    *fakeCluster
+	fc    *controltest.Cluster
 	org   store.Org
 	token string
 	keyID string
 	ready func(context.Context) error
 }
 
-func newTestServer(t *testing.T, fc *fakeCluster, opts ...func(*Options, *control.Options)) *testServer {
+func newTestServer(t *testing.T, fc *controltest.Cluster, opts ...func(*Options, *control.Options)) *testServer {
 	t.Helper()
 	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "s.db")})
 	if err != nil {
@@ -141,7 +48,7 @@ func newTestServer(t *testing.T, fc *fakeCluster, opts ...func(*Options, *contro
 	}
 	t.Cleanup(func() { db.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	co := control.Options{Store: db, Cluster: fc, Exec: fakeExec{}, Log: log, ClusterTimeout: time.Second,
+	co := control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, Log: log, ClusterTimeout: time.Second,
 		Caps: control.Capabilities{Transports: []string{"exec"}, StorageClasses: []string{"fast"}}}
 	so := Options{Store: db, Log: log}
 	for _, o := range opts {
@@ -233,9 +140,9 @@ var (
 // status, the code, Retry-After on 503, and what the record holds after.
 func TestErrorMap(t *testing.T) {
 	t.Run("mode change restored on cluster failure", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{})
+		ts := newTestServer(t, &controltest.Cluster{})
 		id := ts.create(`{"image":"busybox"}`)
-		ts.fc.set(func(f *fakeCluster) { f.modeErr = errTimeout })
+		ts.fc.Set(func(f *controltest.Cluster) { f.ModeErr = errTimeout })
 		rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", "")
 		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 			t.Fatalf("stop with the cluster away: %d %s %q", rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
@@ -245,10 +152,10 @@ func TestErrorMap(t *testing.T) {
 		}
 	})
 	t.Run("expiry restored on cluster failure", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{})
+		ts := newTestServer(t, &controltest.Cluster{})
 		id := ts.create(`{"image":"busybox","ttl":"1h"}`)
 		before := ts.record(id)
-		ts.fc.set(func(f *fakeCluster) { f.expiryErr = errTimeout })
+		ts.fc.Set(func(f *controltest.Cluster) { f.ExpiryErr = errTimeout })
 		rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"5h"}`)
 		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable {
 			t.Fatalf("ttl with the cluster away: %d %s", rec.Code, rec.Body.String())
@@ -265,7 +172,7 @@ func TestErrorMap(t *testing.T) {
 		}
 	})
 	t.Run("conflict", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{})
+		ts := newTestServer(t, &controltest.Cluster{})
 		id := ts.create(`{"image":"busybox"}`)
 		ts.db.Observe(context.Background(), id, store.Observation{State: store.StateLost})
 		rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", "")
@@ -274,7 +181,7 @@ func TestErrorMap(t *testing.T) {
 		}
 	})
 	t.Run("forbidden is an operator fault", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{createErr: errForbidden})
+		ts := newTestServer(t, &controltest.Cluster{CreateErr: errForbidden})
 		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
 		if rec.Code != 500 || errCode(t, rec) != CodeClusterMisconfigured {
 			t.Fatalf("create refused for permissions: %d %s", rec.Code, rec.Body.String())
@@ -285,14 +192,14 @@ func TestErrorMap(t *testing.T) {
 		}
 	})
 	t.Run("admission refusal", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{createErr: errInvalid})
+		ts := newTestServer(t, &controltest.Cluster{CreateErr: errInvalid})
 		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
 		if rec.Code != 422 || errCode(t, rec) != CodeClusterRejected {
 			t.Fatalf("create refused by admission: %d %s", rec.Code, rec.Body.String())
 		}
 	})
 	t.Run("not ready, bounded, without details", func(t *testing.T) {
-		ts := newTestServer(t, &fakeCluster{}, func(o *Options, _ *control.Options) {
+		ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 			o.ReadyTimeout = 200 * time.Millisecond
 			o.Ready = func(ctx context.Context) error {
 				time.Sleep(time.Hour) // a hung API server that ignores ctx
@@ -309,7 +216,7 @@ func TestErrorMap(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("readyz did not answer while the check hung")
 		}
-		ts2 := newTestServer(t, &fakeCluster{}, func(o *Options, _ *control.Options) {
+		ts2 := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 			o.Ready = func(context.Context) error { return errors.New(leaky) }
 		})
 		if rec := ts2.do("GET", "/readyz", ""); rec.Code != 503 {
@@ -322,7 +229,7 @@ func TestErrorMap(t *testing.T) {
 // object was written is accepted, stays pending, and is resolved by
 // adopting the object: never failed, never created twice.
 func TestAmbiguousCreate(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{createErr: errTimeout, createWrites: true})
+	ts := newTestServer(t, &controltest.Cluster{CreateErr: errTimeout, CreateWrites: true})
 	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "k1")
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("ambiguous create: %d %s", rec.Code, rec.Body.String())
@@ -354,18 +261,14 @@ func TestAmbiguousCreate(t *testing.T) {
 // TestAmbiguousCreateNotWritten: when the timed-out write did not land, the
 // resolution creates the object once the cluster answers.
 func TestAmbiguousCreateNotWritten(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{createErr: errTimeout})
+	ts := newTestServer(t, &controltest.Cluster{CreateErr: errTimeout})
 	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("ambiguous create: %d %s", rec.Code, rec.Body.String())
 	}
 	id := decodeSandbox(t, rec).ID
-	ts.fc.set(func(f *fakeCluster) { f.createErr = nil })
-	waitFor(t, "object created", func() bool {
-		ts.fc.mu.Lock()
-		defer ts.fc.mu.Unlock()
-		return ts.fc.objects[id]
-	})
+	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = nil })
+	waitFor(t, "object created", func() bool { return ts.fc.Has(id) })
 	if got := ts.record(id).State; got == store.StateFailed {
 		t.Fatal("an ambiguous create was failed")
 	}
@@ -374,7 +277,7 @@ func TestAmbiguousCreateNotWritten(t *testing.T) {
 // TestStartStopAfterOutOfBandMode: the cluster is written whatever the
 // record's desired mode was.
 func TestStartStopAfterOutOfBandMode(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{})
+	ts := newTestServer(t, &controltest.Cluster{})
 	id := ts.create(`{"image":"busybox"}`)
 	// Suspended outside hiloop: desired stays running, the mirror sees
 	// stopped.
@@ -401,7 +304,7 @@ func TestStartStopAfterOutOfBandMode(t *testing.T) {
 // sandbox deletes whatever carries its name and records the delete.
 func TestDeleteTerminalDeletesObject(t *testing.T) {
 	for _, st := range []store.State{store.StateFailed, store.StateLost, store.StateExited} {
-		ts := newTestServer(t, &fakeCluster{})
+		ts := newTestServer(t, &controltest.Cluster{})
 		id := ts.create(`{"image":"busybox"}`)
 		if st == store.StateFailed {
 			ts.db.Fail(context.Background(), id, "x")
@@ -421,7 +324,7 @@ func TestDeleteTerminalDeletesObject(t *testing.T) {
 // TestIdempotencyCanonical: the same request with its keys reordered and
 // other whitespace is a replay, not a conflict.
 func TestIdempotencyCanonical(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{})
+	ts := newTestServer(t, &controltest.Cluster{})
 	a := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","labels":{"a":"1","b":"2"},"ttl":"1h"}`, "Idempotency-Key", "k")
 	b := ts.do("POST", "/v1/sandboxes", "{ \"ttl\": \"1h\",\n \"labels\": {\"b\":\"2\", \"a\":\"1\"}, \"image\": \"busybox\" }", "Idempotency-Key", "k")
 	if a.Code != 201 || b.Code != 200 || decodeSandbox(t, a).ID != decodeSandbox(t, b).ID {
@@ -436,7 +339,7 @@ func TestIdempotencyCanonical(t *testing.T) {
 // TestValidationBounds: sha512 digests are images; absurdly small resources
 // are refused with the minimum named.
 func TestValidationBounds(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{})
+	ts := newTestServer(t, &controltest.Cluster{})
 	ts.create(`{"image":"busybox@sha512:` + strings.Repeat("a", 128) + `"}`)
 	for _, tc := range []struct{ body, field, says string }{
 		{`{"image":"busybox","resources":{"memory_limit":"1"}}`, "resources.memory_limit", "minimum 16Mi"},
@@ -465,7 +368,7 @@ func TestValidationBounds(t *testing.T) {
 // TestRevokeLastKey: the API refuses to revoke an organization's last live
 // key, and a revoke ends the sessions opened with the key.
 func TestRevokeLastKey(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{})
+	ts := newTestServer(t, &controltest.Cluster{})
 	rec := ts.do("DELETE", "/v1/keys/"+ts.keyID, "")
 	if rec.Code != 409 || errCode(t, rec) != CodeLastKey {
 		t.Fatalf("revoke the last key: %d %s", rec.Code, rec.Body.String())
@@ -478,14 +381,16 @@ func TestRevokeLastKey(t *testing.T) {
 // TestSessionsEndOnRevoke: a live exec ends as soon as its key is revoked,
 // and session bookkeeping drops to nothing.
 func TestSessionsEndOnRevoke(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{})
+	ts := newTestServer(t, &controltest.Cluster{})
 	id := ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
 	second := ts.do("POST", "/v1/keys", `{"name":"second"}`)
 	var ck CreatedKey
 	json.Unmarshal(second.Body.Bytes(), &ck)
 	done := make(chan *httptest.ResponseRecorder, 1)
-	go func() { done <- ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["sleep","1000"],"timeout":"1h"}`) }()
+	go func() {
+		done <- ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["sleep","1000"],"timeout":"1h"}`)
+	}()
 	waitFor(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
 	// Revoke the key the session runs under, with the other key.
 	other := *ts
@@ -507,8 +412,8 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 // TestExecClusterUnreachable: an exec that cannot reach the cluster is 503
 // cluster_unavailable, not a command that timed out.
 func TestExecClusterUnreachable(t *testing.T) {
-	ts := newTestServer(t, &fakeCluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = fakeExec{err: &k8s.ConnectError{Err: errors.New("dial tcp: " + leaky)}}
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Err: &k8s.ConnectError{Err: errors.New("dial tcp: " + leaky)}}
 	})
 	id := ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
@@ -516,8 +421,8 @@ func TestExecClusterUnreachable(t *testing.T) {
 	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("exec with the cluster away: %d %s", rec.Code, rec.Body.String())
 	}
-	ts2 := newTestServer(t, &fakeCluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = fakeExec{err: errors.New("stream reset: " + leaky)}
+	ts2 := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Err: errors.New("stream reset: " + leaky)}
 	})
 	id = ts2.create(`{"image":"busybox"}`)
 	ts2.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})

@@ -259,8 +259,15 @@ func (in *Instance) Env(token string) []string {
 // CLI runs the hiloop binary as a user would, against the instance.
 func (in *Instance) CLI(token string, args ...string) (stdout, stderr string, code int) {
 	in.t.Helper()
+	return in.CLIInput(token, "", args...)
+}
+
+// CLIInput is CLI with stdin.
+func (in *Instance) CLIInput(token, stdin string, args ...string) (stdout, stderr string, code int) {
+	in.t.Helper()
 	cmd := exec.Command(Binary(in.t), args...)
 	cmd.Env = in.Env(token)
+	cmd.Stdin = strings.NewReader(stdin)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()

@@ -1,0 +1,231 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/store"
+)
+
+func newControl(t *testing.T, fc *controltest.Cluster) (*Control, *store.Store, store.Org) {
+	t.Helper()
+	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "c.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	c, err := New(Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, ClusterTimeout: time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Limits: Limits{PerSandbox: 2, PerOrg: 3},
+		Caps: Capabilities{Transports: []string{"exec"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	org, err := db.CreateOrg(context.Background(), "o", 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, db, org
+}
+
+// TestCreateRacingDelete: a delete that lands between the record commit and
+// the create's cluster write wins: nothing is created and whatever could
+// carry the name is deleted.
+func TestCreateRacingDelete(t *testing.T) {
+	fc := &controltest.Cluster{}
+	c, db, org := newControl(t, fc)
+	ctx := context.Background()
+	who := Caller{OrgID: org.ID, KeyID: "key_x"}
+	// The record commit of a create...
+	sb, _, err := db.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ...then the delete...
+	if _, err := c.SetMode(ctx, who, sb.ID, store.ModeDeleted); err != nil {
+		t.Fatal(err)
+	}
+	// ...then the create's cluster step, as Create runs it under the lock.
+	if _, err := c.createObject(sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(fc.Calls(), "create "+sb.ID) {
+		t.Fatalf("a deleted sandbox was created: %v", fc.Calls())
+	}
+	if fc.Has(sb.ID) {
+		t.Fatal("an object exists for a deleted record")
+	}
+}
+
+// TestLocksAndSessionsBounded: the per-sandbox locks and the session
+// counters hold nothing once nobody uses them.
+func TestLocksAndSessionsBounded(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			unlock := c.locks.lock(string(rune('a' + i%5)))
+			unlock()
+		}()
+	}
+	wg.Wait()
+	if n := c.locks.size(); n != 0 {
+		t.Fatalf("%d lock entries left", n)
+	}
+	who := Caller{OrgID: org.ID, KeyID: "key_x"}
+	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+	var live []*Session
+	for range 2 {
+		s, err := c.Admit(ctx, who, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, s)
+	}
+	if _, err := c.Admit(ctx, who, sb.ID); !errors.Is(err, ErrSessionLimit) {
+		t.Fatalf("third session on one sandbox: %v", err)
+	}
+	for _, s := range live {
+		s.End()
+		s.End() // twice is harmless
+	}
+	c.sessions.mu.Lock()
+	left := len(c.sessions.bySandbox) + len(c.sessions.byOrg) + len(c.sessions.live)
+	c.sessions.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d session entries left", left)
+	}
+}
+
+// TestAdmitRefuses: another org's sandbox looks absent, and only a running,
+// unquarantined sandbox admits a session.
+func TestAdmitRefuses(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	other, _ := db.CreateOrg(ctx, "other", 10, 10)
+	who := Caller{OrgID: org.ID, KeyID: "k"}
+	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	var se *StateError
+	if _, err := c.Admit(ctx, who, sb.ID); !errors.As(err, &se) || se.State != store.StatePending {
+		t.Fatalf("pending: %v", err)
+	}
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+	for _, bad := range []Caller{{OrgID: other.ID, KeyID: "k"}, {OrgID: "", KeyID: "k"}} {
+		if _, err := c.Admit(ctx, bad, sb.ID); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("org %q reaches another org's sandbox: %v", bad.OrgID, err)
+		}
+	}
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateQuarantined, Anomaly: "host_namespaces"})
+	if _, err := c.Admit(ctx, who, sb.ID); !errors.Is(err, ErrQuarantined) {
+		t.Fatalf("quarantined: %v", err)
+	}
+}
+
+// TestShutdownEndsSessions: Close ends every live session with
+// ErrShuttingDown, even one whose own context never ends.
+func TestShutdownEndsSessions(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	who := Caller{OrgID: org.ID, KeyID: "k"}
+	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+	s, err := c.Admit(context.Background(), who, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		<-s.Context().Done()
+		s.End()
+	}()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if cause := context.Cause(s.Context()); !errors.Is(cause, ErrShuttingDown) {
+		t.Fatalf("cause %v", cause)
+	}
+}
+
+// TestSweepEndsSessionsOfStoppedSandboxes: the sweep ends a session whose
+// key was revoked outside control (offline) or whose sandbox stopped.
+func TestSweepEndsSessions(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	k1, _, _ := db.CreateKey(ctx, org.ID, "one")
+	k2, _, _ := db.CreateKey(ctx, org.ID, "two")
+	sb, _, _ := c.Create(ctx, Caller{OrgID: org.ID, KeyID: k1.ID}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+	s1, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k1.ID}, sb.ID)
+	s2, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k2.ID}, sb.ID)
+	defer s1.End()
+	defer s2.End()
+	db.RevokeKey(ctx, org.ID, k1.ID, false)
+	c.sweep(ctx)
+	if !errors.Is(context.Cause(s1.Context()), ErrKeyRevoked) || s2.Context().Err() != nil {
+		t.Fatalf("after revoking k1: s1 %v, s2 %v", context.Cause(s1.Context()), s2.Context().Err())
+	}
+	db.Observe(ctx, sb.ID, store.Observation{State: store.StateStopped})
+	c.sweep(ctx)
+	if !errors.Is(context.Cause(s2.Context()), ErrSandboxChanged) {
+		t.Fatalf("after stop: s2 %v", context.Cause(s2.Context()))
+	}
+}
+
+// TestResolveIsBoundedAndAsync: resolving a pending create never blocks its
+// caller (the mirror's start-up), each attempt is bounded by the cluster
+// timeout, and Close stops the retries.
+func TestResolveIsBoundedAndAsync(t *testing.T) {
+	fc := &controltest.Cluster{Hang: true}
+	c, db, org := newControl(t, fc)
+	ctx := context.Background()
+	sb, _, _ := db.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	start := time.Now()
+	c.ResolvePending(sb.ID)
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("ResolvePending blocked for %s", d)
+	}
+	// Two attempts at least, each ended by the 1s cluster timeout.
+	waitCalls(t, fc, "exists "+sb.ID, 2)
+	if got, _ := db.SandboxAnyOrg(ctx, sb.ID); got.State != store.StatePending {
+		t.Fatalf("state %s: an unanswered attempt must leave the record pending", got.State)
+	}
+}
+
+func waitCalls(t *testing.T, fc *controltest.Cluster, call string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := 0
+		for _, c := range fc.Calls() {
+			if c == call {
+				got++
+			}
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls %q, want %d", got, call, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

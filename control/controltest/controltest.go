@@ -1,0 +1,145 @@
+// Package controltest has fakes of what control needs of the cluster, for
+// pure unit tests of control and of the ways in. Cluster behaviour itself is
+// tested against the real local cluster.
+package controltest
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// Cluster is a control.Cluster with programmable failures. It records every
+// call as "verb id [mode]".
+type Cluster struct {
+	mu      sync.Mutex
+	calls   []string
+	objects map[string]bool
+	// CreateErr fails Create; with CreateWrites the object is written all
+	// the same (an ambiguous timeout).
+	CreateErr    error
+	CreateWrites bool
+	ModeErr      error
+	ExpiryErr    error
+	DeleteErr    error
+	// Hang makes Exists and Create wait for their context to end, as
+	// against a hung API server.
+	Hang bool
+}
+
+// hang waits for ctx when Hang is set, with the lock released.
+func (f *Cluster) hang(ctx context.Context) error {
+	f.mu.Lock()
+	h := f.Hang
+	f.mu.Unlock()
+	if !h {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (f *Cluster) record(call string) {
+	f.calls = append(f.calls, call)
+}
+
+// Calls returns the calls made so far.
+func (f *Cluster) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string{}, f.calls...)
+}
+
+// Set changes the failures under the lock.
+func (f *Cluster) Set(fn func(f *Cluster)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// Has reports whether the object of id exists.
+func (f *Cluster) Has(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.objects[id]
+}
+
+// Receipt makes the receipt of a gvisor deployment backing exec.
+func (f *Cluster) Receipt(orgID string, spec store.Spec) (string, error) {
+	b, err := json.Marshal(k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec"}}))
+	return string(b), err
+}
+
+// Create records the object unless CreateErr is set (and CreateWrites is
+// not).
+func (f *Cluster) Create(ctx context.Context, sb store.Sandbox) error {
+	if err := f.hang(ctx); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("create " + sb.ID)
+	if f.CreateErr == nil || f.CreateWrites {
+		if f.objects == nil {
+			f.objects = map[string]bool{}
+		}
+		f.objects[sb.ID] = true
+	}
+	return f.CreateErr
+}
+
+// Exists reports whether the object exists.
+func (f *Cluster) Exists(ctx context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	f.record("exists " + id)
+	f.mu.Unlock()
+	if err := f.hang(ctx); err != nil {
+		return false, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.objects[id], nil
+}
+
+// SetMode fails with ModeErr.
+func (f *Cluster) SetMode(_ context.Context, id string, mode store.Mode) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("mode " + id + " " + string(mode))
+	return f.ModeErr
+}
+
+// SetExpiry fails with ExpiryErr.
+func (f *Cluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("expiry " + id)
+	return f.ExpiryErr
+}
+
+// Delete removes the object unless DeleteErr is set.
+func (f *Cluster) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("delete " + id)
+	if f.DeleteErr == nil {
+		delete(f.objects, id)
+	}
+	return f.DeleteErr
+}
+
+// Exec runs every command until its context ends, or fails with Err.
+type Exec struct{ Err error }
+
+// Exec implements control.Executor.
+func (e Exec) Exec(ctx context.Context, _ string, _ k8s.ExecRequest) (k8s.ExitStatus, error) {
+	if e.Err != nil {
+		return k8s.ExitStatus{}, e.Err
+	}
+	<-ctx.Done()
+	return k8s.ExitStatus{}, ctx.Err()
+}

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
 )
 
 func TestServeReadyAndCleanShutdown(t *testing.T) {

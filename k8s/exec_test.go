@@ -29,8 +29,8 @@ import (
 	criremote "k8s.io/cri-streaming/pkg/streaming/remotecommand"
 	utilexec "k8s.io/utils/exec"
 
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
 )
 
 // localExecutor runs the command as a local process, as a container runtime

@@ -13,8 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/mirror"
 	"github.com/hiloop/hiloop/store"

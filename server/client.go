@@ -269,7 +269,9 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 	case "https":
 		u.Scheme = "wss"
 	}
-	q := url.Values{"command": o.Command}
+	// The argv goes in the first message, not the URL, so it stays out of
+	// proxy and access logs.
+	q := url.Values{}
 	if o.Stdin != nil {
 		q.Set("stdin", "true")
 	}
@@ -297,6 +299,13 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	start, err := json.Marshal(StartFrame{Command: o.Command})
+	if err != nil {
+		return ExitFrame{}, err
+	}
+	if err := conn.WriteMessage(websocket.TextMessage, start); err != nil {
+		return ExitFrame{}, fmt.Errorf("exec: send command: %w", err)
+	}
 	send := k8s.NewChannelConn(conn).Send
 	if o.Stdin != nil {
 		go func() {

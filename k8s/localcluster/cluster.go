@@ -428,6 +428,24 @@ func (c *Cluster) Stop() error {
 	return c.stopErr
 }
 
+// Pause stops one control-plane component ("etcd", "kube-apiserver", ...)
+// with SIGSTOP, as a hung process; resume sends SIGCONT. It is how the tests
+// and the outage soak stall the cluster.
+func (c *Cluster) Pause(component string) (resume func() error, err error) {
+	raw, err := os.ReadFile(filepath.Join(c.Workdir, "clusters", c.name, "pids", component+".pid"))
+	if err != nil {
+		return nil, fmt.Errorf("pause %s: %w", component, err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(raw)), &pid); err != nil || pid <= 0 {
+		return nil, fmt.Errorf("pause %s: bad pid file %q", component, raw)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("pause %s: %w", component, err)
+	}
+	return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
+}
+
 // Kubectl runs kubectl against the cluster and returns its combined output.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)

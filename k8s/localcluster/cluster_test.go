@@ -182,3 +182,12 @@ func processesMentioning(dir string) []string {
 	}
 	return out
 }
+
+// TestAssetsMatchModules: the embedded CRD and kwok stages are what gen.go
+// makes from the pinned modules.
+func TestAssetsMatchModules(t *testing.T) {
+	out, err := exec.Command("go", "run", "gen.go", "-check").CombinedOutput()
+	if err != nil {
+		t.Fatalf("assets/ is not what go generate makes: %v\n%s", err, out)
+	}
+}

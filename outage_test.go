@@ -1,0 +1,215 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// pause stalls a control-plane component until the test ends or resume is
+// called.
+func pause(t *testing.T, component string) (resume func()) {
+	t.Helper()
+	r, err := e2e.SharedCluster(t).Pause(component)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	resume = func() {
+		if !done {
+			done = true
+			if err := r(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// TestAmbiguousCreateEndsWithOneSandbox stalls etcd past hiloop's cluster
+// timeout while a create is under way. The outcome is unknown, so the
+// answer is 202 with the record pending, and the record is resolved from
+// evidence once the cluster answers: it ends tracking exactly one object,
+// and a retry with the same key finds the same sandbox.
+func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
+	ns := e2e.NewNamespace(t)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s")
+	in.Create(in.Token, "busybox", "--wait") // the org's service account exists now
+	resume := pause(t, "etcd")
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous")
+	resume()
+	var sb e2e.Sandbox
+	json.Unmarshal([]byte(body), &sb)
+	if status != http.StatusAccepted || sb.State != "pending" {
+		t.Fatalf("create with etcd stalled: %d %s", status, body)
+	}
+	in.WaitState(in.Token, sb.ID, "running")
+	objs, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range objs.Items {
+		if o.Labels[k8s.LabelSandbox] == sb.ID {
+			n++
+		}
+	}
+	if n != 1 || len(objs.Items) != 2 {
+		t.Fatalf("%d objects for the sandbox, %d in all; want 1 and 2", n, len(objs.Items))
+	}
+	status, body = in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous")
+	var again e2e.Sandbox
+	json.Unmarshal([]byte(body), &again)
+	if status != 200 || again.ID != sb.ID {
+		t.Fatalf("retry: %d %s", status, body)
+	}
+}
+
+// TestAnswersWhileTheAPIServerHangs: with the API server stopped, reads
+// still answer from the record, /readyz answers not ready, and writes and
+// exec answer 503 cluster_unavailable with Retry-After instead of hanging.
+// The client's timeout only tells a hang from an answer.
+func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--cluster-timeout", "2s")
+	sb := in.Create(in.Token, "busybox", "--wait")
+	resume := pause(t, "kube-apiserver")
+	call := func(method, path, body string) (int, http.Header, string) {
+		t.Helper()
+		done := make(chan struct{})
+		var status int
+		var h http.Header
+		var b string
+		go func() {
+			defer close(done)
+			status, h, b = in.CallFull(in.Token, method, path, body)
+		}()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s %s hung", method, path)
+		}
+		return status, h, b
+	}
+	if status, _, body := call("GET", "/v1/sandboxes/"+sb.ID, ""); status != 200 || !strings.Contains(body, `"running"`) {
+		t.Fatalf("read during the outage: %d %s", status, body)
+	}
+	if status, h, body := call("GET", "/readyz", ""); status != 503 || errorCode(t, body) != "not_ready" || h.Get("Retry-After") == "" {
+		t.Fatalf("readyz during the outage: %d %s", status, body)
+	}
+	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["true"]}`); status != 503 ||
+		errorCode(t, body) != "cluster_unavailable" || h.Get("Retry-After") == "" {
+		t.Fatalf("exec during the outage: %d %s", status, body)
+	}
+	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/stop", ""); status != 503 ||
+		errorCode(t, body) != "cluster_unavailable" || h.Get("Retry-After") == "" {
+		t.Fatalf("stop during the outage: %d %s", status, body)
+	}
+	if _, _, body := call("GET", "/v1/sandboxes/"+sb.ID, ""); !strings.Contains(body, `"desired": "running"`) {
+		t.Fatalf("a failed stop left its intent behind: %s", body)
+	}
+	resume()
+	e2e.Eventually(t, "ready again", 60*time.Second, func() (bool, error) {
+		status, _ := in.Call("", "GET", "/readyz", "")
+		return status == 200, nil
+	})
+}
+
+// execInBackground starts `hiloop sandbox exec ID -- sleep SECS`, waits
+// until the command runs, and returns a channel that yields its exit status
+// and stderr. Each call should use other SECS, which tells its command
+// apart on the host (kwok runs exec commands as local processes).
+func execInBackground(t *testing.T, in *e2e.Instance, token, id string, secs int) <-chan [2]string {
+	t.Helper()
+	arg := strconv.Itoa(secs)
+	cmd := exec.Command(e2e.Binary(t), "sandbox", "exec", id, "--", "sleep", arg)
+	cmd.Env = in.Env(token)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan [2]string, 1)
+	go func() {
+		cmd.Wait()
+		out <- [2]string{strings.TrimSpace(cmd.ProcessState.String()), errOut.String()}
+	}()
+	e2e.Eventually(t, "exec running", 30*time.Second, func() (bool, error) {
+		return exec.Command("pgrep", "-f", "^sleep "+arg+"$").Run() == nil, nil
+	})
+	return out
+}
+
+// ended waits for a backgrounded exec to end, for at most timeout: a
+// session that should have been ended and was not is a hang.
+func ended(t *testing.T, ch <-chan [2]string, why string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r[0] != "exit status 255" || !strings.Contains(r[1], why) {
+			t.Fatalf("exec ended with %q, stderr %q; want exit 255 saying %q", r[0], r[1], why)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the session did not end (%s)", why)
+	}
+}
+
+// TestSessionsEnd: a live exec ends within seconds when its key is revoked
+// (through the API or offline), when its sandbox stops, and when hiloop
+// shuts down, with a final frame saying why.
+func TestSessionsEnd(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	// kwok's exec does not signal a command whose stream closed, so the
+	// commands of an earlier run may still be there.
+	reap := func() { exec.Command("pkill", "-f", "^sleep 30[1-4]$").Run() }
+	reap()
+	t.Cleanup(reap)
+	sb := in.Create(in.Token, "busybox", "--wait")
+	newKey := func() (id, secret string) {
+		status, body := in.Call(in.Token, "POST", "/v1/keys", `{"name":"s"}`)
+		var k struct{ ID, Secret string }
+		json.Unmarshal([]byte(body), &k)
+		if status != 201 {
+			t.Fatalf("create key: %d %s", status, body)
+		}
+		return k.ID, k.Secret
+	}
+
+	id, secret := newKey()
+	ch := execInBackground(t, in, secret, sb.ID, 301)
+	if status, body := in.Call(in.Token, "DELETE", "/v1/keys/"+id, ""); status != 204 {
+		t.Fatalf("revoke: %d %s", status, body)
+	}
+	ended(t, ch, "revoked")
+
+	id, secret = newKey()
+	ch = execInBackground(t, in, secret, sb.ID, 302)
+	in.MustCLI("", "key", "revoke", "--org", "admin", id)
+	ended(t, ch, "revoked")
+
+	ch = execInBackground(t, in, in.Token, sb.ID, 303)
+	in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
+	ended(t, ch, "stopped")
+
+	in.MustCLI(in.Token, "sandbox", "start", sb.ID)
+	in.WaitState(in.Token, sb.ID, "running")
+	ch = execInBackground(t, in, in.Token, sb.ID, 304)
+	if err := in.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("serve after SIGTERM with a live session: %v\n%s", err, in.Out.String())
+	}
+	ended(t, ch, "shutting down")
+}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -454,6 +455,64 @@ func TestEveryCodeDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), "`"+c[1]+"`") {
 			t.Errorf("code %s is not in docs/api.md", c[1])
 		}
+	}
+}
+
+// TestExecArgvInFirstMessage: without command in the URL the argv is the
+// first (text) message; a bad first message ends the session with an error
+// frame, and the argv never appears in the URL.
+func TestExecArgvInFirstMessage(t *testing.T) {
+	got := make(chan []string, 1)
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Run: func(_ context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+			got <- req.Command
+			return k8s.ExitStatus{Code: 7}, nil
+		}}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	hs := httptest.NewServer(ts.srv)
+	defer hs.Close()
+	dial := func() *websocket.Conn {
+		d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}}
+		c, _, err := d.Dial("ws"+strings.TrimPrefix(hs.URL, "http")+"/v1/sandboxes/"+id+"/exec", http.Header{"Authorization": {"Bearer " + ts.token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	exit := func(c *websocket.Conn) ExitFrame {
+		for {
+			_, b, err := c.ReadMessage()
+			if err != nil {
+				t.Fatalf("no exit frame: %v", err)
+			}
+			if len(b) > 0 && b[0] == ChanExit {
+				var f ExitFrame
+				json.Unmarshal(b[1:], &f)
+				return f
+			}
+		}
+	}
+	c := dial()
+	c.WriteMessage(websocket.TextMessage, []byte(`{"command":["sh","-c","exit 7"]}`))
+	if f := exit(c); f.ExitCode == nil || *f.ExitCode != 7 {
+		t.Fatalf("exit frame %+v", f)
+	}
+	c.Close()
+	if argv := <-got; strings.Join(argv, " ") != "sh -c exit 7" {
+		t.Fatalf("argv %q", argv)
+	}
+	for _, bad := range []struct {
+		mt   int
+		body string
+	}{{websocket.BinaryMessage, "\x00x"}, {websocket.TextMessage, `{"command":[]}`}, {websocket.TextMessage, `{"argv":["true"]}`}} {
+		c := dial()
+		c.WriteMessage(bad.mt, []byte(bad.body))
+		if f := exit(c); f.Error == nil || f.ExitCode != nil {
+			t.Errorf("first message %q: exit frame %+v", bad.body, f)
+		}
+		c.Close()
 	}
 }
 

@@ -132,11 +132,18 @@ func (f *Cluster) Delete(_ context.Context, id string) error {
 	return f.DeleteErr
 }
 
-// Exec runs every command until its context ends, or fails with Err.
-type Exec struct{ Err error }
+// Exec runs every command with Run when set; otherwise it fails with Err,
+// or runs until its context ends.
+type Exec struct {
+	Err error
+	Run func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
+}
 
 // Exec implements control.Executor.
-func (e Exec) Exec(ctx context.Context, _ string, _ k8s.ExecRequest) (k8s.ExitStatus, error) {
+func (e Exec) Exec(ctx context.Context, _ string, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+	if e.Run != nil {
+		return e.Run(ctx, req)
+	}
 	if e.Err != nil {
 		return k8s.ExitStatus{}, e.Err
 	}

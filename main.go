@@ -4,7 +4,8 @@
 // SQLite record, and is also the CLI.
 //
 // The grammar is split by command group: serve.go (serve, dev), sandbox.go,
-// exec.go (sandbox exec and its terminal), admin.go (org, key).
+// exec.go (sandbox exec and its terminal), admin.go (org, key), ssh.go
+// (ssh-key, ssh-config, sandbox ssh).
 package main
 
 import (
@@ -26,12 +27,14 @@ var version = "dev"
 
 // CLI is the whole command-line grammar.
 type CLI struct {
-	Serve   ServeCmd   `cmd:"" help:"Run the control plane: HTTP API, status mirror and product record."`
-	Dev     DevCmd     `cmd:"" help:"Start a local simulated cluster (no Docker needed) and serve against it."`
-	Sandbox SandboxCmd `cmd:"" help:"Create, inspect and control sandboxes through the API."`
-	Org     OrgCmd     `cmd:"" help:"Manage organizations in the database file (offline admin)."`
-	Key     KeyCmd     `cmd:"" help:"Manage API keys: offline with --db, or your own org's through the API."`
-	Version VersionCmd `cmd:"" help:"Print the version."`
+	Serve     ServeCmd     `cmd:"" help:"Run the control plane: HTTP API, status mirror and product record."`
+	Dev       DevCmd       `cmd:"" help:"Start a local simulated cluster (no Docker needed) and serve against it."`
+	Sandbox   SandboxCmd   `cmd:"" help:"Create, inspect and control sandboxes through the API."`
+	Org       OrgCmd       `cmd:"" help:"Manage organizations in the database file (offline admin)."`
+	Key       KeyCmd       `cmd:"" help:"Manage API keys: offline with --db, or your own org's through the API."`
+	SSHKey    SSHKeyCmd    `cmd:"" name:"ssh-key" help:"Register and remove your organization's SSH public keys."`
+	SSHConfig SSHConfigCmd `cmd:"" name:"ssh-config" help:"Print a Host block for ~/.ssh/config and the gateway's pinned host key."`
+	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }
 
 // VersionCmd prints the version.

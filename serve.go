@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
@@ -22,12 +23,16 @@ import (
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/mirror"
 	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
 
 // ServeCmd runs the control plane.
 type ServeCmd struct {
 	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	SSHListen       string        `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
+	SSHKeepAlive    time.Duration `default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
+	SSHIdleTimeout  time.Duration `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
 	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
 	Kubeconfig      string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
 	Namespace       string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
@@ -51,6 +56,17 @@ var knownTransports = []string{"exec"}
 func (s *ServeCmd) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
 		return fmt.Errorf("--listen: %q is not host:port", s.Listen)
+	}
+	if s.SSHListen != "" {
+		if _, _, err := net.SplitHostPort(s.SSHListen); err != nil {
+			return fmt.Errorf("--ssh-listen: %q is not host:port", s.SSHListen)
+		}
+	}
+	if s.SSHKeepAlive <= 0 {
+		return errors.New("--ssh-keepalive: must be positive")
+	}
+	if s.SSHIdleTimeout < 0 {
+		return errors.New("--ssh-idle-timeout: must not be negative")
 	}
 	if s.DB == "" {
 		return errors.New("--db: must not be empty")
@@ -101,12 +117,20 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	// client-go's own logging goes through slog, at one level less chatty.
 	klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})).With("component", "client-go"))
 
-	// The listener is bound first: a port in use fails before anything starts.
+	// The listeners are bound first: a port in use fails before anything
+	// starts.
 	ln, err := net.Listen("tcp", s.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	defer ln.Close()
+	var sshLn net.Listener
+	if s.SSHListen != "" {
+		if sshLn, err = net.Listen("tcp", s.SSHListen); err != nil {
+			return fmt.Errorf("--ssh-listen: %w", err)
+		}
+		defer sshLn.Close()
+	}
 	cfg, err := k8s.LoadConfig(s.Kubeconfig)
 	if err != nil {
 		return err
@@ -155,8 +179,23 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var gateway *sshd.Gateway
+	var hostPub gossh.PublicKey
+	sshPort := 0
+	if sshLn != nil {
+		hostKey, err := db.HostKey(ctx)
+		if err != nil {
+			return err
+		}
+		gateway, err = sshd.New(sshd.Options{Control: core, HostKey: hostKey, Log: log, KeepAlive: s.SSHKeepAlive, IdleTimeout: s.SSHIdleTimeout})
+		if err != nil {
+			return err
+		}
+		hostPub, sshPort = hostKey.PublicKey(), sshLn.Addr().(*net.TCPAddr).Port
+		fmt.Fprintf(stdout, "hiloop ssh gateway on %s (host key %s)\n", sshLn.Addr(), gossh.FingerprintSHA256(hostKey.PublicKey()))
+	}
 	api, err := server.New(server.Options{
-		Store: db, Control: core, Log: log,
+		Store: db, Control: core, Log: log, HostKey: hostPub, SSHPort: sshPort,
 		Ready: func(ctx context.Context) error {
 			if !mir.Ready() {
 				return errors.New("status mirror has not synced yet")
@@ -178,6 +217,9 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		}
 		return nil
 	})
+	if gateway != nil {
+		g.Go(func() error { return gateway.Serve(sshLn) })
+	}
 	g.Go(func() error { return mir.Run(gctx) })
 	g.Go(func() error { return core.Run(gctx) })
 	g.Go(func() error {
@@ -188,7 +230,11 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		// Live sessions (hijacked connections Shutdown does not see) get a
 		// final frame saying why, then the server drains.
 		cerr := core.Close(sctx)
-		return errors.Join(cerr, httpSrv.Shutdown(sctx))
+		var gerr error
+		if gateway != nil {
+			gerr = gateway.Shutdown(sctx)
+		}
+		return errors.Join(cerr, gerr, httpSrv.Shutdown(sctx))
 	})
 	return g.Wait()
 }

@@ -58,11 +58,7 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string) (*Session, e
 	if c.o.Exec == nil {
 		return nil, ErrNoExec
 	}
-	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
-	if err != nil {
-		return nil, err
-	}
-	if err := reachable(sb); err != nil {
+	if err := c.Reachable(ctx, who, id); err != nil {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
@@ -75,6 +71,17 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string) (*Session, e
 	stop := context.AfterFunc(c.base, func() { cancel(ErrShuttingDown) })
 	context.AfterFunc(sctx, func() { stop() })
 	return s, nil
+}
+
+// Reachable reports whether the caller may reach into a sandbox now, as
+// Admit checks it, without taking a session slot: store.ErrNotFound,
+// ErrQuarantined, a *StateError, or nil.
+func (c *Control) Reachable(ctx context.Context, who Caller, id string) error {
+	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+	if err != nil {
+		return err
+	}
+	return reachable(sb)
 }
 
 // reachable reports whether exec and sessions may reach a sandbox.

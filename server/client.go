@@ -372,3 +372,29 @@ func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (Ex
 		}
 	}
 }
+
+// AddSSHKey registers an SSH public key for the caller's organization.
+func (c *Client) AddSSHKey(ctx context.Context, req AddSSHKeyRequest) (store.SSHKey, error) {
+	var k store.SSHKey
+	err := c.do(ctx, http.MethodPost, "/v1/ssh-keys", nil, req, &k)
+	return k, err
+}
+
+// SSHKeys lists the organization's SSH keys.
+func (c *Client) SSHKeys(ctx context.Context) ([]store.SSHKey, error) {
+	var l SSHKeyList
+	err := c.do(ctx, http.MethodGet, "/v1/ssh-keys", nil, nil, &l)
+	return l.Items, err
+}
+
+// DeleteSSHKey removes an SSH key.
+func (c *Client) DeleteSSHKey(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/ssh-keys/"+url.PathEscape(id), nil, nil, nil)
+}
+
+// HostKey returns the SSH gateway's host key and port.
+func (c *Client) HostKey(ctx context.Context) (HostKey, error) {
+	var hk HostKey
+	err := c.do(ctx, http.MethodGet, "/v1/ssh/host-key", nil, nil, &hk)
+	return hk, err
+}

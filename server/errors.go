@@ -39,6 +39,7 @@ const (
 	CodeExecTimeout           = "exec_timeout"
 	CodeInvalidFrame          = "invalid_frame"
 	CodeSessionEnded          = "session_ended"
+	CodeSSHKeyRegistered      = "ssh_key_registered"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	gossh "golang.org/x/crypto/ssh"
+
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/store"
 )
@@ -39,6 +41,9 @@ type Options struct {
 	Ready func(ctx context.Context) error
 	// ReadyTimeout bounds /readyz; 2s when zero.
 	ReadyTimeout time.Duration
+	// HostKey and SSHPort describe the SSH gateway, when it runs.
+	HostKey gossh.PublicKey
+	SSHPort int
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
@@ -90,6 +95,10 @@ func (s *Server) routes() []route {
 		{"GET /v1/keys", true, s.listKeys},
 		{"POST /v1/keys", true, s.createKey},
 		{"DELETE /v1/keys/{id}", true, s.revokeKey},
+		{"GET /v1/ssh-keys", true, s.listSSHKeys},
+		{"POST /v1/ssh-keys", true, s.addSSHKey},
+		{"DELETE /v1/ssh-keys/{id}", true, s.deleteSSHKey},
+		{"GET /v1/ssh/host-key", true, s.hostKey},
 		{"POST /v1/sandboxes", true, s.createSandbox},
 		{"GET /v1/sandboxes", true, s.listSandboxes},
 		{"GET /v1/sandboxes/{id}", true, s.getSandbox},

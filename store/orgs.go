@@ -230,12 +230,17 @@ func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string, force bool) 
 	return nil
 }
 
-// LiveKeys reports which of the given key ids are still live (not revoked).
+// LiveKeys reports which of the given key ids are still live: API keys not
+// revoked, SSH keys still registered.
 func (s *Store) LiveKeys(ctx context.Context, ids []string) (map[string]bool, error) {
 	live := make(map[string]bool, len(ids))
 	for _, id := range ids {
+		q := `SELECT count(*) FROM api_keys WHERE id = ? AND revoked_at IS NULL`
+		if IsSSHKeyID(id) {
+			q = `SELECT count(*) FROM ssh_keys WHERE id = ?`
+		}
 		var n int
-		if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM api_keys WHERE id = ? AND revoked_at IS NULL`, id).Scan(&n); err != nil {
+		if err := s.read.QueryRowContext(ctx, q, id).Scan(&n); err != nil {
 			return nil, fmt.Errorf("live keys: %w", err)
 		}
 		live[id] = n > 0

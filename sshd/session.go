@@ -1,0 +1,266 @@
+package sshd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// shell runs the image's shell: bash when the image has it, else sh. $0 is
+// the terminal type from the PTY request, exported as TERM (the exec API
+// takes no environment).
+const shell = `[ -n "$0" ] && [ "$0" != sh ] && export TERM="$0"; if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi`
+
+// command runs $1 through sh -c, as OpenSSH does, with TERM from $0.
+const command = `[ -n "$0" ] && [ "$0" != sh ] && export TERM="$0"; exec /bin/sh -c "$1"`
+
+// session is one session channel: it takes pty-req and window-change, then
+// one shell or exec, and refuses everything else.
+type session struct {
+	g   *Gateway
+	ch  gossh.Channel
+	who control.Caller
+	id  string
+
+	mu      sync.Mutex
+	started bool
+	tty     bool
+	term    string
+	resize  chan k8s.TerminalSize
+}
+
+// session handles a "session" channel.
+func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
+	who, ok := caller(conn)
+	if !ok {
+		nc.Reject(gossh.Prohibited, "not authenticated")
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		return
+	}
+	s := &session{g: g, ch: ch, who: who, id: conn.User(), resize: make(chan k8s.TerminalSize, 4)}
+	log := g.log.With("sandbox", s.id, "org", who.OrgID, "key", who.KeyID)
+	// The requests end when the channel closes: the client left, or the
+	// session is over. Either way the command's context ends.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for req := range reqs {
+		ok := false
+		switch req.Type {
+		case "pty-req":
+			ok = s.ptyReq(req.Payload)
+		case "window-change":
+			s.windowChange(req.Payload)
+			ok = true
+		case "shell":
+			ok = s.start(sctx, log, nil)
+		case "exec":
+			var p struct{ Command string }
+			if gossh.Unmarshal(req.Payload, &p) == nil {
+				ok = s.start(sctx, log, &p.Command)
+			}
+		default:
+			// env (the sandbox gets the image's environment only),
+			// auth-agent-req@openssh.com, x11-req, subsystem, signal, ...
+			log.Debug("ssh session request refused", "type", req.Type)
+		}
+		if req.WantReply {
+			req.Reply(ok, nil)
+		}
+	}
+}
+
+// ptyReq records the terminal: TERM, then width and height in characters.
+func (s *session) ptyReq(payload []byte) bool {
+	var p struct {
+		Term          string
+		Width, Height uint32
+		PxW, PxH      uint32
+		Modes         string
+	}
+	if gossh.Unmarshal(payload, &p) != nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return false
+	}
+	s.tty, s.term = true, p.Term
+	s.queueResize(p.Width, p.Height)
+	return true
+}
+
+func (s *session) windowChange(payload []byte) {
+	if len(payload) < 8 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queueResize(binary.BigEndian.Uint32(payload), binary.BigEndian.Uint32(payload[4:]))
+}
+
+// queueResize passes a size on; in a burst the latest that fits is enough.
+func (s *session) queueResize(w, h uint32) {
+	if w == 0 || h == 0 || w > 0xffff || h > 0xffff {
+		return
+	}
+	select {
+	case s.resize <- k8s.TerminalSize{Width: uint16(w), Height: uint16(h)}:
+	default:
+	}
+}
+
+// start admits the session through control and runs the shell (cmd nil) or
+// the command in the sandbox. It answers false for a second start.
+func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) bool {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return false
+	}
+	s.started = true
+	tty, term := s.tty, s.term
+	s.mu.Unlock()
+	go func() {
+		code := s.run(ctx, log, cmd, tty, term)
+		if code >= 0 {
+			s.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(code)}))
+		}
+		s.ch.CloseWrite()
+		s.ch.Close()
+	}()
+	return true
+}
+
+// run runs the session and returns the exit status to send, or -1 when an
+// exit-signal was sent instead.
+func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bool, term string) int {
+	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id)
+	if err != nil {
+		fmt.Fprintf(s.ch.Stderr(), "hiloop: %s\r\n", refusal(s.id, err))
+		log.Info("ssh session refused", "err", err)
+		return 255
+	}
+	defer sess.End()
+	argv := []string{"/bin/sh", "-c", shell, term}
+	if cmd != nil {
+		argv = []string{"/bin/sh", "-c", command, term, *cmd}
+	}
+	if !tty {
+		argv[3] = "sh" // no terminal, no TERM
+	}
+	req := k8s.ExecRequest{Command: argv, Stdin: s.ch, Stdout: s.ch, Stderr: s.ch.Stderr(), TTY: tty}
+	if tty {
+		req.Resize = s.resize
+	}
+	st, err := sess.Exec(sess.Context(), req)
+	if err != nil {
+		msg := "the stream to the sandbox broke before the command's exit status arrived"
+		var ce *control.ClusterError
+		switch cause := context.Cause(sess.Context()); {
+		case errors.Is(cause, control.ErrShuttingDown), errors.Is(cause, control.ErrKeyRevoked), errors.Is(cause, control.ErrSandboxChanged):
+			msg = "session ended: " + cause.Error()
+		case errors.As(err, &ce):
+			msg = "the cluster did not answer; try again"
+		}
+		log.Warn("ssh session ended without an exit status", "err", err, "cause", context.Cause(sess.Context()))
+		fmt.Fprintf(s.ch.Stderr(), "\r\nhiloop: %s\r\n", msg)
+		return 255
+	}
+	if name, ok := signalNames[st.Code-128]; ok && st.Signal != "" {
+		s.ch.SendRequest("exit-signal", false, gossh.Marshal(struct {
+			Signal     string
+			CoreDumped bool
+			Message    string
+			Lang       string
+		}{name, false, st.Signal, ""}))
+		return -1
+	}
+	return st.Code
+}
+
+// refusal is the one line a refused session prints: what is wrong and what
+// to do about it.
+func refusal(id string, err error) string {
+	var se *control.StateError
+	switch {
+	case errors.As(err, &se) && (se.State == store.StateStopped || se.State == store.StateStopping || se.Mode == store.ModeStopped):
+		return fmt.Sprintf("sandbox %s is %s; start it with: hiloop sandbox start %s", id, se.State, id)
+	case errors.As(err, &se) && (se.State == store.StatePending || se.State == store.StateStarting):
+		return fmt.Sprintf("sandbox %s is %s, not running yet; wait with: hiloop sandbox wait %s", id, se.State, id)
+	case errors.As(err, &se):
+		return fmt.Sprintf("sandbox %s is %s; see: hiloop sandbox events %s", id, se.State, id)
+	case errors.Is(err, control.ErrQuarantined):
+		return fmt.Sprintf("sandbox %s is quarantined: it broke what its receipt promised, so sessions are refused; see: hiloop sandbox get %s", id, id)
+	case errors.Is(err, control.ErrSessionLimit):
+		return err.Error()
+	case errors.Is(err, store.ErrNotFound):
+		return "no such sandbox"
+	default:
+		return "the session could not start"
+	}
+}
+
+// signalNames are the SSH names (RFC 4254) of the signals a command can die
+// of, by number.
+var signalNames = map[int]string{1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 6: "ABRT", 8: "FPE", 9: "KILL",
+	10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM"}
+
+// directTCPIP handles -L. The destination must be loopback inside the
+// sandbox and the port in 1..65535; forwarding itself needs the session
+// helper, which this gateway does not run yet, so even a valid request is
+// refused with a message that says so.
+func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
+	who, ok := caller(conn)
+	if !ok {
+		nc.Reject(gossh.Prohibited, "not authenticated")
+		return
+	}
+	var p struct {
+		Host       string
+		Port       uint32
+		OriginHost string
+		OriginPort uint32
+	}
+	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
+		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	if reason := checkDestination(p.Host, p.Port); reason != "" {
+		g.log.Info("ssh forward refused", "sandbox", conn.User(), "org", who.OrgID, "host", p.Host, "port", p.Port)
+		nc.Reject(gossh.Prohibited, reason)
+		return
+	}
+	if err := g.o.Control.Reachable(ctx, who, conn.User()); err != nil {
+		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+		return
+	}
+	nc.Reject(gossh.Prohibited, "port forwarding needs the sandbox's session helper (transport forward), which this deployment does not back")
+}
+
+// checkDestination says why a -L destination is refused, or "" when it is
+// loopback inside the sandbox with a valid port.
+func checkDestination(host string, port uint32) string {
+	if port < 1 || port > 65535 {
+		return fmt.Sprintf("port %d is outside 1..65535", port)
+	}
+	switch strings.ToLower(host) {
+	case "localhost", "127.0.0.1", "::1", "[::1]":
+		return ""
+	}
+	return "only loopback inside the sandbox (localhost, 127.0.0.1, ::1) may be forwarded to"
+}

@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"database/sql"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+)
+
+// SSHKey is a public key registered for SSH access to an organization's
+// sandboxes. A key belongs to one organization.
+type SSHKey struct {
+	ID          string    `json:"id"`
+	OrgID       string    `json:"org_id"`
+	Name        string    `json:"name"`
+	Fingerprint string    `json:"fingerprint"`
+	PublicKey   string    `json:"public_key"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// ErrKeyRegistered reports an SSH key that is already registered, in this
+// organization or another; which one is not said.
+var ErrKeyRegistered = errors.New("this SSH public key is already registered")
+
+// sshKeyPrefix starts every SSH key id, so a session's key id says which
+// table it lives in.
+const sshKeyPrefix = "sshk"
+
+// IsSSHKeyID reports whether id names an SSH key (not an API key).
+func IsSSHKeyID(id string) bool { return strings.HasPrefix(id, sshKeyPrefix+"_") }
+
+// AddSSHKey registers a public key (in authorized_keys form) for an
+// organization.
+func (s *Store) AddSSHKey(ctx context.Context, orgID, name string, key gossh.PublicKey) (SSHKey, error) {
+	if orgID == "" {
+		return SSHKey{}, fmt.Errorf("add ssh key: %w", errNoOrg)
+	}
+	k := SSHKey{ID: NewID(sshKeyPrefix), OrgID: orgID, Name: name, Fingerprint: gossh.FingerprintSHA256(key),
+		PublicKey: strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key))), CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
+	_, err := s.write.ExecContext(ctx, `INSERT INTO ssh_keys (id, org_id, name, fingerprint, public_key, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		k.ID, k.OrgID, k.Name, k.Fingerprint, k.PublicKey, ms(k.CreatedAt))
+	if isUnique(err) {
+		return SSHKey{}, ErrKeyRegistered
+	}
+	if err != nil {
+		return SSHKey{}, fmt.Errorf("add ssh key: %w", err)
+	}
+	return k, nil
+}
+
+// SSHKeys lists an organization's SSH keys.
+func (s *Store) SSHKeys(ctx context.Context, orgID string) ([]SSHKey, error) {
+	if orgID == "" {
+		return nil, fmt.Errorf("list ssh keys: %w", errNoOrg)
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT id, org_id, name, fingerprint, public_key, created_at FROM ssh_keys WHERE org_id = ? ORDER BY created_at, id`, orgID)
+	if err != nil {
+		return nil, fmt.Errorf("list ssh keys: %w", err)
+	}
+	defer rows.Close()
+	var out []SSHKey
+	for rows.Next() {
+		k, err := scanSSHKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+func scanSSHKey(row interface{ Scan(...any) error }) (SSHKey, error) {
+	var k SSHKey
+	var created int64
+	if err := row.Scan(&k.ID, &k.OrgID, &k.Name, &k.Fingerprint, &k.PublicKey, &created); err != nil {
+		return SSHKey{}, err
+	}
+	k.CreatedAt = fromMS(created)
+	return k, nil
+}
+
+// DeleteSSHKey removes one of an organization's SSH keys.
+func (s *Store) DeleteSSHKey(ctx context.Context, orgID, id string) error {
+	if orgID == "" {
+		return fmt.Errorf("delete ssh key: %w", errNoOrg)
+	}
+	res, err := s.write.ExecContext(ctx, `DELETE FROM ssh_keys WHERE id = ? AND org_id = ?`, id, orgID)
+	if err != nil {
+		return fmt.Errorf("delete ssh key: %w", err)
+	}
+	return affected(res, "ssh key")
+}
+
+// SSHKeyByFingerprint finds the registered key with this SHA256
+// fingerprint, in any organization: it is how the gateway learns whose a
+// key is. ErrNotFound when none is.
+func (s *Store) SSHKeyByFingerprint(ctx context.Context, fingerprint string) (SSHKey, error) {
+	k, err := scanSSHKey(s.read.QueryRowContext(ctx, `SELECT id, org_id, name, fingerprint, public_key, created_at FROM ssh_keys WHERE fingerprint = ?`, fingerprint))
+	if errors.Is(err, sql.ErrNoRows) {
+		return SSHKey{}, ErrNotFound
+	}
+	if err != nil {
+		return SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	return k, nil
+}
+
+// HostKey returns the SSH gateway's ed25519 host key, creating it on first
+// use in the same transaction that records it. A stored key that cannot be
+// read is an error, never silently replaced: clients pin it.
+func (s *Store) HostKey(ctx context.Context) (gossh.Signer, error) {
+	var pemText string
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'ssh_host_key'`).Scan(&pemText)
+		if err == nil || !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return err
+		}
+		block, err := gossh.MarshalPrivateKey(priv, "hiloop gateway")
+		if err != nil {
+			return err
+		}
+		pemText = string(pem.EncodeToMemory(block))
+		_, err = tx.ExecContext(ctx, `INSERT INTO settings (key, value) VALUES ('ssh_host_key', ?)`, pemText)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ssh host key: %w", err)
+	}
+	signer, err := gossh.ParsePrivateKey([]byte(pemText))
+	if err != nil {
+		return nil, fmt.Errorf("ssh host key in the record is unreadable (not replaced, since clients pin it): %w", err)
+	}
+	return signer, nil
+}

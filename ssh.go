@@ -144,6 +144,7 @@ type SandboxSSHCmd struct {
 	Conn         `embed:""`
 	gatewayFlags `embed:""`
 	ID           string   `arg:"" help:"Sandbox id."`
+	Identity     string   `short:"i" default:"" help:"Identity (private key) file, as ssh -i; only it is offered."`
 	Forward      []string `short:"L" help:"Forward a local port, as ssh -L [bind:]port:host:hostport; repeatable."`
 	Command      []string `arg:"" optional:"" passthrough:"" help:"Command to run, after --; a shell when none."`
 }
@@ -174,6 +175,9 @@ func (c *SandboxSSHCmd) Run(ctx context.Context) error {
 	}
 	argv := []string{"ssh", "-p", g.port, "-o", "HostKeyAlias=" + g.alias, "-o", "UserKnownHostsFile=" + known,
 		"-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes"}
+	if c.Identity != "" {
+		argv = append(argv, "-i", c.Identity, "-o", "IdentitiesOnly=yes")
+	}
 	for _, f := range c.Forward {
 		argv = append(argv, "-L", f)
 	}

@@ -148,6 +148,8 @@ type Instance struct {
 	Token string // the admin org's key, printed on first start
 	DB    string
 	NS    string
+	// SSHAddr is the SSH gateway's host:port.
+	SSHAddr string
 	// Out is what the process wrote, stdout and stderr.
 	Out  *SyncBuffer
 	Cmd  *exec.Cmd
@@ -158,6 +160,7 @@ type Instance struct {
 var (
 	ServingRE = regexp.MustCompile(`serving on (http://\S+)`)
 	TokenRE   = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
+	sshRE     = regexp.MustCompile(`ssh gateway on (\S+)`)
 )
 
 // Serve starts hiloop serve against the shared cluster and waits for
@@ -166,7 +169,7 @@ func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 	t.Helper()
 	in := &Instance{t: t, DB: db, NS: ns, Out: &SyncBuffer{}, done: make(chan error, 1)}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", SharedCluster(t).Kubeconfig,
-		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s"}, args...)
+		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
 	in.Cmd = exec.Command(Binary(t), full...)
 	// A killed test run takes its servers with it.
 	in.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -201,6 +204,9 @@ func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 			}
 			if m := ServingRE.FindStringSubmatch(l); m != nil {
 				in.URL = m[1]
+			}
+			if m := sshRE.FindStringSubmatch(l); m != nil {
+				in.SSHAddr = m[1]
 			}
 		case <-timeout:
 			t.Fatalf("serve did not start:\n%s", in.Out.String())

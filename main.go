@@ -5,7 +5,8 @@
 //
 // The grammar is split by command group: serve.go (serve, dev), sandbox.go,
 // exec.go (sandbox exec and its terminal), admin.go (org, key), ssh.go
-// (ssh-key, ssh-config, sandbox ssh).
+// (ssh-key, ssh-config, ssh-rotate-agent-key, sandbox ssh), agent.go (the
+// in-pod session helper).
 package main
 
 import (
@@ -34,6 +35,8 @@ type CLI struct {
 	Key       KeyCmd       `cmd:"" help:"Manage API keys: offline with --db, or your own org's through the API."`
 	SSHKey    SSHKeyCmd    `cmd:"" name:"ssh-key" help:"Register and remove your organization's SSH public keys."`
 	SSHConfig SSHConfigCmd `cmd:"" name:"ssh-config" help:"Print a Host block for ~/.ssh/config and the gateway's pinned host key."`
+	SSHRotate SSHRotateCmd `cmd:"" name:"ssh-rotate-agent-key" help:"Give the gateway a new key for session helpers and hand it to every sandbox (offline admin)."`
+	Agent     AgentCmd     `cmd:"" help:"Run the session helper (inside a sandbox pod)."`
 	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }
 

@@ -38,7 +38,9 @@ type ServeCmd struct {
 	Namespace       string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
 	RuntimeClass    string        `default:"${default_runtime_class}" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
 	StorageClasses  []string      `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
-	Transports      []string      `default:"exec" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs."`
+	Transports      []string      `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
+	AgentImage      string        `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
+	SessionPort     int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
 	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
 	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
 	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
@@ -50,7 +52,7 @@ type ServeCmd struct {
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // knownTransports are the transports hiloop can back at all.
-var knownTransports = []string{"exec"}
+var knownTransports = []string{"exec", "ssh", k8s.TransportForward}
 
 // Validate checks the flags; kong reports a failure naming the flag, exit 2.
 func (s *ServeCmd) Validate() error {
@@ -89,6 +91,15 @@ func (s *ServeCmd) Validate() error {
 		if !slices.Contains(knownTransports, t) {
 			return fmt.Errorf("--transports: unknown transport %q (known: %s)", t, strings.Join(knownTransports, ", "))
 		}
+	}
+	if slices.Contains(s.Transports, k8s.TransportForward) && s.AgentImage == "" {
+		return errors.New("--agent-image: the forward transport needs the session helper's image")
+	}
+	if slices.Contains(s.Transports, "ssh") && s.SSHListen == "" {
+		return errors.New("--transports: ssh needs the gateway (--ssh-listen)")
+	}
+	if s.SessionPort < 1 || s.SessionPort > 65535 {
+		return errors.New("--session-port: must be in 1..65535")
 	}
 	if s.ExecPerSandbox < 1 {
 		return errors.New("--exec-per-sandbox: must be at least 1")
@@ -162,7 +173,14 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
 	}
 
-	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports})
+	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports,
+		AgentImage: s.AgentImage, SessionPort: s.SessionPort}, func(ctx context.Context) (string, error) {
+		key, err := db.KeyPair(ctx, store.KeyGateway)
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey()))), nil
+	})
 	if err != nil {
 		return err
 	}
@@ -259,6 +277,19 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if len(d.StorageClasses) == 0 {
 		d.StorageClasses = []string{"kwok-volume"}
 	}
+	// The local cluster runs session helpers as local processes of this
+	// very binary, so -L works end to end.
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if d.AgentImage == "" {
+		d.AgentImage = "hiloop-agent:local"
+	}
+	if !slices.Contains(d.Transports, k8s.TransportForward) {
+		d.Transports = append(d.Transports, k8s.TransportForward)
+	}
+	go localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: exe, Dir: c.Workdir, Log: slog.Default()})
 	fmt.Fprintf(stdout, "Local cluster up. Inspect it with:\n\n    kubectl --kubeconfig %s get sandboxes,pods -n %s\n\n", c.Kubeconfig, c.Namespace)
 	return d.ServeCmd.run(ctx, stdout)
 }

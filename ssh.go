@@ -16,6 +16,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/store"
 )
@@ -190,4 +193,46 @@ func (c *SandboxSSHCmd) Run(ctx context.Context) error {
 		argv = append(append(argv, "--"), cmd...)
 	}
 	return execFailure{syscall.Exec(sshPath, argv, os.Environ())}
+}
+
+// SSHRotateCmd rotates the key the gateway logs in to session helpers with.
+type SSHRotateCmd struct {
+	offline
+	Kubeconfig     string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
+	Namespace      string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
+	ClusterTimeout time.Duration `default:"60s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long the whole rotation may take."`
+}
+
+// Run makes the new key (the old one stays as the previous, which the
+// gateway still tries until every helper has the new one) and annotates
+// every Sandbox with a helper. A running serve uses the new key from its
+// next dial.
+func (c *SSHRotateCmd) Run(ctx context.Context, stdout io.Writer) error {
+	cfg, err := k8s.LoadConfig(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	clients, err := k8s.NewClients(cfg)
+	if err != nil {
+		return err
+	}
+	w, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass}, nil)
+	if err != nil {
+		return err
+	}
+	return c.withDB(ctx, func(ctx context.Context, db *store.Store) error {
+		key, err := db.RotateGatewayKey(ctx)
+		if err != nil {
+			return err
+		}
+		line := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey())))
+		ctx, cancel := context.WithTimeout(ctx, c.ClusterTimeout)
+		defer cancel()
+		n, err := w.RotateGatewayKey(ctx, line)
+		if err != nil {
+			return fmt.Errorf("new key %s recorded; %d sandboxes annotated before: %w (run again to finish)", gossh.FingerprintSHA256(key.PublicKey()), n, err)
+		}
+		fmt.Fprintf(stdout, "gateway key is now %s; %d sandboxes with a session helper annotated\n", gossh.FingerprintSHA256(key.PublicKey()), n)
+		return nil
+	})
 }

@@ -94,13 +94,13 @@ func TestLocksAndSessionsBounded(t *testing.T) {
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
 	var live []*Session
 	for range 2 {
-		s, err := c.Admit(ctx, who, sb.ID)
+		s, err := c.Admit(ctx, who, sb.ID, "exec")
 		if err != nil {
 			t.Fatal(err)
 		}
 		live = append(live, s)
 	}
-	if _, err := c.Admit(ctx, who, sb.ID); !errors.Is(err, ErrSessionLimit) {
+	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.Is(err, ErrSessionLimit) {
 		t.Fatalf("third session on one sandbox: %v", err)
 	}
 	for _, s := range live {
@@ -124,17 +124,17 @@ func TestAdmitRefuses(t *testing.T) {
 	who := Caller{OrgID: org.ID, KeyID: "k"}
 	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	var se *StateError
-	if _, err := c.Admit(ctx, who, sb.ID); !errors.As(err, &se) || se.State != store.StatePending {
+	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.As(err, &se) || se.State != store.StatePending {
 		t.Fatalf("pending: %v", err)
 	}
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
 	for _, bad := range []Caller{{OrgID: other.ID, KeyID: "k"}, {OrgID: "", KeyID: "k"}} {
-		if _, err := c.Admit(ctx, bad, sb.ID); !errors.Is(err, store.ErrNotFound) {
+		if _, err := c.Admit(ctx, bad, sb.ID, "exec"); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("org %q reaches another org's sandbox: %v", bad.OrgID, err)
 		}
 	}
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateQuarantined, Anomaly: "host_namespaces"})
-	if _, err := c.Admit(ctx, who, sb.ID); !errors.Is(err, ErrQuarantined) {
+	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.Is(err, ErrQuarantined) {
 		t.Fatalf("quarantined: %v", err)
 	}
 }
@@ -147,7 +147,7 @@ func TestShutdownEndsSessions(t *testing.T) {
 	who := Caller{OrgID: org.ID, KeyID: "k"}
 	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
-	s, err := c.Admit(context.Background(), who, sb.ID)
+	s, err := c.Admit(context.Background(), who, sb.ID, "exec")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +174,8 @@ func TestSweepEndsSessions(t *testing.T) {
 	k2, _, _ := db.CreateKey(ctx, org.ID, "two")
 	sb, _, _ := c.Create(ctx, Caller{OrgID: org.ID, KeyID: k1.ID}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
-	s1, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k1.ID}, sb.ID)
-	s2, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k2.ID}, sb.ID)
+	s1, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k1.ID}, sb.ID, "exec")
+	s2, _ := c.Admit(ctx, Caller{OrgID: org.ID, KeyID: k2.ID}, sb.ID, "exec")
 	defer s1.End()
 	defer s2.End()
 	db.RevokeKey(ctx, org.ID, k1.ID, false)

@@ -73,6 +73,17 @@ func (e *StateError) Error() string {
 }
 func (e *StateError) Unwrap() error { return ErrNotRunning }
 
+// TransportError: the sandbox was not created with the transport a way in
+// needs (its receipt does not list it).
+type TransportError struct{ Transport string }
+
+func (e *TransportError) Error() string {
+	if e.Transport == "forward" {
+		return "the sandbox has no session helper: port forwarding needs the forward transport, asked for at create (--transport forward) and backed by the deployment"
+	}
+	return fmt.Sprintf("the sandbox was not created with the %s transport", e.Transport)
+}
+
 // ClusterError is a failed cluster call: Kind is one of the ErrCluster*
 // sentinels, Err the cluster's own error, which is logged and never sent to a
 // caller (it can name service accounts, pods and nodes).

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -54,11 +57,11 @@ func (s *Session) End() {
 // caller's organization's, not quarantined, and running) and takes a
 // session slot within the per-sandbox and per-organization limits. The
 // session's context derives from ctx. The caller must End it.
-func (c *Control) Admit(ctx context.Context, who Caller, id string) (*Session, error) {
-	if c.o.Exec == nil {
+func (c *Control) Admit(ctx context.Context, who Caller, id, transport string) (*Session, error) {
+	if c.o.Exec == nil && transport != k8s.TransportForward {
 		return nil, ErrNoExec
 	}
-	if err := c.Reachable(ctx, who, id); err != nil {
+	if err := c.Reachable(ctx, who, id, transport); err != nil {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
@@ -73,15 +76,52 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string) (*Session, e
 	return s, nil
 }
 
-// Reachable reports whether the caller may reach into a sandbox now, as
-// Admit checks it, without taking a session slot: store.ErrNotFound,
-// ErrQuarantined, a *StateError, or nil.
-func (c *Control) Reachable(ctx context.Context, who Caller, id string) error {
+// Reachable reports whether the caller may reach into a sandbox now through
+// transport ("exec", "ssh", "forward"), as Admit checks it, without taking a
+// session slot: store.ErrNotFound, ErrQuarantined, a *StateError, a
+// *TransportError, or nil.
+func (c *Control) Reachable(ctx context.Context, who Caller, id, transport string) error {
 	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
 	if err != nil {
 		return err
 	}
-	return reachable(sb)
+	if err := reachable(sb); err != nil {
+		return err
+	}
+	if !slices.Contains(receiptOf(sb).Transports, transport) {
+		return &TransportError{Transport: transport}
+	}
+	return nil
+}
+
+// receiptOf is what the sandbox was promised. A record older than stored
+// receipts was made when exec was the only transport.
+func receiptOf(sb store.Sandbox) k8s.Receipt {
+	r, err := k8s.ParseReceipt(sb.Receipt)
+	if err != nil {
+		return k8s.Receipt{Transports: []string{"exec"}}
+	}
+	return r
+}
+
+// HelperAddr is where the session's sandbox's helper listens and the uid of
+// the pod it runs in, asked of the cluster now.
+func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID string, err error) {
+	sb, err := c.o.Store.SandboxAnyOrg(ctx, s.SandboxID)
+	if err != nil {
+		return "", "", err
+	}
+	port := receiptOf(sb).SessionPort
+	if port == 0 {
+		return "", "", &TransportError{Transport: k8s.TransportForward}
+	}
+	cctx, cancel := c.clusterCtx()
+	defer cancel()
+	ip, uid, err := c.o.Cluster.PodAddr(cctx, s.SandboxID)
+	if err != nil {
+		return "", "", classify(err)
+	}
+	return net.JoinHostPort(ip, strconv.Itoa(port)), uid, nil
 }
 
 // reachable reports whether exec and sessions may reach a sandbox.

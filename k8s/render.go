@@ -3,6 +3,7 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,8 +24,23 @@ const (
 	LabelManagedBy    = "app.kubernetes.io/managed-by"
 	ManagedBy         = "hiloop"
 	AnnotationReceipt = "hiloop.dev/runtime-receipt"
+	// AnnotationGatewayKey carries the SSH gateway's public key to the
+	// session helper, through a downwardAPI volume.
+	AnnotationGatewayKey = "hiloop.dev/gateway-key"
 	// WorkloadContainer is the name of the container that runs the image.
 	WorkloadContainer = "workload"
+	// HelperContainer is the session helper (`hiloop agent`), rendered for
+	// sandboxes that have the forward transport.
+	HelperContainer = "session-helper"
+	// TransportForward is the transport the session helper backs (ssh -L).
+	TransportForward = "forward"
+	// DefaultSessionPort is the port the session helper listens on.
+	DefaultSessionPort = 2223
+	// HelperUser is the uid the session helper runs as.
+	HelperUser = 65532
+	// gatewayKeyDir is where the helper finds the gateway's key.
+	gatewayKeyDir    = "/var/run/hiloop"
+	gatewayKeyVolume = "hiloop-gateway-key"
 )
 
 // Deployment defaults, in one place: the CLI's flags, the local cluster and
@@ -45,6 +61,9 @@ type Receipt struct {
 	ServiceAccount string   `json:"service_account"`
 	Storage        []string `json:"storage"`
 	Transports     []string `json:"transports"`
+	// SessionPort is the session helper's port, set only for sandboxes
+	// that have the helper (transport forward).
+	SessionPort int `json:"session_port,omitempty"`
 }
 
 // ReceiptVersion is the receipt format this binary writes and reads.
@@ -71,6 +90,21 @@ type RenderOptions struct {
 	RuntimeClass string
 	// Transports are the ways in that this deployment backs ("exec", ...).
 	Transports []string
+	// AgentImage runs the session helper of sandboxes that have the forward
+	// transport; the binary is /hiloop in it.
+	AgentImage string
+	// SessionPort is the helper's port; DefaultSessionPort when zero.
+	SessionPort int
+	// GatewayKey is the gateway's public key (authorized_keys form), which
+	// the helper accepts.
+	GatewayKey string
+}
+
+func (o RenderOptions) sessionPort() int {
+	if o.SessionPort == 0 {
+		return DefaultSessionPort
+	}
+	return o.SessionPort
 }
 
 // ObjectName is the Kubernetes name of a sandbox: its id with the underscore
@@ -90,6 +124,9 @@ func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
 	if len(spec.Transports) > 0 {
 		r.Transports = append([]string{}, spec.Transports...)
 	}
+	if slices.Contains(r.Transports, TransportForward) {
+		r.SessionPort = o.sessionPort()
+	}
 	for _, v := range spec.Volumes {
 		class := "default"
 		if v.StorageClass != "" {
@@ -106,16 +143,19 @@ func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
 // stored receipts gets one made from the options.
 func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	labels := map[string]string{LabelOrg: sb.OrgID, LabelSandbox: sb.ID, LabelManagedBy: ManagedBy}
-	rj := []byte(sb.Receipt)
-	if sb.Receipt == "" {
-		var err error
-		if rj, err = json.Marshal(NewReceipt(sb.OrgID, sb.Spec, o)); err != nil {
+	receipt := NewReceipt(sb.OrgID, sb.Spec, o)
+	rj, err := json.Marshal(receipt)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Receipt != "" {
+		rj = []byte(sb.Receipt)
+		if receipt, err = ParseReceipt(sb.Receipt); err != nil {
 			return nil, err
 		}
 	}
 
 	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image}
-	var err error
 	if container.Resources, err = resources(sb.Spec); err != nil {
 		return nil, err
 	}
@@ -138,15 +178,28 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		claims = append(claims, claim)
 		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: v.MountPath})
 	}
+	annotations := map[string]string{AnnotationReceipt: string(rj)}
+	containers := []corev1.Container{container}
+	var volumes []corev1.Volume
+	if receipt.SessionPort > 0 {
+		if o.AgentImage == "" || o.GatewayKey == "" {
+			return nil, fmt.Errorf("render: the forward transport needs an agent image and the gateway's key")
+		}
+		annotations[AnnotationGatewayKey] = o.GatewayKey
+		containers = append(containers, Helper(o.AgentImage, receipt.SessionPort))
+		volumes = append(volumes, corev1.Volume{Name: gatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			Items: []corev1.DownwardAPIVolumeFile{{Path: "gateway.pub", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationGatewayKey + "']"}}}}}})
+	}
 	obj := &v1beta1.Sandbox{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1beta1.GroupVersion.String(), Kind: "Sandbox"},
 		ObjectMeta: metav1.ObjectMeta{Name: ObjectName(sb.ID), Namespace: o.Namespace, Labels: labels},
 		Spec: v1beta1.SandboxSpec{
 			SandboxBlueprint: v1beta1.SandboxBlueprint{
 				PodTemplate: v1beta1.PodTemplate{
-					ObjectMeta: v1beta1.PodMetadata{Labels: labels, Annotations: map[string]string{AnnotationReceipt: string(rj)}},
+					ObjectMeta: v1beta1.PodMetadata{Labels: labels, Annotations: annotations},
 					Spec: corev1.PodSpec{
-						Containers:                   []corev1.Container{container},
+						Containers:                   containers,
+						Volumes:                      volumes,
 						RestartPolicy:                corev1.RestartPolicyNever,
 						AutomountServiceAccountToken: ptr.To(false),
 						// Service links would inject environment variables into
@@ -205,4 +258,54 @@ func resources(s store.Spec) (corev1.ResourceRequirements, error) {
 		(*q.list)[q.name] = v
 	}
 	return r, nil
+}
+
+// Helper is the session helper container: `hiloop agent` on the session
+// port, hardened (read-only root filesystem, no capabilities, no privilege
+// escalation, RuntimeDefault seccomp, non-root) with small requests and
+// limits. It shares the pod's network namespace, which is the point.
+func Helper(image string, port int) corev1.Container {
+	return corev1.Container{
+		Name:  HelperContainer,
+		Image: image,
+		Command: []string{"/hiloop", "agent", "--listen", fmt.Sprintf(":%d", port),
+			"--authorized-keys", gatewayKeyDir + "/gateway.pub"},
+		Ports: []corev1.ContainerPort{{Name: "session", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: gatewayKeyVolume, MountPath: gatewayKeyDir, ReadOnly: true}},
+		SecurityContext: &corev1.SecurityContext{
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			AllowPrivilegeEscalation: ptr.To(false),
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To(int64(HelperUser)),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+}
+
+// HelperHardened says how a helper container falls short of Helper's
+// hardening, or "" when it does not.
+func HelperHardened(c corev1.Container) string {
+	sc := c.SecurityContext
+	switch {
+	case sc == nil:
+		return "the session helper has no security context"
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		return "the session helper's root filesystem is writable"
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		return "the session helper may escalate privileges"
+	case sc.Privileged != nil && *sc.Privileged:
+		return "the session helper is privileged"
+	case sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || (sc.RunAsUser != nil && *sc.RunAsUser == 0):
+		return "the session helper may run as root"
+	case sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0:
+		return "the session helper keeps capabilities"
+	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		return "the session helper runs without the RuntimeDefault seccomp profile"
+	}
+	return ""
 }

@@ -19,17 +19,20 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // TestRenderGolden pins the exact Sandbox hiloop writes.
 func TestRenderGolden(t *testing.T) {
 	expires := time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC)
-	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: []string{"exec"}}
+	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: []string{"exec", "ssh", "forward"},
+		AgentImage: "ghcr.io/hiloop/hiloop:dev", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGatewayKeyForTheGoldenFileOnly0000000000 hiloop-gateway"}
 	for name, sb := range map[string]store.Sandbox{
 		"minimal": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []string{"exec"}}},
+		"forward": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []string{"ssh", "forward"}}},
 		"full": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning, ExpiresAt: &expires,
 			Spec: store.Spec{Image: "ghcr.io/acme/tool:1.2@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 				CPURequest: "500m", CPULimit: "2", MemoryRequest: "256Mi", MemoryLimit: "1Gi", TTLSeconds: 3600, ShutdownPolicy: "delete",
 				Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data"}, {Name: "cache", Size: "1Gi", MountPath: "/cache", StorageClass: "fast"}},
 				Labels:  map[string]string{"team": "ml"}}},
 		"stopped": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeStopped,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain"}},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []string{"exec"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj, err := k8s.Render(sb, opts)
@@ -66,6 +69,17 @@ func TestRenderGolden(t *testing.T) {
 			r, err := k8s.ParseReceipt(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
 			if err != nil || r.RuntimeClass != "gvisor" {
 				t.Errorf("receipt %+v %v", r, err)
+			}
+			// The helper exists exactly when the receipt promises forward,
+			// and is hardened.
+			helpers := ps.Containers[1:]
+			if (r.SessionPort > 0) != (len(helpers) == 1) {
+				t.Errorf("session port %d with %d helper containers", r.SessionPort, len(helpers))
+			}
+			for _, h := range helpers {
+				if why := k8s.HelperHardened(h); h.Name != k8s.HelperContainer || why != "" {
+					t.Errorf("helper %s: %s", h.Name, why)
+				}
 			}
 		})
 	}

@@ -23,24 +23,37 @@ import (
 type Writer struct {
 	c    *Clients
 	opts RenderOptions
+	// gatewayKey, when set, is asked for the gateway's current public key
+	// at every create, so a rotation reaches new sandboxes at once.
+	gatewayKey func(ctx context.Context) (string, error)
 
 	mu       sync.Mutex
 	accounts map[string]bool // service accounts known to exist
 }
 
-// NewWriter returns a Writer for the sandbox namespace of opts.
-func NewWriter(c *Clients, opts RenderOptions) (*Writer, error) {
+// NewWriter returns a Writer for the sandbox namespace of opts. gatewayKey
+// gives the gateway's current public key for session helpers; it may be nil
+// when the deployment does not back the forward transport.
+func NewWriter(c *Clients, opts RenderOptions, gatewayKey func(ctx context.Context) (string, error)) (*Writer, error) {
 	if c == nil || opts.Namespace == "" || opts.RuntimeClass == "" {
 		return nil, fmt.Errorf("k8s writer: clients, namespace and runtime class are required")
 	}
-	return &Writer{c: c, opts: opts, accounts: map[string]bool{}}, nil
+	return &Writer{c: c, opts: opts, gatewayKey: gatewayKey, accounts: map[string]bool{}}, nil
 }
 
 // Create renders and creates the Sandbox of a record. A Sandbox that already
 // exists for the same id counts as created, so start-up can finish a create
 // interrupted by a crash.
 func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
-	obj, err := Render(sb, w.opts)
+	opts := w.opts
+	if w.gatewayKey != nil {
+		key, err := w.gatewayKey(ctx)
+		if err != nil {
+			return err
+		}
+		opts.GatewayKey = key
+	}
+	obj, err := Render(sb, opts)
 	if err != nil {
 		return err
 	}
@@ -148,4 +161,40 @@ func (w *Writer) patch(ctx context.Context, id string, body map[string]any) erro
 		return fmt.Errorf("patch sandbox: %w", err)
 	}
 	return nil
+}
+
+// PodAddr is the IP and uid of a sandbox's live pod (the controller names
+// the pod after the Sandbox).
+func (w *Writer) PodAddr(ctx context.Context, id string) (string, string, error) {
+	pod, err := w.c.Kube.CoreV1().Pods(w.opts.Namespace).Get(ctx, ObjectName(id), metav1.GetOptions{})
+	if err != nil {
+		return "", "", fmt.Errorf("get pod: %w", err)
+	}
+	if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil {
+		return "", "", fmt.Errorf("pod %s has no address yet", pod.Name)
+	}
+	return pod.Status.PodIP, string(pod.UID), nil
+}
+
+// RotateGatewayKey writes a new gateway key into the pod template of every
+// Sandbox that has a session helper. The controller re-propagates template
+// annotations to the live pod, the kubelet refreshes the projected file,
+// and the helper reads it at the next login. It returns how many were
+// patched.
+func (w *Writer) RotateGatewayKey(ctx context.Context, key string) (int, error) {
+	list, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Selector})
+	if err != nil {
+		return 0, fmt.Errorf("list sandboxes: %w", err)
+	}
+	n := 0
+	for _, sb := range list.Items {
+		if _, ok := sb.Spec.PodTemplate.ObjectMeta.Annotations[AnnotationGatewayKey]; !ok {
+			continue
+		}
+		if err := w.Annotate(ctx, sb.Labels[LabelSandbox], AnnotationGatewayKey, key); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

@@ -39,6 +39,9 @@ const (
 	// ContradictionStorage: the pod's volumes are not the promised ones (a
 	// promised claim is missing, another claim or a host path is mounted).
 	ContradictionStorage = "storage_mismatch"
+	// ContradictionHelper: the promised session helper is missing or no
+	// longer hardened.
+	ContradictionHelper = "helper_not_hardened"
 )
 
 // Reasons the mirror gives for transitions, naming the evidence.
@@ -228,10 +231,28 @@ func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
 		contradictions = append(contradictions, ContradictionStorage)
 		reasons = append(reasons, reason)
 	}
+	if reason := helperMismatch(p, promised); reason != "" {
+		contradictions = append(contradictions, ContradictionHelper)
+		reasons = append(reasons, reason)
+	}
 	if len(contradictions) == 0 {
 		return store.Observation{}, false
 	}
 	return store.Observation{State: store.StateQuarantined, Anomaly: strings.Join(contradictions, ","), Reason: strings.Join(reasons, "; ")}, true
+}
+
+// helperMismatch says how the pod's session helper breaks the promise, or ""
+// when it keeps it (or none was promised).
+func helperMismatch(p *corev1.Pod, promised k8s.Receipt) string {
+	if promised.SessionPort == 0 {
+		return ""
+	}
+	for _, c := range p.Spec.Containers {
+		if c.Name == k8s.HelperContainer {
+			return k8s.HelperHardened(c)
+		}
+	}
+	return "the promised session helper is missing"
 }
 
 // storageMismatch says how the pod's persistent and host volumes differ from

@@ -19,6 +19,22 @@ var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
 var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec"}}
 
+// withHelper is a record that has the forward transport, and so a helper.
+func withHelper(s *store.Sandbox) {
+	s.Spec.Transports = []string{"forward"}
+	b, _ := json.Marshal(k8s.NewReceipt("org_a", s.Spec, renderOpts))
+	s.Receipt = string(b)
+}
+
+// helperPod is a pod with the hardened helper and the matching receipt.
+func helperPod(mut ...func(*corev1.Pod)) *corev1.Pod {
+	r := record(withHelper)
+	return pod(append([]func(*corev1.Pod){func(p *corev1.Pod) {
+		p.Annotations = map[string]string{k8s.AnnotationReceipt: r.Receipt}
+		p.Spec.Containers = append(p.Spec.Containers, k8s.Helper("img", k8s.DefaultSessionPort))
+	}}, mut...)...)
+}
+
 // promise is the receipt a record holds, as control stores it at create.
 func promise(spec store.Spec) string {
 	b, err := json.Marshal(k8s.NewReceipt("org_a", spec, renderOpts))
@@ -140,6 +156,13 @@ func TestDecide(t *testing.T) {
 			Reason: `the pod's receipt annotation differs from the promise on record; runtime class "runc", receipt promised "gvisor"`}},
 		{"legacy record without a stored receipt holds the pod to its annotation", object(), []*corev1.Pod{pod()},
 			record(func(s *store.Sandbox) { s.Receipt = "" }), store.Observation{State: store.StateRunning}},
+		{"hardened helper", object(), []*corev1.Pod{helperPod()}, record(withHelper), store.Observation{State: store.StateRunning}},
+		{"helper missing", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Containers = p.Spec.Containers[:1] })}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelper, Reason: "the promised session helper is missing"}},
+		{"helper writable", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Containers[1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false) })}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelper, Reason: "the session helper's root filesystem is writable"}},
+		{"helper privileged", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Containers[1].SecurityContext.Privileged = ptr.To(true) })}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelper, Reason: "the session helper is privileged"}},
 		{"host path mounted", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
 		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionStorage, Reason: `volume "h" mounts a host path`}},

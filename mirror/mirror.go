@@ -184,6 +184,12 @@ func trimPod(p *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{ObjectMeta: trimMeta(p.ObjectMeta)}
 	out.Spec = corev1.PodSpec{RuntimeClassName: p.Spec.RuntimeClassName, HostNetwork: p.Spec.HostNetwork, HostPID: p.Spec.HostPID,
 		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: p.Spec.ServiceAccountName}
+	// Of the containers, only the session helper's hardening is checked.
+	for _, c := range p.Spec.Containers {
+		if c.Name == k8s.HelperContainer {
+			out.Spec.Containers = []corev1.Container{{Name: c.Name, SecurityContext: c.SecurityContext}}
+		}
+	}
 	// Only the volumes Decide holds to the receipt matter: claims, host
 	// paths, and those that carry a service-account token.
 	for _, v := range p.Spec.Volumes {

@@ -41,7 +41,7 @@ func BenchmarkMirrorMemory(b *testing.B) {
 	}
 	defer db.Close()
 	org, _ := db.CreateOrg(ctx, "mem", n, n)
-	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []string{"exec"}})
+	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []string{"exec"}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

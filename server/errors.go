@@ -40,6 +40,7 @@ const (
 	CodeInvalidFrame          = "invalid_frame"
 	CodeSessionEnded          = "session_ended"
 	CodeSSHKeyRegistered      = "ssh_key_registered"
+	CodeTransportNotEnabled   = "transport_not_enabled"
 )
 
 // ErrorBody is the envelope of every error response.
@@ -85,6 +86,7 @@ func toAPIError(err error) *apiError {
 	var ae *apiError
 	var fe *control.FieldError
 	var se *control.StateError
+	var te *control.TransportError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -102,6 +104,8 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusConflict, CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
 	case errors.As(err, &se):
 		return newError(http.StatusConflict, CodeSandboxNotRunning, se.Error())
+	case errors.As(err, &te):
+		return newError(http.StatusConflict, CodeTransportNotEnabled, te.Error())
 	case errors.Is(err, control.ErrSessionLimit):
 		return newError(http.StatusTooManyRequests, CodeExecLimit, err.Error())
 	case errors.Is(err, control.ErrNoExec):

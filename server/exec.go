@@ -203,7 +203,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id)
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, "exec")
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -291,7 +291,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusBadRequest, CodeWebSocketRequired, "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id)
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, "exec")
 	if err != nil {
 		s.writeError(w, r, err)
 		return

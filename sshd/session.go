@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/gliderlabs/ssh"
@@ -149,7 +148,7 @@ func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) bool
 // run runs the session and returns the exit status to send, or -1 when an
 // exit-signal was sent instead.
 func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bool, term string) int {
-	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id)
+	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id, "ssh")
 	if err != nil {
 		fmt.Fprintf(s.ch.Stderr(), "hiloop: %s\r\n", refusal(s.id, err))
 		log.Info("ssh session refused", "err", err)
@@ -208,6 +207,8 @@ func refusal(id string, err error) string {
 		return fmt.Sprintf("sandbox %s is quarantined: it broke what its receipt promised, so sessions are refused; see: hiloop sandbox get %s", id, id)
 	case errors.Is(err, control.ErrSessionLimit):
 		return err.Error()
+	case errors.As(err, new(*control.TransportError)):
+		return err.Error()
 	case errors.Is(err, store.ErrNotFound):
 		return "no such sandbox"
 	default:
@@ -219,48 +220,3 @@ func refusal(id string, err error) string {
 // of, by number.
 var signalNames = map[int]string{1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 6: "ABRT", 8: "FPE", 9: "KILL",
 	10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM"}
-
-// directTCPIP handles -L. The destination must be loopback inside the
-// sandbox and the port in 1..65535; forwarding itself needs the session
-// helper, which this gateway does not run yet, so even a valid request is
-// refused with a message that says so.
-func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
-	who, ok := caller(conn)
-	if !ok {
-		nc.Reject(gossh.Prohibited, "not authenticated")
-		return
-	}
-	var p struct {
-		Host       string
-		Port       uint32
-		OriginHost string
-		OriginPort uint32
-	}
-	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
-		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
-		return
-	}
-	if reason := checkDestination(p.Host, p.Port); reason != "" {
-		g.log.Info("ssh forward refused", "sandbox", conn.User(), "org", who.OrgID, "host", p.Host, "port", p.Port)
-		nc.Reject(gossh.Prohibited, reason)
-		return
-	}
-	if err := g.o.Control.Reachable(ctx, who, conn.User()); err != nil {
-		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
-		return
-	}
-	nc.Reject(gossh.Prohibited, "port forwarding needs the sandbox's session helper (transport forward), which this deployment does not back")
-}
-
-// checkDestination says why a -L destination is refused, or "" when it is
-// loopback inside the sandbox with a valid port.
-func checkDestination(host string, port uint32) string {
-	if port < 1 || port > 65535 {
-		return fmt.Sprintf("port %d is outside 1..65535", port)
-	}
-	switch strings.ToLower(host) {
-	case "localhost", "127.0.0.1", "::1", "[::1]":
-		return ""
-	}
-	return "only loopback inside the sandbox (localhost, 127.0.0.1, ::1) may be forwarded to"
-}

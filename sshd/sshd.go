@@ -50,6 +50,11 @@ type Gateway struct {
 	srv *ssh.Server
 	// keepAlives holds the connections that have a keepalive loop.
 	keepAlives sync.Map
+	// upstreams holds each client connection's upstream to its sandbox's
+	// session helper.
+	upstreams sync.Map
+	pinMu     sync.Mutex
+	pins      map[string]pin
 }
 
 // Ciphers the gateway offers, AES-GCM first. chacha20-poly1305, the OpenSSH
@@ -160,6 +165,7 @@ func (g *Gateway) keepAlive(ctx ssh.Context, conn *gossh.ServerConn) {
 	}
 	go func() {
 		defer g.keepAlives.Delete(conn)
+		defer g.upstreams.Delete(conn)
 		t := time.NewTicker(g.o.KeepAlive)
 		defer t.Stop()
 		missed := 0

@@ -112,34 +112,93 @@ func (s *Store) SSHKeyByFingerprint(ctx context.Context, fingerprint string) (SS
 	return k, nil
 }
 
+// Names of the SSH key pairs the record keeps.
+const (
+	// KeyHost is the gateway's host key, which clients pin.
+	KeyHost = "ssh_host_key"
+	// KeyGateway is the key the gateway logs in to session helpers with;
+	// KeyGatewayPrevious is the one it replaced, still tried until every
+	// helper has the new one.
+	KeyGateway         = "ssh_gateway_key"
+	KeyGatewayPrevious = "ssh_gateway_key_previous"
+)
+
 // HostKey returns the SSH gateway's ed25519 host key, creating it on first
 // use in the same transaction that records it. A stored key that cannot be
 // read is an error, never silently replaced: clients pin it.
 func (s *Store) HostKey(ctx context.Context) (gossh.Signer, error) {
+	return s.KeyPair(ctx, KeyHost)
+}
+
+// KeyPair returns the named ed25519 key pair, creating it on first use.
+func (s *Store) KeyPair(ctx context.Context, name string) (gossh.Signer, error) {
 	var pemText string
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'ssh_host_key'`).Scan(&pemText)
+		err := tx.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		_, priv, err := ed25519.GenerateKey(rand.Reader)
-		if err != nil {
+		if pemText, err = newKeyPEM(); err != nil {
 			return err
 		}
-		block, err := gossh.MarshalPrivateKey(priv, "hiloop gateway")
-		if err != nil {
-			return err
-		}
-		pemText = string(pem.EncodeToMemory(block))
-		_, err = tx.ExecContext(ctx, `INSERT INTO settings (key, value) VALUES ('ssh_host_key', ?)`, pemText)
+		_, err = tx.ExecContext(ctx, `INSERT INTO settings (key, value) VALUES (?, ?)`, name, pemText)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ssh host key: %w", err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	return parseKeyPEM(name, pemText)
+}
+
+// OptionalKeyPair returns the named key pair, or nil when there is none.
+func (s *Store) OptionalKeyPair(ctx context.Context, name string) (gossh.Signer, error) {
+	var pemText string
+	err := s.read.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return parseKeyPEM(name, pemText)
+}
+
+// RotateGatewayKey makes a new gateway key and keeps the current one as the
+// previous, in one transaction, and returns the new one.
+func (s *Store) RotateGatewayKey(ctx context.Context) (gossh.Signer, error) {
+	pemText, err := newKeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO settings (key, value) SELECT ?, value FROM settings WHERE key = ?`, KeyGatewayPrevious, KeyGateway); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)`, KeyGateway, pemText)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rotate gateway key: %w", err)
+	}
+	return parseKeyPEM(KeyGateway, pemText)
+}
+
+func newKeyPEM() (string, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	block, err := gossh.MarshalPrivateKey(priv, "hiloop")
+	if err != nil {
+		return "", err
+	}
+	return string(pem.EncodeToMemory(block)), nil
+}
+
+func parseKeyPEM(name, pemText string) (gossh.Signer, error) {
 	signer, err := gossh.ParsePrivateKey([]byte(pemText))
 	if err != nil {
-		return nil, fmt.Errorf("ssh host key in the record is unreadable (not replaced, since clients pin it): %w", err)
+		return nil, fmt.Errorf("%s in the record is unreadable (not replaced: what was made from it would break): %w", name, err)
 	}
 	return signer, nil
 }

@@ -150,3 +150,11 @@ func (e Exec) Exec(ctx context.Context, _ string, req k8s.ExecRequest) (k8s.Exit
 	<-ctx.Done()
 	return k8s.ExitStatus{}, ctx.Err()
 }
+
+// PodAddr answers a loopback address for every sandbox.
+func (f *Cluster) PodAddr(_ context.Context, id string) (string, string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("podaddr " + id)
+	return "127.0.0.1", "uid-" + id, nil
+}

@@ -46,6 +46,7 @@ var (
 // os.Exit(e2e.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
+	helpersStop()
 	if shared != nil {
 		if err := shared.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "stop cluster:", err)
@@ -100,6 +101,32 @@ type testLog struct{ t testing.TB }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
 	return len(p), nil
+}
+
+var (
+	helpersOnce sync.Once
+	helpersDir  string
+	helpersStop = func() {}
+	helpersDone = make(chan struct{})
+)
+
+// Helpers runs the local cluster's session helpers (localcluster.RunHelpers)
+// for the shared cluster, once per test process, and returns the directory
+// that holds each helper's key file and log (helpers/<pod uid>/).
+func Helpers(t testing.TB) string {
+	t.Helper()
+	c := SharedCluster(t)
+	bin := Binary(t)
+	helpersOnce.Do(func() {
+		helpersDir = filepath.Join(c.Workdir, "e2e-helpers")
+		ctx, cancel := context.WithCancel(context.Background())
+		helpersStop = func() { cancel(); <-helpersDone }
+		go func() {
+			defer close(helpersDone)
+			localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: bin, Dir: helpersDir})
+		}()
+	})
+	return helpersDir
 }
 
 // Binary builds the hiloop binary once per test process and returns its path.

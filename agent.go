@@ -1,0 +1,32 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/hiloop/hiloop/agent"
+)
+
+// AgentCmd runs the session helper inside a sandbox pod.
+type AgentCmd struct {
+	Listen         string `default:":2223" env:"HILOOP_AGENT_LISTEN" help:"Address to listen on (the pod's session port)."`
+	AuthorizedKeys string `required:"" env:"HILOOP_AGENT_AUTHORIZED_KEYS" help:"File with the gateway's public key, projected from the pod annotation; re-read at every login."`
+}
+
+// Run serves until SIGINT or SIGTERM.
+func (c *AgentCmd) Run(ctx context.Context) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	a, err := agent.New(agent.Options{AuthorizedKeysFile: c.AuthorizedKeys, Log: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	log.Info("session helper listening", "addr", ln.Addr().String())
+	return a.Serve(ctx, ln)
+}

@@ -1,0 +1,215 @@
+package main_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// serveForward starts serve backing the forward transport, with the local
+// cluster's helper runner.
+func serveForward(t *testing.T) (*e2e.Instance, string) {
+	t.Helper()
+	dir := e2e.Helpers(t)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
+		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local")
+	return in, dir
+}
+
+// echoServer echoes every connection on the host's loopback, which in the
+// local cluster is the pod's.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+				c.Close()
+			}()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// forward runs ssh -N -L to localhost:port inside the sandbox and returns
+// the local address and the running ssh.
+func forward(t *testing.T, u *sshUser, id, port string) (string, *exec.Cmd, *e2e.SyncBuffer) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := l.Addr().String()
+	l.Close()
+	_, lport, _ := net.SplitHostPort(local)
+	cmd := exec.Command("ssh", u.args("-N", "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:"+lport+":localhost:"+port, id+"@127.0.0.1")...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &e2e.SyncBuffer{}
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e2e.Eventually(t, "-L listening", 20*time.Second, func() (bool, error) {
+		c, err := net.Dial("tcp", local)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, err
+	})
+	return local, cmd, out
+}
+
+// roundTrip sends n random bytes through addr to the echo server and
+// checks the SHA-256 of what comes back.
+func roundTrip(t *testing.T, addr string, n int64) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sent, got := sha256.New(), sha256.New()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.MultiWriter(c, sent), io.LimitReader(rand.Reader, n))
+		c.(*net.TCPConn).CloseWrite()
+		errc <- err
+	}()
+	m, err := io.Copy(got, c)
+	if err != nil || <-errc != nil || m != n {
+		t.Fatalf("moved %d of %d bytes: %v", m, n, err)
+	}
+	if string(sent.Sum(nil)) != string(got.Sum(nil)) {
+		t.Fatal("the bytes that came back differ from those sent")
+	}
+}
+
+// helperLog is the session helper log of the sandbox's pod.
+func helperLog(t *testing.T, in *e2e.Instance, dir, id string) string {
+	t.Helper()
+	pod, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(in.NS).Get(context.Background(), k8s.ObjectName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "helpers", string(pod.UID), "agent.log"))
+	return string(b)
+}
+
+// TestSSHForward: ssh -L through the gateway and the sandbox's session
+// helper moves 100 MB intact, ten parallel channels share one upstream
+// connection, a rotated gateway key reaches the helper, and stopping the
+// sandbox ends the forward.
+func TestSSHForward(t *testing.T) {
+	requireSSH(t)
+	in, dir := serveForward(t)
+	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
+	u := newSSHUser(t, in, in.Token)
+	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
+		return strings.Contains(helperLog(t, in, dir, sb.ID), "session helper listening"), nil
+	})
+	port := echoServer(t)
+	local, ssh, sshOut := forward(t, u, sb.ID, port)
+
+	roundTrip(t, local, 100<<20)
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			roundTrip(t, local, 1<<20)
+		}()
+	}
+	wg.Wait()
+	if n := strings.Count(helperLog(t, in, dir, sb.ID), "gateway connected"); n != 1 {
+		t.Fatalf("%d upstream connections for one client connection, want 1:\n%s", n, helperLog(t, in, dir, sb.ID))
+	}
+
+	// Rotation: one annotate patch per sandbox; the helper takes the new
+	// key and refuses the old one.
+	old := gatewayKey(t, in.DB, store.KeyGateway)
+	in.MustCLI("", "ssh-rotate-agent-key", "--kubeconfig", e2e.SharedCluster(t).Kubeconfig, "--namespace", in.NS)
+	cur := gatewayKey(t, in.DB, store.KeyGateway)
+	podIP := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.status.podIP}")
+	helper := net.JoinHostPort(podIP, "2223")
+	dial := func(k gossh.Signer) error {
+		c, err := gossh.Dial("tcp", helper, &gossh.ClientConfig{User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
+			HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	e2e.Eventually(t, "the helper takes the new key", 60*time.Second, func() (bool, error) {
+		return dial(cur) == nil && dial(old) != nil, nil
+	})
+	// A new client connection reaches the helper with the new key.
+	local2, _, _ := forward(t, u, sb.ID, port)
+	roundTrip(t, local2, 1<<20)
+
+	// Stopping the sandbox ends the forward.
+	in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
+	done := make(chan struct{})
+	go func() { ssh.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ssh -L outlived the sandbox's stop:\n%s", sshOut.String())
+	}
+}
+
+// TestSSHForwardRefused: -L into a sandbox without a helper says so.
+func TestSSHForwardRefused(t *testing.T) {
+	requireSSH(t)
+	in, _ := serveForward(t)
+	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--wait")
+	u := newSSHUser(t, in, in.Token)
+	errOut := forwardOnce(t, u, sb.ID, "localhost:"+echoServer(t))
+	if !regexp.MustCompile(`administratively prohibited: .*no session helper`).MatchString(errOut) {
+		t.Fatalf("-L without a helper: %q", errOut)
+	}
+}
+
+// gatewayKey reads one of the gateway's key pairs from the record.
+func gatewayKey(t *testing.T, db, name string) gossh.Signer {
+	t.Helper()
+	s, err := store.Open(context.Background(), store.Options{Path: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k, err := s.KeyPair(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}

@@ -1,0 +1,183 @@
+package localcluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// HelperOptions configure RunHelpers.
+type HelperOptions struct {
+	Clients *k8s.Clients
+	// Binary is the hiloop binary whose `agent` command runs each helper.
+	Binary string
+	// Dir holds each helper's key file and log, under helpers/<pod uid>/.
+	Dir string
+	Log *slog.Logger
+}
+
+// RunHelpers stands in for the kubelet of session helpers, since the local
+// cluster's pods run no containers: for every hiloop pod that has the
+// helper container and an address, it runs `hiloop agent` as a local
+// process bound to the pod's 127.0.100.x address and the helper's port,
+// with the gateway-key annotation written to a file as the kubelet's
+// downwardAPI volume would (and rewritten when the annotation changes). It
+// stops the process when the pod goes. In the local cluster "loopback
+// inside the pod" is the host's loopback. It runs until ctx ends.
+func RunHelpers(ctx context.Context, o HelperOptions) error {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	r := &helperRunner{o: o, log: o.Log.With("component", "helper-runner"), procs: map[string]*helperProc{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, 30*time.Second,
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }))
+	inf := factory.Core().V1().Pods().Informer()
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { r.sync(obj) },
+		UpdateFunc: func(_, obj any) { r.sync(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				r.stop(string(p.UID))
+			}
+		},
+	})
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid := range r.procs {
+		r.stopLocked(uid)
+	}
+	return nil
+}
+
+type helperRunner struct {
+	o     HelperOptions
+	log   *slog.Logger
+	mu    sync.Mutex
+	procs map[string]*helperProc
+}
+
+type helperProc struct {
+	cmd  *exec.Cmd
+	dir  string
+	key  string
+	done chan struct{}
+}
+
+// sync makes the helper process of one pod match the pod.
+func (r *helperRunner) sync(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	uid := string(p.UID)
+	port := helperPort(p)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if port == 0 || p.Status.PodIP == "" || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		r.stopLocked(uid)
+		return
+	}
+	key := p.Annotations[k8s.AnnotationGatewayKey]
+	if pr, ok := r.procs[uid]; ok {
+		if pr.key != key {
+			if err := writeAtomic(filepath.Join(pr.dir, "gateway.pub"), key); err != nil {
+				r.log.Error("write helper key", "pod", p.Name, "err", err)
+			}
+			pr.key = key
+		}
+		return
+	}
+	dir := filepath.Join(r.o.Dir, "helpers", uid)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		r.log.Error("helper dir", "err", err)
+		return
+	}
+	keyFile := filepath.Join(dir, "gateway.pub")
+	if err := writeAtomic(keyFile, key); err != nil {
+		r.log.Error("write helper key", "pod", p.Name, "err", err)
+		return
+	}
+	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		r.log.Error("helper log", "err", err)
+		return
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.o.Binary, "agent", "--listen", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), "--authorized-keys", keyFile)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		r.log.Error("start helper", "pod", p.Name, "err", err)
+		return
+	}
+	pr := &helperProc{cmd: cmd, dir: dir, key: key, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(pr.done) }()
+	r.procs[uid] = pr
+	r.log.Info("session helper started", "pod", p.Namespace+"/"+p.Name, "addr", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)))
+}
+
+func (r *helperRunner) stop(uid string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopLocked(uid)
+}
+
+func (r *helperRunner) stopLocked(uid string) {
+	pr, ok := r.procs[uid]
+	if !ok {
+		return
+	}
+	delete(r.procs, uid)
+	pr.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-pr.done:
+	case <-time.After(5 * time.Second):
+		pr.cmd.Process.Kill()
+		<-pr.done
+	}
+	os.RemoveAll(pr.dir)
+}
+
+// helperPort is the session helper's port in the pod, 0 when it has none.
+func helperPort(p *corev1.Pod) int {
+	for _, c := range p.Spec.Containers {
+		if c.Name == k8s.HelperContainer && len(c.Ports) > 0 {
+			return int(c.Ports[0].ContainerPort)
+		}
+	}
+	return 0
+}
+
+// writeAtomic replaces a file in one rename, as the kubelet swaps a
+// projected volume's contents.
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+package sshd
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/agent"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// upstream is the one SSH connection to a sandbox's session helper that a
+// client connection's -L channels share. It lives as long as the client
+// connection and its forward session (a revoke, a stop or shutdown ends
+// it).
+type upstream struct {
+	once   sync.Once
+	client *gossh.Client
+	err    error
+}
+
+// directTCPIP handles -L: the destination must be loopback inside the
+// sandbox with a port in 1..65535, the sandbox must have the forward
+// transport, and every channel goes over the client connection's one
+// upstream connection to the helper.
+func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
+	who, ok := caller(conn)
+	if !ok {
+		nc.Reject(gossh.Prohibited, "not authenticated")
+		return
+	}
+	var p agent.DirectTCPIP
+	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
+		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	log := g.log.With("sandbox", conn.User(), "org", who.OrgID, "key", who.KeyID)
+	if reason := agent.Loopback(p.Host, p.Port); reason != "" {
+		log.Info("ssh forward refused", "host", p.Host, "port", p.Port)
+		nc.Reject(gossh.Prohibited, reason)
+		return
+	}
+	if err := g.o.Control.Reachable(ctx, who, conn.User(), k8s.TransportForward); err != nil {
+		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+		return
+	}
+	v, _ := g.upstreams.LoadOrStore(conn, &upstream{})
+	up := v.(*upstream)
+	up.once.Do(func() { up.client, up.err = g.dialHelper(ctx, conn, who, log) })
+	if up.err != nil {
+		nc.Reject(gossh.ConnectionFailed, up.err.Error())
+		return
+	}
+	ch, reqs, err := up.client.OpenChannel("direct-tcpip", nc.ExtraData())
+	if err != nil {
+		var oce *gossh.OpenChannelError
+		if errors.As(err, &oce) {
+			nc.Reject(oce.Reason, oce.Message)
+		} else {
+			nc.Reject(gossh.ConnectionFailed, "the sandbox's session helper went away")
+		}
+		return
+	}
+	go gossh.DiscardRequests(reqs)
+	cch, creqs, err := nc.Accept()
+	if err != nil {
+		ch.Close()
+		return
+	}
+	go gossh.DiscardRequests(creqs)
+	agent.Pipe(cch, ch)
+}
+
+// dialHelper admits a forward session for the connection and dials the
+// sandbox's helper, pinning its host key to the pod. The session and the
+// upstream end together, with the client connection or when control ends
+// the session.
+func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*gossh.Client, error) {
+	sess, err := g.o.Control.Admit(ctx, who, conn.User(), k8s.TransportForward)
+	if err != nil {
+		return nil, errors.New(refusal(conn.User(), err))
+	}
+	fail := func(msg string, err error) (*gossh.Client, error) {
+		sess.End()
+		g.log.Warn(msg, "sandbox", conn.User(), "err", err)
+		return nil, errors.New(msg)
+	}
+	addr, podUID, err := g.o.Control.HelperAddr(ctx, sess)
+	if err != nil {
+		return fail("the sandbox's session helper has no address yet", err)
+	}
+	keys, err := g.o.Control.GatewayKeys(ctx)
+	if err != nil {
+		return fail("the gateway's key is unreadable", err)
+	}
+	client, err := gossh.Dial("tcp", addr, &gossh.ClientConfig{
+		User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
+		HostKeyCallback: g.pinned(podUID), Timeout: 10 * time.Second,
+		Config: gossh.Config{Ciphers: Ciphers},
+	})
+	if err != nil {
+		return fail("the sandbox's session helper did not answer", err)
+	}
+	log.Info("forward session opened", "pod_uid", podUID)
+	// Whichever ends first, the client's connection or the session, ends
+	// the other and the upstream.
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-sess.Context().Done():
+			conn.Close()
+		}
+		client.Close()
+		sess.End()
+		g.upstreams.Delete(conn)
+	}()
+	return client, nil
+}
+
+// pinned accepts the first host key a pod's helper shows and only that key
+// for the rest of the pod's life: a new pod may have a new key, one pod may
+// not change it.
+func (g *Gateway) pinned(podUID string) gossh.HostKeyCallback {
+	return func(_ string, _ net.Addr, key gossh.PublicKey) error {
+		fp := gossh.FingerprintSHA256(key)
+		g.pinMu.Lock()
+		defer g.pinMu.Unlock()
+		if g.pins == nil {
+			g.pins = map[string]pin{}
+		}
+		now := time.Now()
+		if old, ok := g.pins[podUID]; ok && old.fingerprint != fp {
+			g.log.Error("session helper host key changed within one pod's life; refusing it", "pod_uid", podUID, "pinned", old.fingerprint, "shown", fp)
+			return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, old.fingerprint)
+		}
+		g.pins[podUID] = pin{fingerprint: fp, used: now}
+		if len(g.pins) > maxPins {
+			for uid, p := range g.pins {
+				if now.Sub(p.used) > pinTTL {
+					delete(g.pins, uid)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// pin is a helper host key seen for one pod.
+type pin struct {
+	fingerprint string
+	used        time.Time
+}
+
+// Pins unused this long are dropped once there are more than maxPins: a pod
+// that old without a forward is likely gone, and a new pod may have a new key.
+const (
+	maxPins = 4096
+	pinTTL  = 24 * time.Hour
+)

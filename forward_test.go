@@ -187,6 +187,37 @@ func TestSSHForward(t *testing.T) {
 	}
 }
 
+// TestHelperHostKeyChange: a helper that shows another host key within one
+// pod's life is refused, and the sandbox turns attention with
+// helper_host_key_changed.
+func TestHelperHostKeyChange(t *testing.T) {
+	requireSSH(t)
+	in, dir := serveForward(t)
+	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
+	u := newSSHUser(t, in, in.Token)
+	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
+		return strings.Contains(helperLog(t, in, dir, sb.ID), "session helper listening"), nil
+	})
+	port := echoServer(t)
+	local, _, _ := forward(t, u, sb.ID, port)
+	roundTrip(t, local, 1<<10) // the helper's key is pinned for this pod
+	podIP := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.status.podIP}")
+	// The helper process is replaced within the same pod: a new host key.
+	exec.Command("pkill", "-f", "agent --listen "+podIP+":2223").Run()
+	e2e.Kubectl(t, "annotate", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--overwrite", "test/poke=1")
+	e2e.Eventually(t, "helper back", 30*time.Second, func() (bool, error) {
+		return strings.Count(helperLog(t, in, dir, sb.ID), "session helper listening") == 2, nil
+	})
+	errOut := forwardOnce(t, u, sb.ID, "localhost:"+port)
+	if !strings.Contains(errOut, "open failed") {
+		t.Fatalf("forward through a helper with a changed key: %q", errOut)
+	}
+	got := in.WaitState(in.Token, sb.ID, "attention")
+	if got.Anomaly != "helper_host_key_changed" {
+		t.Fatalf("anomaly %q", got.Anomaly)
+	}
+}
+
 // TestSSHForwardRefused: -L into a sandbox without a helper says so.
 func TestSSHForwardRefused(t *testing.T) {
 	requireSSH(t)

@@ -22,3 +22,13 @@ func (c *Control) GatewayKeys(ctx context.Context) ([]gossh.Signer, error) {
 	}
 	return []gossh.Signer{cur, prev}, nil
 }
+
+// HelperKeyChanged records that the session's sandbox's helper, in pod
+// podUID, showed another host key than the one pinned for that pod: the
+// mirror turns it into the attention anomaly helper_host_key_changed.
+func (c *Control) HelperKeyChanged(ctx context.Context, s *Session, podUID string) {
+	if err := c.o.Store.MarkHelperKeyChanged(ctx, s.SandboxID, podUID); err != nil {
+		c.log.Error("record helper host key change", "sandbox", s.SandboxID, "err", err)
+	}
+	c.touch(s.SandboxID)
+}

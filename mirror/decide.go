@@ -28,6 +28,9 @@ const (
 	AnomalyOrgLabelMismatch  = "org_label_mismatch"
 	AnomalyIdentityMissing   = "identity_missing"
 	AnomalyReceiptUnreadable = "receipt_unreadable"
+	// AnomalyHelperHostKey: the pod's session helper showed the gateway
+	// another host key within the pod's life.
+	AnomalyHelperHostKey = "helper_host_key_changed"
 
 	ContradictionRuntimeClass   = "runtime_class_mismatch"
 	ContradictionHostNamespaces = "host_namespaces"
@@ -90,6 +93,11 @@ func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now tim
 			return o
 		}
 		podUID = string(live[0].UID)
+		if podUID != "" && rec.HelperKeyChangedPod == podUID {
+			o := attention(AnomalyHelperHostKey, "the session helper's host key changed within this pod's life")
+			o.PodUID = podUID
+			return o
+		}
 	}
 	o := decideLive(obj, pods, live, rec, now)
 	o.PodUID = podUID

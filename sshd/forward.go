@@ -1,6 +1,7 @@
 package sshd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -102,7 +103,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	}
 	client, err := gossh.Dial("tcp", addr, &gossh.ClientConfig{
 		User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
-		HostKeyCallback: g.pinned(podUID), Timeout: 10 * time.Second,
+		HostKeyCallback: g.pinned(ctx, sess, podUID), Timeout: 10 * time.Second,
 		Config: gossh.Config{Ciphers: Ciphers},
 	})
 	if err != nil {
@@ -127,7 +128,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 // pinned accepts the first host key a pod's helper shows and only that key
 // for the rest of the pod's life: a new pod may have a new key, one pod may
 // not change it.
-func (g *Gateway) pinned(podUID string) gossh.HostKeyCallback {
+func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) gossh.HostKeyCallback {
 	return func(_ string, _ net.Addr, key gossh.PublicKey) error {
 		fp := gossh.FingerprintSHA256(key)
 		g.pinMu.Lock()
@@ -137,7 +138,8 @@ func (g *Gateway) pinned(podUID string) gossh.HostKeyCallback {
 		}
 		now := time.Now()
 		if old, ok := g.pins[podUID]; ok && old.fingerprint != fp {
-			g.log.Error("session helper host key changed within one pod's life; refusing it", "pod_uid", podUID, "pinned", old.fingerprint, "shown", fp)
+			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", old.fingerprint, "shown", fp)
+			g.o.Control.HelperKeyChanged(ctx, sess, podUID)
 			return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, old.fingerprint)
 		}
 		g.pins[podUID] = pin{fingerprint: fp, used: now}

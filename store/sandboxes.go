@@ -100,6 +100,9 @@ type Sandbox struct {
 	ModeOutside bool
 	// PodUID is the live pod last observed.
 	PodUID string
+	// HelperKeyChangedPod is the pod whose session helper changed its
+	// host key within the pod's life, as the gateway saw it.
+	HelperKeyChangedPod string
 }
 
 // Observation is what the mirror concluded from the cluster.
@@ -134,7 +137,7 @@ type NewSandbox struct {
 	RequestHash    string
 }
 
-const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid`
+const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid, helper_key_changed_pod`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
@@ -142,7 +145,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var exit sql.NullInt64
 	var expires sql.NullInt64
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID); err != nil {
+	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID, &sb.HelperKeyChangedPod); err != nil {
 		return Sandbox{}, err
 	}
 	if err := json.Unmarshal([]byte(spec), &sb.Spec); err != nil {
@@ -196,7 +199,7 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 			hash = sql.NullString{String: n.RequestHash, Valid: true}
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`, idempotency_key, request_hash)
-			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', ?, ?)`,
+			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?)`,
 			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt, idem, hash); err != nil {
 			return err
 		}
@@ -479,6 +482,16 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		return false, fmt.Errorf("observe: %w", err)
 	}
 	return changed, nil
+}
+
+// MarkHelperKeyChanged records that the session helper of pod podUID showed
+// another host key within the pod's life.
+func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) error {
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
+	if err != nil {
+		return fmt.Errorf("mark helper key changed: %w", err)
+	}
+	return nil
 }
 
 // Fail records that a sandbox's create definitely did not reach the cluster

@@ -99,6 +99,11 @@ func (r *helperRunner) sync(obj any) {
 		return
 	}
 	key := p.Annotations[k8s.AnnotationGatewayKey]
+	if pr, ok := r.procs[uid]; ok && pr.exited() {
+		// A helper that died is started again, as a kubelet restarts a
+		// container; it comes back with a new host key.
+		delete(r.procs, uid)
+	}
 	if pr, ok := r.procs[uid]; ok {
 		if pr.key != key {
 			if err := writeAtomic(filepath.Join(pr.dir, "gateway.pub"), key); err != nil {
@@ -118,7 +123,7 @@ func (r *helperRunner) sync(obj any) {
 		r.log.Error("write helper key", "pod", p.Name, "err", err)
 		return
 	}
-	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		r.log.Error("helper log", "err", err)
 		return
@@ -135,6 +140,15 @@ func (r *helperRunner) sync(obj any) {
 	go func() { cmd.Wait(); close(pr.done) }()
 	r.procs[uid] = pr
 	r.log.Info("session helper started", "pod", p.Namespace+"/"+p.Name, "addr", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)))
+}
+
+func (p *helperProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *helperRunner) stop(uid string) {

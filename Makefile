@@ -30,6 +30,9 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v ^testdata/))" || { gofmt -l .; exit 1; }
 
 # bench runs the benchmarks against the local cluster; see docs/benchmarks.md.
+# The -L throughput benchmark compares with OpenSSH's sshd (Debian's
+# openssh-server), installed here when missing.
 bench:
+	@command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
 	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...

@@ -278,7 +278,7 @@ func processesRunning(s string) []string {
 }
 
 // rssKB reads a process's resident set size.
-func rssKB(t *testing.T, pid int) int {
+func rssKB(t testing.TB, pid int) int {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	if err != nil {
 		t.Fatal(err)

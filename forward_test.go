@@ -115,7 +115,7 @@ func roundTrip(t *testing.T, addr string, n int64) {
 }
 
 // helperLog is the session helper log of the sandbox's pod.
-func helperLog(t *testing.T, in *e2e.Instance, dir, id string) string {
+func helperLog(t testing.TB, in *e2e.Instance, dir, id string) string {
 	t.Helper()
 	pod, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(in.NS).Get(context.Background(), k8s.ObjectName(id), metav1.GetOptions{})
 	if err != nil {

@@ -31,7 +31,7 @@ import (
 type ServeCmd struct {
 	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
 	SSHListen       string        `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
-	SSHKeepAlive    time.Duration `default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
+	SSHKeepAlive    time.Duration `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
 	SSHIdleTimeout  time.Duration `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
 	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
 	Kubeconfig      string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`

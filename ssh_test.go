@@ -22,7 +22,7 @@ import (
 // sshUser is one SSH identity registered for an organization, driving the
 // stock OpenSSH client against the gateway with the pinned host key.
 type sshUser struct {
-	t     *testing.T
+	t     testing.TB
 	in    *e2e.Instance
 	token string
 	key   string // private key file
@@ -33,7 +33,7 @@ const gatewayAlias = "hiloop-test-gateway"
 
 // newSSHUser makes a key pair with ssh-keygen and registers it through the
 // CLI for the organization of token.
-func newSSHUser(t *testing.T, in *e2e.Instance, token string) *sshUser {
+func newSSHUser(t testing.TB, in *e2e.Instance, token string) *sshUser {
 	t.Helper()
 	dir := t.TempDir()
 	key := filepath.Join(dir, "id_ed25519")
@@ -90,7 +90,7 @@ func (u *sshUser) run(id, cmd string) (string, string, int) {
 	return u.ssh("", u.args(id+"@127.0.0.1", cmd)...)
 }
 
-func requireSSH(t *testing.T) {
+func requireSSH(t testing.TB) {
 	for _, b := range []string{"ssh", "ssh-keygen"} {
 		if _, err := exec.LookPath(b); err != nil {
 			t.Fatalf("%s is not installed (Debian: openssh-client)", b)
@@ -360,7 +360,7 @@ func (e *screenError) Error() string { return "screen:\n" + e.s }
 func TestSSHSessionsEnd(t *testing.T) {
 	requireSSH(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
-	reap := func() { exec.Command("pkill", "-f", "^sleep 31[1-4]$").Run() }
+	reap := func() { exec.Command("pkill", "-f", "^sleep 31[1-5]$").Run() }
 	reap()
 	t.Cleanup(reap)
 	sb := in.Create(in.Token, "busybox", "--wait")
@@ -406,6 +406,11 @@ func TestSSHSessionsEnd(t *testing.T) {
 	in.MustCLI(in.Token, "sandbox", "start", sb.ID)
 	in.WaitState(in.Token, sb.ID, "running")
 
+	other := in.Create(in.Token, "busybox", "--wait")
+	ch = live(u, other.ID, 314)
+	in.MustCLI(in.Token, "sandbox", "delete", other.ID)
+	wait(ch, "deleted")
+
 	ch = live(u, sb.ID, 313)
 	if err := in.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("serve after SIGTERM with a live SSH session: %v\n%s", err, in.Out.String())
@@ -435,7 +440,7 @@ func keyID(t *testing.T, in *e2e.Instance, token, key string) string {
 	return ""
 }
 
-func loadSigner(t *testing.T, key string) gossh.Signer {
+func loadSigner(t testing.TB, key string) gossh.Signer {
 	t.Helper()
 	b, err := os.ReadFile(key)
 	if err != nil {
@@ -480,3 +485,54 @@ func forwardOnce(t *testing.T, u *sshUser, id, dest string) string {
 }
 
 func k8sName(id string) string { return strings.ReplaceAll(id, "_", "-") }
+
+// TestSSHKeepAlive: a client that stops answering (its process frozen) is
+// dropped after the keepalives it misses, and the gateway's log carries no
+// key material, only fingerprints.
+func TestSSHKeepAlive(t *testing.T) {
+	requireSSH(t)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-keepalive", "1s")
+	t.Cleanup(func() { exec.Command("pkill", "-f", "^sleep 315$").Run() })
+	sb := in.Create(in.Token, "busybox", "--wait")
+	u := newSSHUser(t, in, in.Token)
+	cmd := exec.Command("ssh", u.args("-o", "ServerAliveInterval=0", sb.ID+"@127.0.0.1", "sleep 315")...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e2e.Eventually(t, "session running", 30*time.Second, func() (bool, error) {
+		return exec.Command("pgrep", "-f", "^sleep 315$").Run() == nil, nil
+	})
+	cmd.Process.Signal(syscall.SIGSTOP)
+	e2e.Eventually(t, "the gateway drops the silent client", 30*time.Second, func() (bool, error) {
+		return strings.Contains(in.Out.String(), "stopped answering keepalives"), nil
+	})
+	cmd.Process.Signal(syscall.SIGCONT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		if cmd.ProcessState.ExitCode() == 0 {
+			t.Fatal("ssh exited 0 after its connection was dropped")
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("ssh did not notice its connection was dropped")
+	}
+	pub, _ := os.ReadFile(u.key + ".pub")
+	blob := strings.Fields(string(pub))[1]
+	// The log lines, not the admin key printed once on first start.
+	var logs []string
+	for _, l := range strings.Split(in.Out.String(), "\n") {
+		if strings.Contains(l, "level=") {
+			logs = append(logs, l)
+		}
+	}
+	log := strings.Join(logs, "\n")
+	if strings.Contains(log, blob) || strings.Contains(log, in.Token) || strings.Contains(log, "hl_") {
+		t.Fatalf("the log carries key material or an API key:\n%s", log)
+	}
+	if !strings.Contains(log, "fingerprint=SHA256:") {
+		t.Fatal("the log names no key fingerprint")
+	}
+}

@@ -1,0 +1,266 @@
+package main_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+)
+
+// sink accepts connections, reads each to EOF, and answers one byte, so a
+// sender knows everything arrived.
+func sink(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(io.Discard, c)
+				c.Write([]byte{1})
+				c.Close()
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// push sends n bytes to addr and waits for the sink's answer.
+func push(b *testing.B, addr string, data []byte, n int) time.Duration {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	for sent := 0; sent < n; sent += len(data) {
+		if _, err := c.Write(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// startSSHD runs OpenSSH's sshd on loopback with a throwaway config that
+// accepts the user's key, for root.
+func startSSHD(b *testing.B, pubKey string) string {
+	sshd, err := exec.LookPath("sshd")
+	if err != nil {
+		if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
+			b.Fatal("sshd is not installed (Debian: openssh-server; make bench installs it)")
+		}
+		sshd = "/usr/sbin/sshd"
+	}
+	dir := b.TempDir()
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, "host")).CombinedOutput(); err != nil {
+		b.Fatalf("ssh-keygen: %v %s", err, out)
+	}
+	os.WriteFile(filepath.Join(dir, "authorized_keys"), []byte(pubKey), 0o600)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	cfg := filepath.Join(dir, "sshd_config")
+	os.WriteFile(cfg, []byte("ListenAddress 127.0.0.1\nPort "+port+"\nHostKey "+filepath.Join(dir, "host")+
+		"\nAuthorizedKeysFile "+filepath.Join(dir, "authorized_keys")+"\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"+
+		"KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nAllowTcpForwarding yes\n"), 0o600)
+	os.MkdirAll("/run/sshd", 0o755)
+	cmd := exec.Command(sshd, "-D", "-e", "-f", cfg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &e2e.SyncBuffer{}
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e2e.Eventually(b, "sshd listening", 20*time.Second, func() (bool, error) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, fmt.Errorf("%v: %s", err, out.String())
+	})
+	return port
+}
+
+// BenchmarkForwardThroughput: 256 MB pushed through `ssh -N -L` into a
+// sandbox (gateway, then the session helper) and through OpenSSH's own
+// sshd on loopback, each against raw loopback TCP in the same run. The
+// client runs with its default options in both cases.
+func BenchmarkForwardThroughput(b *testing.B) {
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b),
+		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local")
+	dir := e2e.Helpers(b)
+	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
+	u := newSSHUser(b, in, in.Token)
+	e2e.Eventually(b, "helper listening", 30*time.Second, func() (bool, error) {
+		return strings.Contains(helperLog(b, in, dir, sb.ID), "session helper listening"), nil
+	})
+	dest := sink(b)
+	_, destPort, _ := net.SplitHostPort(dest)
+	pub, _ := os.ReadFile(u.key + ".pub")
+	sshdPort := startSSHD(b, string(pub))
+	_, gwPort, _ := net.SplitHostPort(in.SSHAddr)
+	common := []string{"-F", "/dev/null", "-i", u.key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"}
+	fix := func(args []string, d string) []string {
+		out := append([]string{}, args...)
+		for i := range out {
+			out[i] = strings.Replace(out[i], "%DEST%", d, 1)
+		}
+		return out
+	}
+	hiloopTunnel := tunnelDest(b, fix, append(append([]string{}, common...), "-p", gwPort, sb.ID+"@127.0.0.1"), "localhost:"+destPort)
+	sshdTunnel := tunnelDest(b, fix, append(append([]string{}, common...), "-p", sshdPort, "root@127.0.0.1"), "127.0.0.1:"+destPort)
+	data := make([]byte, 256<<10)
+	rand.Read(data)
+	const size = 256 << 20
+	mbps := func(d time.Duration) float64 { return float64(size) / (1 << 20) / d.Seconds() }
+	b.ResetTimer()
+	for range b.N {
+		var raw, hl, sd []time.Duration
+		for range 3 {
+			raw = append(raw, push(b, dest, data, size))
+			hl = append(hl, push(b, hiloopTunnel, data, size))
+			sd = append(sd, push(b, sshdTunnel, data, size))
+		}
+		r, h, s := mbps(percentile(raw, 50)), mbps(percentile(hl, 50)), mbps(percentile(sd, 50))
+		b.ReportMetric(r, "raw-MB/s")
+		b.ReportMetric(h, "hiloop-MB/s")
+		b.ReportMetric(s, "sshd-MB/s")
+		b.ReportMetric(h/s, "hiloop/sshd")
+		b.ReportMetric(h/r, "hiloop/raw")
+		b.ReportMetric(s/r, "sshd/raw")
+	}
+}
+
+func tunnelDest(b *testing.B, fix func([]string, string) []string, args []string, dest string) string {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	local := l.Addr().String()
+	l.Close()
+	_, lport, _ := net.SplitHostPort(local)
+	cmd := exec.Command("ssh", fix(append([]string{"-N", "-L", "127.0.0.1:" + lport + ":%DEST%"}, args...), dest)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e2e.Eventually(b, "tunnel up", 20*time.Second, func() (bool, error) {
+		c, err := net.Dial("tcp", local)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, err
+	})
+	return local
+}
+
+// BenchmarkSSHRoundTrip: `ssh host true` through the gateway against
+// `hiloop sandbox exec -- true`, both to the exit status.
+func BenchmarkSSHRoundTrip(b *testing.B) {
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	sb := in.Create(in.Token, "busybox", "--wait")
+	u := newSSHUser(b, in, in.Token)
+	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
+	b.ResetTimer()
+	for range b.N {
+		var sh, ex []time.Duration
+		for range 30 {
+			sh = append(sh, timeCmd(b, nil, "ssh", u.args(sb.ID+"@127.0.0.1", "true")...))
+			ex = append(ex, timeCmd(b, env, e2e.Binary(b), "sandbox", "exec", sb.ID, "--", "true"))
+		}
+		b.ReportMetric(float64(percentile(sh, 50).Microseconds())/1000, "ssh-p50-ms")
+		b.ReportMetric(float64(percentile(ex, 50).Microseconds())/1000, "exec-p50-ms")
+		b.ReportMetric(float64(percentile(sh, 50))/float64(percentile(ex, 50)), "ssh/exec")
+	}
+}
+
+// BenchmarkSSHSessions200: 200 concurrent sessions (protocol-level
+// clients, each running a command that prints and then waits): the p99 time
+// from dial to the first byte of output, and the gateway's resident memory
+// per live session.
+func BenchmarkSSHSessions200(b *testing.B) {
+	const n = 200
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--exec-per-sandbox", "256", "--exec-per-org", "512")
+	sb := in.Create(in.Token, "busybox", "--wait")
+	u := newSSHUser(b, in, in.Token)
+	signer := loadSigner(b, u.key)
+	_, port, _ := net.SplitHostPort(in.SSHAddr)
+	b.ResetTimer()
+	for range b.N {
+		before := rssKB(b, in.Cmd.Process.Pid)
+		ttfb := make([]time.Duration, n)
+		var wg, ready sync.WaitGroup
+		release := make(chan struct{})
+		var failed sync.Map
+		for i := range n {
+			wg.Add(1)
+			ready.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				once := sync.OnceFunc(ready.Done)
+				defer once()
+				c, err := gossh.Dial("tcp", "127.0.0.1:"+port, &gossh.ClientConfig{User: sb.ID, Auth: []gossh.AuthMethod{gossh.PublicKeys(signer)},
+					HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 60 * time.Second})
+				if err != nil {
+					failed.Store(i, err)
+					return
+				}
+				defer c.Close()
+				s, err := c.NewSession()
+				if err != nil {
+					failed.Store(i, err)
+					return
+				}
+				out, _ := s.StdoutPipe()
+				if err := s.Start("echo up; sleep 60"); err != nil {
+					failed.Store(i, err)
+					return
+				}
+				if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+					failed.Store(i, err)
+					return
+				}
+				ttfb[i] = time.Since(start)
+				once()
+				<-release
+			}()
+		}
+		ready.Wait()
+		after := rssKB(b, in.Cmd.Process.Pid)
+		close(release)
+		wg.Wait()
+		nf := 0
+		failed.Range(func(k, v any) bool { nf++; b.Logf("session %v: %v", k, v); return true })
+		if nf > 0 {
+			b.Fatalf("%d of %d sessions failed", nf, n)
+		}
+		b.ReportMetric(float64(percentile(ttfb, 50).Microseconds())/1000, "ttfb-p50-ms")
+		b.ReportMetric(float64(percentile(ttfb, 99).Microseconds())/1000, "ttfb-p99-ms")
+		b.ReportMetric(float64(after-before)/n, "rss-KB/session")
+	}
+	exec.Command("pkill", "-f", "^sleep 60$").Run()
+}

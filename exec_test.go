@@ -329,31 +329,16 @@ func TestExecSlowReaderBoundedMemory(t *testing.T) {
 // (tmux): the remote side sees the local window's size, and a resize of the
 // window reaches it.
 func TestExecTTYInTerminal(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux is not installed")
-	}
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
-	session := "hiloop-tty-" + strconv.Itoa(os.Getpid())
-	tmux := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("tmux", append([]string{"-L", session}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %v: %v %s", args, err, out)
-		}
-		return string(out)
-	}
 	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 		" sandbox exec -t " + sb.ID + ` -- sh -c 'while :; do stty size; sleep 0.2; done'`
-	tmux("-f", "/dev/null", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", shell)
-	tmux("set-option", "-t", session, "status", "off")
-	t.Cleanup(func() { exec.Command("tmux", "-L", session, "kill-server").Run() })
-	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
+	term := e2e.Tmux(t, 100, 30, shell)
 	e2e.Eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
-		return strings.Contains(screen(), "30 100"), nil
+		return strings.Contains(term.Screen(), "30 100"), nil
 	})
-	tmux("resize-window", "-t", session, "-x", "120", "-y", "40")
+	term.Resize(120, 40)
 	e2e.Eventually(t, "remote sees the resize", 20*time.Second, func() (bool, error) {
-		return strings.Contains(screen(), "40 120"), nil
+		return strings.Contains(term.Screen(), "40 120"), nil
 	})
 }

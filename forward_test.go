@@ -26,7 +26,7 @@ import (
 
 // serveForward starts serve backing the forward transport, with the local
 // cluster's helper runner.
-func serveForward(t *testing.T) (*e2e.Instance, string) {
+func serveForward(t testing.TB) (*e2e.Instance, string) {
 	t.Helper()
 	dir := e2e.Helpers(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
@@ -34,9 +34,9 @@ func serveForward(t *testing.T) (*e2e.Instance, string) {
 	return in, dir
 }
 
-// echoServer echoes every connection on the host's loopback, which in the
-// local cluster is the pod's.
-func echoServer(t *testing.T) string {
+// loopbackServer serves every connection on the host's loopback, which in
+// the local cluster is the pod's, with handle, and returns its address.
+func loopbackServer(t testing.TB, handle func(c *net.TCPConn)) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -50,28 +50,42 @@ func echoServer(t *testing.T) string {
 				return
 			}
 			go func() {
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-				c.Close()
+				defer c.Close()
+				handle(c.(*net.TCPConn))
 			}()
 		}
 	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return l.Addr().String()
+}
+
+// echoServer echoes every connection and returns its port.
+func echoServer(t testing.TB) string {
+	_, port, _ := net.SplitHostPort(loopbackServer(t, func(c *net.TCPConn) {
+		io.Copy(c, c)
+		c.CloseWrite()
+	}))
 	return port
+}
+
+// forwardSandbox serves with the forward transport and returns a running
+// sandbox that has it, its helper listening, and a user whose key is
+// registered.
+func forwardSandbox(t testing.TB) (*e2e.Instance, string, e2e.Sandbox, *sshUser) {
+	t.Helper()
+	requireSSH(t)
+	in, dir := serveForward(t)
+	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
+	u := newSSHUser(t, in, in.Token)
+	waitHelper(t, in, dir, sb.ID)
+	return in, dir, sb, u
 }
 
 // forward runs ssh -N -L to localhost:port inside the sandbox and returns
 // the local address and the running ssh.
 func forward(t *testing.T, u *sshUser, id, port string) (string, *exec.Cmd, *e2e.SyncBuffer) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := l.Addr().String()
-	l.Close()
-	_, lport, _ := net.SplitHostPort(local)
-	cmd := exec.Command("ssh", u.args("-N", "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:"+lport+":localhost:"+port, id+"@127.0.0.1")...)
+	local := e2e.FreeAddr(t)
+	cmd := exec.Command("ssh", u.args("-N", "-o", "ExitOnForwardFailure=yes", "-L", local+":localhost:"+port, id+"@127.0.0.1")...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &e2e.SyncBuffer{}
 	cmd.Stderr = out
@@ -79,13 +93,7 @@ func forward(t *testing.T, u *sshUser, id, port string) (string, *exec.Cmd, *e2e
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	e2e.Eventually(t, "-L listening", 20*time.Second, func() (bool, error) {
-		c, err := net.Dial("tcp", local)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil, err
-	})
+	e2e.WaitListening(t, "-L listening", local)
 	return local, cmd, out
 }
 
@@ -114,6 +122,14 @@ func roundTrip(t *testing.T, addr string, n int64) {
 	}
 }
 
+// waitHelper waits until the sandbox's session helper listens.
+func waitHelper(t testing.TB, in *e2e.Instance, dir, id string) {
+	t.Helper()
+	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
+		return strings.Contains(helperLog(t, in, dir, id), "session helper listening"), nil
+	})
+}
+
 // helperLog is the session helper log of the sandbox's pod.
 func helperLog(t testing.TB, in *e2e.Instance, dir, id string) string {
 	t.Helper()
@@ -130,13 +146,7 @@ func helperLog(t testing.TB, in *e2e.Instance, dir, id string) string {
 // connection, a rotated gateway key reaches the helper, and stopping the
 // sandbox ends the forward.
 func TestSSHForward(t *testing.T) {
-	requireSSH(t)
-	in, dir := serveForward(t)
-	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
-	u := newSSHUser(t, in, in.Token)
-	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
-		return strings.Contains(helperLog(t, in, dir, sb.ID), "session helper listening"), nil
-	})
+	in, dir, sb, u := forwardSandbox(t)
 	port := echoServer(t)
 	local, ssh, sshOut := forward(t, u, sb.ID, port)
 
@@ -191,13 +201,7 @@ func TestSSHForward(t *testing.T) {
 // pod's life is refused, and the sandbox turns attention with
 // helper_host_key_changed.
 func TestHelperHostKeyChange(t *testing.T) {
-	requireSSH(t)
-	in, dir := serveForward(t)
-	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
-	u := newSSHUser(t, in, in.Token)
-	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
-		return strings.Contains(helperLog(t, in, dir, sb.ID), "session helper listening"), nil
-	})
+	in, dir, sb, u := forwardSandbox(t)
 	port := echoServer(t)
 	local, _, _ := forward(t, u, sb.ID, port)
 	roundTrip(t, local, 1<<10) // the helper's key is pinned for this pod

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,28 +19,13 @@ import (
 	"github.com/hiloop/hiloop/internal/e2e"
 )
 
-// sink accepts connections, reads each to EOF, and answers one byte, so a
-// sender knows everything arrived.
+// sink reads each connection to EOF and answers one byte, so a sender
+// knows everything arrived.
 func sink(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				io.Copy(io.Discard, c)
-				c.Write([]byte{1})
-				c.Close()
-			}()
-		}
-	}()
-	return l.Addr().String()
+	return loopbackServer(b, func(c *net.TCPConn) {
+		io.Copy(io.Discard, c)
+		c.Write([]byte{1})
+	})
 }
 
 // push sends n bytes to addr and waits for the sink's answer.
@@ -79,9 +63,7 @@ func startSSHD(b *testing.B, pubKey string) string {
 		b.Fatalf("ssh-keygen: %v %s", err, out)
 	}
 	os.WriteFile(filepath.Join(dir, "authorized_keys"), []byte(pubKey), 0o600)
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close()
+	addr := e2e.FreeAddr(b)
 	_, port, _ := net.SplitHostPort(addr)
 	cfg := filepath.Join(dir, "sshd_config")
 	os.WriteFile(cfg, []byte("ListenAddress 127.0.0.1\nPort "+port+"\nHostKey "+filepath.Join(dir, "host")+
@@ -111,29 +93,15 @@ func startSSHD(b *testing.B, pubKey string) string {
 // sshd on loopback, each against raw loopback TCP in the same run. The
 // client runs with its default options in both cases.
 func BenchmarkForwardThroughput(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b),
-		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local")
-	dir := e2e.Helpers(b)
-	sb := in.Create(in.Token, "busybox", "--transport", "ssh", "--transport", "forward", "--wait")
-	u := newSSHUser(b, in, in.Token)
-	e2e.Eventually(b, "helper listening", 30*time.Second, func() (bool, error) {
-		return strings.Contains(helperLog(b, in, dir, sb.ID), "session helper listening"), nil
-	})
+	in, _, sb, u := forwardSandbox(b)
 	dest := sink(b)
 	_, destPort, _ := net.SplitHostPort(dest)
 	pub, _ := os.ReadFile(u.key + ".pub")
 	sshdPort := startSSHD(b, string(pub))
 	_, gwPort, _ := net.SplitHostPort(in.SSHAddr)
 	common := []string{"-F", "/dev/null", "-i", u.key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"}
-	fix := func(args []string, d string) []string {
-		out := append([]string{}, args...)
-		for i := range out {
-			out[i] = strings.Replace(out[i], "%DEST%", d, 1)
-		}
-		return out
-	}
-	hiloopTunnel := tunnelDest(b, fix, append(append([]string{}, common...), "-p", gwPort, sb.ID+"@127.0.0.1"), "localhost:"+destPort)
-	sshdTunnel := tunnelDest(b, fix, append(append([]string{}, common...), "-p", sshdPort, "root@127.0.0.1"), "127.0.0.1:"+destPort)
+	hiloopTunnel := tunnel(b, "localhost:"+destPort, append(append([]string{}, common...), "-p", gwPort, sb.ID+"@127.0.0.1"))
+	sshdTunnel := tunnel(b, "127.0.0.1:"+destPort, append(append([]string{}, common...), "-p", sshdPort, "root@127.0.0.1"))
 	data := make([]byte, 256<<10)
 	rand.Read(data)
 	const size = 256 << 20
@@ -156,24 +124,16 @@ func BenchmarkForwardThroughput(b *testing.B) {
 	}
 }
 
-func tunnelDest(b *testing.B, fix func([]string, string) []string, args []string, dest string) string {
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	local := l.Addr().String()
-	l.Close()
-	_, lport, _ := net.SplitHostPort(local)
-	cmd := exec.Command("ssh", fix(append([]string{"-N", "-L", "127.0.0.1:" + lport + ":%DEST%"}, args...), dest)...)
+// tunnel runs `ssh -N -L local:dest` with args and returns local.
+func tunnel(b *testing.B, dest string, args []string) string {
+	local := e2e.FreeAddr(b)
+	cmd := exec.Command("ssh", append([]string{"-N", "-L", local + ":" + dest}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	e2e.Eventually(b, "tunnel up", 20*time.Second, func() (bool, error) {
-		c, err := net.Dial("tcp", local)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil, err
-	})
+	e2e.WaitListening(b, "tunnel up", local)
 	return local
 }
 

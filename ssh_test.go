@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -311,48 +312,34 @@ func TestSSHAuthorizesTheKeyThatSigned(t *testing.T) {
 // and after a resize, TERM from the PTY request, and exit 3.
 func TestSSHTerminal(t *testing.T) {
 	requireSSH(t)
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Fatal("tmux is not installed")
-	}
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
-	session := "hiloop-ssh-" + strconv.Itoa(os.Getpid())
-	tmux := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("tmux", append([]string{"-L", session}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %v: %v %s", args, err, out)
-		}
-		return string(out)
-	}
-	line := "ssh -t " + strings.Join(u.args(sb.ID+"@127.0.0.1"), " ") + "; echo EXIT=$?; sleep 60"
-	tmux("-f", "/dev/null", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", line)
-	tmux("set-option", "-t", session, "status", "off")
-	t.Cleanup(func() { exec.Command("tmux", "-L", session, "kill-server").Run() })
-	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
-	send := func(keys string) { tmux("send-keys", "-t", session, keys, "Enter") }
+	term := e2e.Tmux(t, 100, 30, "ssh -t "+strings.Join(u.args(sb.ID+"@127.0.0.1"), " ")+"; echo EXIT=$?; sleep 60")
+	screen := func() (bool, error) { return false, fmt.Errorf("screen:\n%s", term.Screen()) }
 	e2e.Eventually(t, "a prompt", 30*time.Second, func() (bool, error) {
-		return regexp.MustCompile(`[$#] *$`).MatchString(strings.TrimSpace(screen())), nil
+		if regexp.MustCompile(`[$#] *$`).MatchString(strings.TrimSpace(term.Screen())) {
+			return true, nil
+		}
+		return screen()
 	})
-	send("stty size; echo TERM=$TERM")
+	term.Type("stty size; echo TERM=$TERM")
 	e2e.Eventually(t, "30 rows, 100 columns and TERM", 20*time.Second, func() (bool, error) {
-		s := screen()
+		s := term.Screen()
 		return strings.Contains(s, "30 100") && regexp.MustCompile(`TERM=(screen|tmux)`).MatchString(s), nil
 	})
-	tmux("resize-window", "-t", session, "-x", "120", "-y", "40")
+	term.Resize(120, 40)
 	time.Sleep(300 * time.Millisecond)
-	send("stty size")
-	e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) { return strings.Contains(screen(), "40 120"), nil })
-	send("exit 3")
-	e2e.Eventually(t, "exit 3", 20*time.Second, func() (bool, error) { return strings.Contains(screen(), "EXIT=3"), screen2(screen()) })
+	term.Type("stty size")
+	e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) { return strings.Contains(term.Screen(), "40 120"), nil })
+	term.Type("exit 3")
+	e2e.Eventually(t, "exit 3", 20*time.Second, func() (bool, error) {
+		if strings.Contains(term.Screen(), "EXIT=3") {
+			return true, nil
+		}
+		return screen()
+	})
 }
-
-func screen2(s string) error { return &screenError{s} }
-
-type screenError struct{ s string }
-
-func (e *screenError) Error() string { return "screen:\n" + e.s }
 
 // TestSSHSessionsEnd: deleting the SSH key, stopping or deleting the
 // sandbox, and SIGTERM to serve each end a live session within seconds,
@@ -457,14 +444,8 @@ func loadSigner(t testing.TB, key string) gossh.Signer {
 // forward, and returns what ssh said about it.
 func forwardOnce(t *testing.T, u *sshUser, id, dest string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := l.Addr().String()
-	l.Close()
-	_, lport, _ := net.SplitHostPort(local)
-	cmd := exec.Command("ssh", u.args("-N", "-L", "127.0.0.1:"+lport+":"+dest, id+"@127.0.0.1")...)
+	local := e2e.FreeAddr(t)
+	cmd := exec.Command("ssh", u.args("-N", "-L", local+":"+dest, id+"@127.0.0.1")...)
 	var e e2e.SyncBuffer
 	cmd.Stderr = &e
 	if err := cmd.Start(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -464,4 +465,69 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// FreeAddr is a loopback address with a port that was free a moment ago,
+// for a process the test starts to listen on.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// WaitListening waits until something accepts TCP connections on addr.
+func WaitListening(t testing.TB, what, addr string) {
+	t.Helper()
+	Eventually(t, what, 20*time.Second, func() (bool, error) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, err
+	})
+}
+
+// Terminal is a program running in a tmux window of a given size, read and
+// typed into as a person would.
+type Terminal struct {
+	t    testing.TB
+	name string
+}
+
+// Tmux runs cmdline in a detached tmux session of width x height and kills
+// it at the end of the test.
+func Tmux(t testing.TB, width, height int, cmdline string) *Terminal {
+	t.Helper()
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatal("tmux is not installed")
+	}
+	term := &Terminal{t: t, name: fmt.Sprintf("hiloop-%d-%s", os.Getpid(), strings.ToLower(store.NewID("t")[2:10]))}
+	term.run("-f", "/dev/null", "new-session", "-d", "-s", term.name, "-x", fmt.Sprint(width), "-y", fmt.Sprint(height), cmdline)
+	term.run("set-option", "-t", term.name, "status", "off")
+	t.Cleanup(func() { exec.Command("tmux", "-L", term.name, "kill-server").Run() })
+	return term
+}
+
+func (term *Terminal) run(args ...string) string {
+	term.t.Helper()
+	out, err := exec.Command("tmux", append([]string{"-L", term.name}, args...)...).CombinedOutput()
+	if err != nil {
+		term.t.Fatalf("tmux %v: %v %s", args, err, out)
+	}
+	return string(out)
+}
+
+// Screen is what the window shows now.
+func (term *Terminal) Screen() string { return term.run("capture-pane", "-p", "-t", term.name) }
+
+// Type types a line and Enter.
+func (term *Terminal) Type(line string) { term.run("send-keys", "-t", term.name, line, "Enter") }
+
+// Resize resizes the window.
+func (term *Terminal) Resize(width, height int) {
+	term.run("resize-window", "-t", term.name, "-x", fmt.Sprint(width), "-y", fmt.Sprint(height))
 }

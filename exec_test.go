@@ -190,7 +190,7 @@ func TestExecBadInput(t *testing.T) {
 		})
 	}
 	// The streaming endpoint refuses bad parameters before upgrading.
-	for _, q := range []string{"", "command=", "command=true&tty=maybe", "command=true&timeout=x", "command=true&shell=1"} {
+	for _, q := range []string{"", "command=", "command=true&tty=maybe", "command=true&timeout=x", "command=true&shell=1", "command=true&tty=true"} {
 		status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+q, "")
 		if status != 400 {
 			t.Errorf("stream ?%s: %d %s", q, status, body)
@@ -200,15 +200,22 @@ func TestExecBadInput(t *testing.T) {
 		t.Errorf("plain GET: %d %s", status, body)
 	}
 	// Bad frames end the session with an error frame, never a crash.
-	for name, frame := range map[string][]byte{
-		"bad resize json":  append([]byte{server.ChanResize}, []byte(`{"width":`)...),
-		"zero resize":      append([]byte{server.ChanResize}, []byte(`{"width":0,"height":0}`)...),
-		"unknown channel":  {9, 1, 2},
-		"empty message":    {},
-		"stdin not wanted": {server.ChanStdin, 'x'},
+	tty := url.Values{"command": {"sleep", "20"}, "tty": {"true"}, "stdin": {"true"}}
+	plain := url.Values{"command": {"sleep", "20"}}
+	for name, tc := range map[string]struct {
+		q     url.Values
+		frame []byte
+	}{
+		"bad resize json":  {tty, append([]byte{server.ChanResize}, []byte(`{"width":`)...)},
+		"zero resize":      {tty, append([]byte{server.ChanResize}, []byte(`{"width":0,"height":0}`)...)},
+		"unknown channel":  {tty, []byte{9, 1, 2}},
+		"empty message":    {tty, []byte{}},
+		"stdin not wanted": {plain, []byte{server.ChanStdin, 'x'}},
+		"resize, no tty":   {plain, append([]byte{server.ChanResize}, []byte(`{"width":80,"height":24}`)...)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c := dialExec(t, in, sb.ID, url.Values{"command": {"sleep", "20"}, "tty": {"true"}})
+			c := dialExec(t, in, sb.ID, tc.q)
+			frame := tc.frame
 			c.WriteMessage(websocket.BinaryMessage, frame)
 			f := readExit(t, c)
 			if f.Error == nil || f.Error.Code != "invalid_frame" {
@@ -333,6 +340,8 @@ func TestExecTTYInTerminal(t *testing.T) {
 	sb := in.Create(in.Token, "busybox", "--wait")
 	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 		" sandbox exec -t " + sb.ID + ` -- sh -c 'while :; do stty size; sleep 0.2; done'`
+	// kwok's exec does not end a command whose stream closed.
+	t.Cleanup(func() { exec.Command("pkill", "-f", "while :; do stty size").Run() })
 	term := e2e.Tmux(t, 100, 30, shell)
 	e2e.Eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
 		return strings.Contains(term.Screen(), "30 100"), nil

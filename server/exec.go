@@ -279,6 +279,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// A terminal without input is of no use (and some runtimes fail on it).
+	if flags["tty"] && !flags["stdin"] {
+		s.writeError(w, r, fieldError("tty", "a terminal needs stdin (stdin=true)"))
+		return
+	}
 	timeout := MaxExecTimeout
 	if t := q.Get("timeout"); t != "" {
 		var err error

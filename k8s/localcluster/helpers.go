@@ -131,6 +131,9 @@ func (r *helperRunner) sync(obj any) {
 	defer logf.Close()
 	cmd := exec.Command(r.o.Binary, "agent", "--listen", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), "--authorized-keys", keyFile)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// In a pod, the helper's CPU limit (500m) makes Go's runtime use one
+	// processor; a local process is told so.
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		r.log.Error("start helper", "pod", p.Name, "err", err)

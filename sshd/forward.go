@@ -56,6 +56,8 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 	up := v.(*upstream)
 	up.once.Do(func() { up.client, up.err = g.dialHelper(ctx, conn, who, log) })
 	if up.err != nil {
+		// A later channel may try again.
+		g.upstreams.CompareAndDelete(conn, up)
 		nc.Reject(gossh.ConnectionFailed, up.err.Error())
 		return
 	}

@@ -34,9 +34,12 @@ type session struct {
 
 	mu      sync.Mutex
 	started bool
+	closed  bool
 	tty     bool
 	term    string
-	resize  chan k8s.TerminalSize
+	// resize carries window changes to the exec stream; it is closed when
+	// the channel's requests end, which ends the stream's resize loop.
+	resize chan k8s.TerminalSize
 }
 
 // session handles a "session" channel.
@@ -56,6 +59,12 @@ func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewCha
 	// session is over. Either way the command's context ends.
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer func() {
+		s.mu.Lock()
+		s.closed = true
+		close(s.resize)
+		s.mu.Unlock()
+	}()
 	for req := range reqs {
 		ok := false
 		switch req.Type {
@@ -113,8 +122,9 @@ func (s *session) windowChange(payload []byte) {
 }
 
 // queueResize passes a size on; in a burst the latest that fits is enough.
+// s.mu is held.
 func (s *session) queueResize(w, h uint32) {
-	if w == 0 || h == 0 || w > 0xffff || h > 0xffff {
+	if s.closed || w == 0 || h == 0 || w > 0xffff || h > 0xffff {
 		return
 	}
 	select {

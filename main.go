@@ -4,7 +4,7 @@
 // SQLite record, and is also the CLI.
 //
 // The grammar is split by command group: serve.go (serve, dev), sandbox.go,
-// exec.go (sandbox exec and its terminal), admin.go (org, key), ssh.go
+// exec.go (sandbox exec and its terminal), admin.go (org, key, backup), ssh.go
 // (ssh-key, ssh-config, ssh-rotate-agent-key, sandbox ssh), agent.go (the
 // in-pod session helper).
 package main
@@ -37,6 +37,7 @@ type CLI struct {
 	SSHConfig SSHConfigCmd `cmd:"" name:"ssh-config" help:"Print a Host block for ~/.ssh/config and the gateway's pinned host key."`
 	SSHRotate SSHRotateCmd `cmd:"" name:"ssh-rotate-agent-key" help:"Give the gateway a new key for session helpers and hand it to every sandbox (offline admin)."`
 	Agent     AgentCmd     `cmd:"" help:"Run the session helper (inside a sandbox pod)."`
+	Backup    BackupCmd    `cmd:"" help:"Copy the product record online, consistently, and check the copy (offline admin)."`
 	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }
 

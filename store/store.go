@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"path"
 	"sort"
 	"strings"
@@ -249,4 +250,41 @@ func fromNullMS(v sql.NullInt64) *time.Time {
 // isUnique reports whether err is a SQLite UNIQUE constraint failure.
 func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+// Backup writes a consistent copy of the record to out, which must not
+// exist, while the record stays in use: SQLite's VACUUM INTO reads one
+// snapshot (WAL readers do not block writers, nor writers them). The copy is
+// then opened and checked with PRAGMA integrity_check. A copy that fails
+// the check is removed.
+func (s *Store) Backup(ctx context.Context, out string) error {
+	if _, err := os.Stat(out); err == nil {
+		return fmt.Errorf("backup: %s exists; backups never overwrite", out)
+	}
+	if _, err := s.read.ExecContext(ctx, `VACUUM INTO ?`, out); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	if err := CheckIntegrity(ctx, out); err != nil {
+		os.Remove(out)
+		return err
+	}
+	return nil
+}
+
+// CheckIntegrity opens a database file read-only and runs PRAGMA
+// integrity_check on it.
+func CheckIntegrity(ctx context.Context, path string) error {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return fmt.Errorf("integrity check: %w", err)
+	}
+	defer db.Close()
+	var res string
+	if err := db.QueryRowContext(ctx, `PRAGMA integrity_check`).Scan(&res); err != nil {
+		return fmt.Errorf("integrity check of %s: %w", path, err)
+	}
+	if res != "ok" {
+		return fmt.Errorf("integrity check of %s: %s", path, res)
+	}
+	return nil
 }

@@ -207,11 +207,24 @@ rm -rf "$KWOK_WORKDIR"
 	return nil
 }
 
+// kwokConfig runs the control plane as local processes. The scheduler and
+// the controller manager run without leader election: with it they exit
+// ("leaderelection lost") after an API server stall of about 30 s, and
+// nothing restarts them, so every later sandbox would stay starting.
 const kwokConfig = `apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   runtime: binary
   disableQPSLimits: true
+componentsPatches:
+- name: kube-scheduler
+  extraArgs:
+  - key: leader-elect
+    value: "false"
+- name: kube-controller-manager
+  extraArgs:
+  - key: leader-elect
+    value: "false"
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: ClusterExec

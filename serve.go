@@ -47,6 +47,7 @@ type ServeCmd struct {
 	ClusterTimeout  time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
 	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
 	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
+	LogFormat       string        `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -124,9 +125,15 @@ func (s *ServeCmd) Run(ctx context.Context, stdout io.Writer) error {
 func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	var level slog.Level
 	level.UnmarshalText([]byte(s.LogLevel))
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	handler := func(l slog.Level) slog.Handler {
+		if s.LogFormat == "json" {
+			return slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l})
+		}
+		return slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})
+	}
+	log := slog.New(handler(level))
 	// client-go's own logging goes through slog, at one level less chatty.
-	klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})).With("component", "client-go"))
+	klog.SetSlogLogger(slog.New(handler(max(level, slog.LevelWarn))).With("component", "client-go"))
 
 	// The listeners are bound first: a port in use fails before anything
 	// starts.

@@ -54,6 +54,9 @@ type ErrorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// RequestID is the request's id (also in the X-Request-Id header), for
+	// finding its log lines.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // apiError is an error that already knows its HTTP status and code.
@@ -141,13 +144,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // cluster refusal is logged, never sent.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := toAPIError(err)
+	ri := info(r)
 	switch {
 	case ae.status >= 500:
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "code", ae.detail.Code, "err", err)
+		s.log.Error("request failed", "method", r.Method, "route", ri.route, "status", ae.status, "code", ae.detail.Code, "request_id", ri.id, "err", err)
 	case ae.detail.Code == CodeClusterRejected || errors.Is(err, control.ErrClusterQuota):
-		s.log.Warn("cluster refused a request", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
+		s.log.Warn("cluster refused a request", "method", r.Method, "route", ri.route, "status", ae.status, "request_id", ri.id, "err", err)
 	default:
-		s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", ae.status, "code", ae.detail.Code)
+		s.log.Debug("request refused", "method", r.Method, "route", ri.route, "status", ae.status, "code", ae.detail.Code, "request_id", ri.id)
 	}
-	writeJSON(w, ae.status, ErrorBody{Error: ae.detail})
+	d := ae.detail
+	d.RequestID = ri.id
+	writeJSON(w, ae.status, ErrorBody{Error: d})
 }

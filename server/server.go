@@ -49,9 +49,10 @@ type Options struct {
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
 // control or a read of the store, HTTP out.
 type Server struct {
-	o   Options
-	log *slog.Logger
-	mux *http.ServeMux
+	o       Options
+	log     *slog.Logger
+	mux     *http.ServeMux
+	handler http.Handler
 }
 
 // New builds the API.
@@ -74,8 +75,13 @@ func New(o Options) (*Server, error) {
 		if rt.auth {
 			h = s.authenticated(h)
 		}
-		s.mux.HandleFunc(rt.pattern, h)
+		pattern := rt.pattern
+		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			info(r).route = pattern
+			h(w, r)
+		})
 	}
+	s.handler = s.logged(http.HandlerFunc(s.serve))
 	return s, nil
 }
 
@@ -122,16 +128,19 @@ func (s *Server) Routes() []string {
 	return out
 }
 
-// ServeHTTP serves the API, recovering a panic into a 500 and answering
-// unknown paths and methods with the JSON envelope.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves the API with request ids and the access log.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// serve serves the API, recovering a panic into a 500 and answering unknown
+// paths and methods with the JSON envelope.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
 				panic(v)
 			}
-			s.log.Error("panic", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			writeJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: CodeInternal, Message: "internal error"}})
+			s.log.Error("panic", "method", r.Method, "route", info(r).route, "request_id", info(r).id, "panic", v, "stack", string(debug.Stack()))
+			writeJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: CodeInternal, Message: "internal error", RequestID: info(r).id}})
 		}
 	}()
 	if _, pattern := s.mux.Handler(r); pattern == "" {
@@ -177,6 +186,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
 			return
 		}
+		info(r).org = key.OrgID
 		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, key)))
 	}
 }
@@ -263,7 +273,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Probes ask often, and not ready is expected while starting.
 		s.log.Debug("not ready", "err", err)
-		writeJSON(w, errNotReady.status, ErrorBody{Error: errNotReady.detail})
+		d := errNotReady.detail
+		d.RequestID = info(r).id
+		writeJSON(w, errNotReady.status, ErrorBody{Error: d})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -514,6 +515,67 @@ func TestExecArgvInFirstMessage(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// TestAccessLogAndRequestIDs: every request gets an id, in the header and
+// in error bodies, and one access-log line with its route pattern, status
+// and organization; no key reaches the log, whatever the request carried.
+func TestAccessLogAndRequestIDs(t *testing.T) {
+	var buf syncBuffer
+	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
+		o.Log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	rec := ts.do("GET", "/v1/sandboxes/"+id, "", RequestIDHeader, "client-chosen-1")
+	if rec.Header().Get(RequestIDHeader) != "client-chosen-1" {
+		t.Fatalf("request id %q, want the client's", rec.Header().Get(RequestIDHeader))
+	}
+	bad := ts.do("GET", "/v1/sandboxes/sbx_none", "", RequestIDHeader, "not ok\nforged")
+	var body ErrorBody
+	json.Unmarshal(bad.Body.Bytes(), &body)
+	if rid := bad.Header().Get(RequestIDHeader); rid == "" || rid == "not ok\nforged" || body.Error.RequestID != rid {
+		t.Fatalf("error body id %q, header %q", body.Error.RequestID, rid)
+	}
+	wrong := httptest.NewRequest("GET", "/v1/org", nil)
+	wrong.Header.Set("Authorization", "Bearer hl_thisisnotakeybutlookslikeone")
+	ts.srv.ServeHTTP(httptest.NewRecorder(), wrong)
+
+	var found bool
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if l["msg"] == "request" && l["route"] == "GET /v1/sandboxes/{id}" && l["request_id"] == "client-chosen-1" {
+			found = l["org"] == ts.org.ID && l["status"] == float64(200) && l["duration_ms"] != nil
+		}
+	}
+	if !found {
+		t.Fatalf("no access-log line for the GET:\n%s", buf.String())
+	}
+	for _, secret := range []string{ts.token, "hl_thisisnotakeybutlookslikeone"} {
+		if strings.Contains(buf.String(), secret) {
+			t.Errorf("the log carries %q", secret)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func contains(list []string, s string) bool {

@@ -6,7 +6,10 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 TEST_TIMEOUT ?= 45m
 
-.PHONY: run test cluster build bench vet
+.PHONY: run test cluster build bench vet fuzz fuzz-short
+
+# FUZZ lists the fuzz targets as package:target.
+FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./k8s:FuzzParseReceipt
 
 # cluster builds the pinned control-plane binaries into the cache (only the
 # missing ones) and prints their directory.
@@ -24,6 +27,20 @@ run: build
 test:
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
 	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz-short
+
+# fuzz-short runs each fuzz target for a few seconds (part of make test);
+# fuzz runs each for two minutes, ten in all.
+FUZZTIME ?= 4s
+fuzz-short:
+	@for t in $(FUZZ); do \
+	  echo "fuzz $${t#*:} for $(FUZZTIME):"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} 2>&1 | grep -E '^(fuzz: elapsed: [0-9]+s, execs|--- FAIL|ok|FAIL)' | tail -n 2; \
+	  [ "$${PIPESTATUS[0]}" = 0 ] || exit 1; \
+	done
+
+fuzz:
+	@$(MAKE) --no-print-directory fuzz-short FUZZTIME=2m
 
 vet:
 	$(GO) vet ./...

@@ -1,6 +1,7 @@
 package k8s_test
 
 import (
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -91,4 +92,27 @@ func TestParseReceiptRefusesUnknown(t *testing.T) {
 			t.Errorf("ParseReceipt(%q) accepted", s)
 		}
 	}
+}
+
+// FuzzParseReceipt: no annotation value panics the receipt parser, and what
+// it accepts it can write back the same.
+func FuzzParseReceipt(f *testing.F) {
+	for _, s := range []string{"", "{", `{"v":1,"runtime_class":"gvisor","service_account":"sa","storage":[],"transports":["exec"]}`,
+		`{"v":1,"runtime_class":"gvisor","session_port":2223}`, `{"v":2}`, `null`, `[]`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := k8s.ParseReceipt(s)
+		if err != nil {
+			return
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := k8s.ParseReceipt(string(b))
+		if err != nil || !cmp.Equal(r, again) {
+			t.Fatalf("receipt %q does not survive a round trip: %v", s, err)
+		}
+	})
 }

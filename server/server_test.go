@@ -31,7 +31,7 @@ import (
 const leaky = `User "system:serviceaccount:hiloop-sandboxes:hiloop-org-x" cannot patch pod sbx-abc on node kwok-node-0`
 
 type testServer struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *Server
 	db    *store.Store
 	ctl   *control.Control
@@ -42,7 +42,7 @@ type testServer struct {
 	ready func(context.Context) error
 }
 
-func newTestServer(t *testing.T, fc *controltest.Cluster, opts ...func(*Options, *control.Options)) *testServer {
+func newTestServer(t testing.TB, fc *controltest.Cluster, opts ...func(*Options, *control.Options)) *testServer {
 	t.Helper()
 	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "s.db")})
 	if err != nil {
@@ -105,7 +105,7 @@ func (ts *testServer) create(body string) string {
 	return decodeSandbox(ts.t, rec).ID
 }
 
-func decodeSandbox(t *testing.T, rec *httptest.ResponseRecorder) Sandbox {
+func decodeSandbox(t testing.TB, rec *httptest.ResponseRecorder) Sandbox {
 	t.Helper()
 	var sb Sandbox
 	if err := json.Unmarshal(rec.Body.Bytes(), &sb); err != nil {
@@ -114,7 +114,7 @@ func decodeSandbox(t *testing.T, rec *httptest.ResponseRecorder) Sandbox {
 	return sb
 }
 
-func errCode(t *testing.T, rec *httptest.ResponseRecorder) string {
+func errCode(t testing.TB, rec *httptest.ResponseRecorder) string {
 	t.Helper()
 	var b ErrorBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {

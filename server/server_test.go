@@ -201,10 +201,12 @@ func TestErrorMap(t *testing.T) {
 		}
 	})
 	t.Run("not ready, bounded, without details", func(t *testing.T) {
+		hung := make(chan struct{})
+		t.Cleanup(func() { close(hung) })
 		ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 			o.ReadyTimeout = 200 * time.Millisecond
 			o.Ready = func(ctx context.Context) error {
-				time.Sleep(time.Hour) // a hung API server that ignores ctx
+				<-hung // a hung API server that ignores ctx, until the test ends
 				return nil
 			}
 		})

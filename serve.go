@@ -225,6 +225,9 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 			if !mir.Ready() {
 				return errors.New("status mirror has not synced yet")
 			}
+			if err := db.Probe(ctx); err != nil {
+				return err
+			}
 			return clients.CheckSandboxAPI(ctx)
 		},
 	})

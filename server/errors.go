@@ -41,6 +41,7 @@ const (
 	CodeSessionEnded          = "session_ended"
 	CodeSSHKeyRegistered      = "ssh_key_registered"
 	CodeTransportNotEnabled   = "transport_not_enabled"
+	CodeStorageUnavailable    = "storage_unavailable"
 )
 
 // ErrorBody is the envelope of every error response.
@@ -119,6 +120,8 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusTooManyRequests, CodeQuotaExceeded, "the cluster's quota for sandboxes is exhausted")
 	case errors.Is(err, control.ErrClusterForbidden):
 		return newError(http.StatusInternalServerError, CodeClusterMisconfigured, "the cluster refused hiloop's own request; the operator has to fix hiloop's permissions")
+	case store.Unavailable(err):
+		return newError(http.StatusServiceUnavailable, CodeStorageUnavailable, "the product record cannot be written now; try again")
 	case errors.Is(err, control.ErrClusterUnavailable):
 		return newError(http.StatusServiceUnavailable, CodeClusterUnavailable, "the cluster did not answer; try again")
 	default:

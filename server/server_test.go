@@ -562,6 +562,46 @@ func TestAccessLogAndRequestIDs(t *testing.T) {
 	}
 }
 
+// TestStorageUnavailable: when the record refuses writes, writes answer 503
+// storage_unavailable with Retry-After (never 500), reads keep answering,
+// /readyz turns red, and writes resume when storage does.
+func TestStorageUnavailable(t *testing.T) {
+	var db *store.Store
+	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, co *control.Options) {
+		db = co.Store
+		o.Ready = func(ctx context.Context) error { return co.Store.Probe(ctx) }
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ctx := context.Background()
+	if err := db.SetReadOnly(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct{ method, path, body string }{
+		{"POST", "/v1/sandboxes", `{"image":"busybox"}`},
+		{"POST", "/v1/sandboxes/" + id + "/stop", ""},
+		{"PATCH", "/v1/sandboxes/" + id, `{"ttl":"1h"}`},
+		{"POST", "/v1/keys", `{"name":"k"}`},
+	} {
+		rec := ts.do(w.method, w.path, w.body)
+		if rec.Code != 503 || errCode(t, rec) != CodeStorageUnavailable || rec.Header().Get("Retry-After") == "" {
+			t.Errorf("%s %s with storage read-only: %d %s", w.method, w.path, rec.Code, rec.Body.String())
+		}
+	}
+	if rec := ts.do("GET", "/v1/sandboxes/"+id, ""); rec.Code != 200 {
+		t.Fatalf("read with storage read-only: %d", rec.Code)
+	}
+	if rec := ts.do("GET", "/readyz", ""); rec.Code != 503 {
+		t.Fatalf("readyz with storage read-only: %d", rec.Code)
+	}
+	if err := db.SetReadOnly(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	ts.create(`{"image":"busybox"}`)
+	if rec := ts.do("GET", "/readyz", ""); rec.Code != 200 {
+		t.Fatalf("readyz after storage came back: %d", rec.Code)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
 type syncBuffer struct {
 	mu sync.Mutex

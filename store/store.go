@@ -21,7 +21,8 @@ import (
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/hiloop/hiloop/migrations"
 )
@@ -287,4 +288,50 @@ func CheckIntegrity(ctx context.Context, path string) error {
 		return fmt.Errorf("integrity check of %s: %s", path, res)
 	}
 	return nil
+}
+
+// ErrUnavailable reports that the database file cannot be written now (it
+// is read-only, the disk is full, an I/O error, a lock held too long):
+// storage trouble, not a bug, and the write may succeed later.
+var ErrUnavailable = errors.New("storage unavailable")
+
+// Unavailable reports whether err is storage trouble: ErrUnavailable, or an
+// SQLite error whose primary code says the file could not be written or
+// read.
+func Unavailable(err error) bool {
+	if errors.Is(err, ErrUnavailable) {
+		return true
+	}
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
+		sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+		return true
+	}
+	return false
+}
+
+// Probe makes one small write, so readiness reflects whether the record
+// can be written now.
+func (s *Store) Probe(ctx context.Context) error {
+	_, err := s.write.ExecContext(ctx, `INSERT OR REPLACE INTO settings (key, value) VALUES ('probe', ?)`, s.now().UTC().Format(time.RFC3339Nano))
+	if err != nil {
+		return fmt.Errorf("storage probe: %w", err)
+	}
+	return nil
+}
+
+// SetReadOnly makes the writer connection refuse writes (SQLite's
+// query_only), or lifts that. Fault-injection tests use it to stand in for
+// a file system that refuses writes, which root cannot be made to see.
+func (s *Store) SetReadOnly(ctx context.Context, on bool) error {
+	v := 0
+	if on {
+		v = 1
+	}
+	_, err := s.write.ExecContext(ctx, fmt.Sprintf(`PRAGMA query_only = %d`, v))
+	return err
 }

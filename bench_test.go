@@ -1,19 +1,19 @@
 package main_test
 
 import (
-	"github.com/hiloop/hiloop/internal/e2e"
-
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 
+	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -162,7 +163,7 @@ func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int) 
 // concurrent each. Reported: p50/p99 of both and the p50 ratio.
 func BenchmarkCreateToRunning(b *testing.B) {
 	const n = 100
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
 	key := in.NewOrg("bench", 5000, 5000)
 	// Warm both paths once so neither pays for first-use costs.
 	floorCreateToReady(b, 10)
@@ -207,7 +208,7 @@ func timeReads(b *testing.B, in *e2e.Instance, token string, ids []string, k int
 // 1000-item list, served from SQLite, first idle (the baseline) and then
 // while creates run, and reports p50/p99 of each with the loaded/idle ratio.
 func BenchmarkReadsDuringCreates(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
 	key := in.NewOrg("reads", 5000, 5000)
 	ids := createMany(b, in, key, 1000, 25)
 	b.ResetTimer()
@@ -286,7 +287,7 @@ func timeCmd(b *testing.B, env []string, name string, args ...string) time.Durat
 // BenchmarkExecRoundTrip compares `hiloop sandbox exec ID -- true` with
 // `kubectl exec POD -- true` on the same pod, interleaved, 50 runs each.
 func BenchmarkExecRoundTrip(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	b.ResetTimer()
@@ -305,7 +306,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 // BenchmarkExecThroughput compares bulk output through hiloop's streaming
 // API (the CLI) with `kubectl exec ... cat` of the same 256 MB file.
 func BenchmarkExecThroughput(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	const size = 256 << 20
@@ -329,5 +330,68 @@ func BenchmarkExecThroughput(b *testing.B) {
 		b.ReportMetric(mbps(percentile(hl, 50)), "hiloop-MB/s")
 		b.ReportMetric(mbps(percentile(kc, 50)), "kubectl-MB/s")
 		b.ReportMetric(mbps(percentile(hl, 50))/mbps(percentile(kc, 50)), "throughput-ratio")
+	}
+}
+
+// BenchmarkFloodIsolation: GET p99 for key B while key A floods the API
+// from 8 connections, against the same GETs with no flood, in the same
+// run. The per-key rate limit answers A's excess with 429 cheaply.
+func BenchmarkFloodIsolation(b *testing.B) {
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
+	keyB := in.NewOrg("flood-b", 10, 10)
+	sb := in.Create(keyB, "busybox")
+	// Key B stays within its own rate (100/s): one GET every 15 ms.
+	gets := func() []time.Duration {
+		var ds []time.Duration
+		for range 300 {
+			t0 := time.Now()
+			if s, _ := in.Call(keyB, "GET", "/v1/sandboxes/"+sb.ID, ""); s != 200 {
+				b.Fatalf("key B's GET: %d", s)
+			}
+			ds = append(ds, time.Since(t0))
+			time.Sleep(15 * time.Millisecond)
+		}
+		return ds
+	}
+	b.ResetTimer()
+	for range b.N {
+		quiet := gets()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var sent, limited atomic.Int64
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				client := &http.Client{}
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					req, _ := http.NewRequest("GET", in.URL+"/v1/sandboxes?limit=100", nil)
+					req.Header.Set("Authorization", "Bearer "+in.Token)
+					resp, err := client.Do(req)
+					if err != nil {
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					sent.Add(1)
+					if resp.StatusCode == 429 {
+						limited.Add(1)
+					}
+				}
+			}()
+		}
+		time.Sleep(500 * time.Millisecond)
+		flooded := gets()
+		close(stop)
+		wg.Wait()
+		b.ReportMetric(float64(percentile(quiet, 99).Microseconds())/1000, "quiet-p99-ms")
+		b.ReportMetric(float64(percentile(flooded, 99).Microseconds())/1000, "flooded-p99-ms")
+		b.ReportMetric(float64(percentile(flooded, 99))/float64(percentile(quiet, 99)), "p99-ratio")
+		b.ReportMetric(float64(limited.Load())/float64(max(sent.Load(), 1)), "flood-429-share")
 	}
 }

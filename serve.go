@@ -16,6 +16,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
 	"github.com/hiloop/hiloop/control"
@@ -41,6 +42,8 @@ type ServeCmd struct {
 	Transports      []string      `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
 	AgentImage      string        `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
 	SessionPort     int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
+	RateLimit       float64       `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
+	CreateRateLimit float64       `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
 	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
 	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
 	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
@@ -101,6 +104,9 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.SessionPort < 1 || s.SessionPort > 65535 {
 		return errors.New("--session-port: must be in 1..65535")
+	}
+	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
+		return errors.New("--rate-limit, --create-rate-limit: must not be negative")
 	}
 	if s.ExecPerSandbox < 1 {
 		return errors.New("--exec-per-sandbox: must be at least 1")
@@ -221,6 +227,8 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	}
 	api, err := server.New(server.Options{
 		Store: db, Control: core, Log: log, HostKey: hostPub, SSHPort: sshPort,
+		RateLimits: server.RateLimits{PerKey: rate.Limit(s.RateLimit), Burst: int(2 * s.RateLimit),
+			Creates: rate.Limit(s.CreateRateLimit), CreateBurst: int(5 * s.CreateRateLimit)},
 		Ready: func(ctx context.Context) error {
 			if !mir.Ready() {
 				return errors.New("status mirror has not synced yet")

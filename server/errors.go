@@ -42,6 +42,7 @@ const (
 	CodeSSHKeyRegistered      = "ssh_key_registered"
 	CodeTransportNotEnabled   = "transport_not_enabled"
 	CodeStorageUnavailable    = "storage_unavailable"
+	CodeRateLimited           = "rate_limited"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -44,15 +44,18 @@ type Options struct {
 	// HostKey and SSHPort describe the SSH gateway, when it runs.
 	HostKey gossh.PublicKey
 	SSHPort int
+	// RateLimits bound each API key; off when zero.
+	RateLimits RateLimits
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
 // control or a read of the store, HTTP out.
 type Server struct {
-	o       Options
-	log     *slog.Logger
-	mux     *http.ServeMux
-	handler http.Handler
+	o        Options
+	log      *slog.Logger
+	mux      *http.ServeMux
+	handler  http.Handler
+	limiters limiters
 }
 
 // New builds the API.
@@ -174,6 +177,13 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		if !ok || secret == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "missing bearer token"))
+			return
+		}
+		// The rate limit comes first, keyed by the presented secret's
+		// hash, so a flood's excess costs no record lookup.
+		sum := sha256.Sum256([]byte(secret))
+		if ok, retry := s.limiters.allow(s.o.RateLimits, hex.EncodeToString(sum[:16]), r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"); !ok {
+			s.rateLimited(w, r, retry)
 			return
 		}
 		key, err := s.o.Store.Authenticate(r.Context(), secret)

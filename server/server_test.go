@@ -602,6 +602,43 @@ func TestStorageUnavailable(t *testing.T) {
 	}
 }
 
+// TestRateLimits: a key past its rate gets 429 rate_limited with
+// Retry-After, creates have their own tighter bucket, and another key of
+// the same organization is not slowed.
+func TestRateLimits(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
+		o.RateLimits = RateLimits{PerKey: 1, Burst: 10, Creates: 0.5, CreateBurst: 2}
+	})
+	other := ts.do("POST", "/v1/keys", `{"name":"b"}`)
+	var ck CreatedKey
+	json.Unmarshal(other.Body.Bytes(), &ck)
+	creates := 0
+	for range 4 {
+		if rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`); rec.Code == 201 {
+			creates++
+		} else if rec.Code != 429 || errCode(t, rec) != CodeRateLimited || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("create past the create rate: %d %s", rec.Code, rec.Body.String())
+		}
+	}
+	if creates != 2 {
+		t.Fatalf("%d creates got through a burst of 2", creates)
+	}
+	limited := 0
+	for range 20 {
+		if rec := ts.do("GET", "/v1/sandboxes", ""); rec.Code == 429 {
+			limited++
+		}
+	}
+	if limited == 0 {
+		t.Fatal("20 quick requests past a burst of 10 were all served")
+	}
+	b := *ts
+	b.token = ck.Secret
+	if rec := b.do("GET", "/v1/sandboxes", ""); rec.Code != 200 {
+		t.Fatalf("another key after the first was limited: %d", rec.Code)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
 type syncBuffer struct {
 	mu sync.Mutex

@@ -22,6 +22,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/mirror"
 	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/sshd"
@@ -31,6 +32,7 @@ import (
 // ServeCmd runs the control plane.
 type ServeCmd struct {
 	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	MetricsListen   string        `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
 	SSHListen       string        `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
 	SSHKeepAlive    time.Duration `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
 	SSHIdleTimeout  time.Duration `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
@@ -62,6 +64,11 @@ var knownTransports = []string{"exec", "ssh", k8s.TransportForward}
 func (s *ServeCmd) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
 		return fmt.Errorf("--listen: %q is not host:port", s.Listen)
+	}
+	if s.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(s.MetricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen: %q is not host:port", s.MetricsListen)
+		}
 	}
 	if s.SSHListen != "" {
 		if _, _, err := net.SplitHostPort(s.SSHListen); err != nil {
@@ -148,6 +155,13 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	defer ln.Close()
+	var metricsLn net.Listener
+	if s.MetricsListen != "" {
+		if metricsLn, err = net.Listen("tcp", s.MetricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		defer metricsLn.Close()
+	}
 	var sshLn net.Listener
 	if s.SSHListen != "" {
 		if sshLn, err = net.Listen("tcp", s.SSHListen); err != nil {
@@ -197,8 +211,9 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	met := metrics.New()
 	core, err := control.New(control.Options{
-		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout,
+		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout, Metrics: met,
 		Exec:   &k8s.Execer{Clients: clients, Namespace: s.Namespace, ConnectTimeout: s.ClusterTimeout},
 		Caps:   control.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
 		Limits: control.Limits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},
@@ -206,7 +221,8 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log, Control: core})
+	met.Watch(core)
+	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log, Control: core, Metrics: met})
 	if err != nil {
 		return err
 	}
@@ -218,7 +234,7 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		gateway, err = sshd.New(sshd.Options{Control: core, HostKey: hostKey, Log: log, KeepAlive: s.SSHKeepAlive, IdleTimeout: s.SSHIdleTimeout})
+		gateway, err = sshd.New(sshd.Options{Control: core, HostKey: hostKey, Log: log, KeepAlive: s.SSHKeepAlive, IdleTimeout: s.SSHIdleTimeout, Metrics: met})
 		if err != nil {
 			return err
 		}
@@ -226,7 +242,7 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "hiloop ssh gateway on %s (host key %s)\n", sshLn.Addr(), gossh.FingerprintSHA256(hostKey.PublicKey()))
 	}
 	api, err := server.New(server.Options{
-		Store: db, Control: core, Log: log, HostKey: hostPub, SSHPort: sshPort,
+		Store: db, Control: core, Log: log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
 		RateLimits: server.RateLimits{PerKey: rate.Limit(s.RateLimit), Burst: int(2 * s.RateLimit),
 			Creates: rate.Limit(s.CreateRateLimit), CreateBurst: int(5 * s.CreateRateLimit)},
 		Ready: func(ctx context.Context) error {
@@ -243,6 +259,9 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	httpSrv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	if metricsLn != nil {
+		fmt.Fprintf(stdout, "hiloop metrics on http://%s/metrics\n", metricsLn.Addr())
+	}
 	log.Info("serving", "addr", ln.Addr().String(), "namespace", s.Namespace, "db", s.DB, "cluster", cfg.Host)
 	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, ln.Addr(), cfg.Host, s.Namespace)
 
@@ -256,6 +275,18 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	if gateway != nil {
 		g.Go(func() error { return gateway.Serve(sshLn) })
 	}
+	var metricsSrv *http.Server
+	if metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", met.Handler())
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
 	g.Go(func() error { return mir.Run(gctx) })
 	g.Go(func() error { return core.Run(gctx) })
 	g.Go(func() error {
@@ -266,11 +297,14 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		// Live sessions (hijacked connections Shutdown does not see) get a
 		// final frame saying why, then the server drains.
 		cerr := core.Close(sctx)
-		var gerr error
+		var gerr, merr error
 		if gateway != nil {
 			gerr = gateway.Shutdown(sctx)
 		}
-		return errors.Join(cerr, gerr, httpSrv.Shutdown(sctx))
+		if metricsSrv != nil {
+			merr = metricsSrv.Shutdown(sctx)
+		}
+		return errors.Join(cerr, gerr, merr, httpSrv.Shutdown(sctx))
 	})
 	return g.Wait()
 }

@@ -206,18 +206,20 @@ type HalfCloser interface {
 }
 
 // Pipe copies both ways between two streams, passing each side's EOF on as a
-// half-close, and closes both when both directions are done.
-func Pipe(a, b HalfCloser) {
+// half-close, and closes both when both directions are done. It returns the
+// bytes copied from a to b and from b to a.
+func Pipe(a, b HalfCloser) (aToB, bToA int64) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	half := func(dst, src HalfCloser) {
+	half := func(dst, src HalfCloser, n *int64) {
 		defer wg.Done()
-		io.Copy(dst, src)
+		*n, _ = io.Copy(dst, src)
 		dst.CloseWrite()
 	}
-	go half(a, b)
-	go half(b, a)
+	go half(b, a, &aToB)
+	go half(a, b, &bToA)
 	wg.Wait()
 	a.Close()
 	b.Close()
+	return aToB, bToA
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -79,6 +80,8 @@ type Options struct {
 	SweepInterval time.Duration
 	Log           *slog.Logger
 	Now           func() time.Time
+	// Metrics records cluster errors; optional.
+	Metrics *metrics.Metrics
 }
 
 // Caller is who asks: the organization and the key that actually
@@ -281,16 +284,49 @@ func (c *Control) createObject(id string) (Outcome, error) {
 	case err == nil:
 		return Created, nil
 	case ambiguous(err):
+		c.clusterFailed("create", err)
 		c.log.Warn("create outcome unknown; resolving from evidence", "sandbox", id, "err", err)
 		return Accepted, nil
 	default:
-		err = classify(err)
+		err = c.clusterFailed("create", err)
 		c.log.Warn("cluster refused create", "sandbox", id, "err", err)
 		if ferr := c.o.Store.Fail(context.WithoutCancel(c.base), id, failReason(err)); ferr != nil {
 			c.log.Error("record failed create", "sandbox", id, "err", ferr)
 		}
 		return 0, err
 	}
+}
+
+// clusterFailed classifies a failed cluster call and counts it by verb and
+// kind.
+func (c *Control) clusterFailed(verb string, err error) error {
+	err = classify(err)
+	kind := "unavailable"
+	switch {
+	case errors.Is(err, ErrClusterRejected):
+		kind = "rejected"
+	case errors.Is(err, ErrClusterForbidden):
+		kind = "forbidden"
+	case errors.Is(err, ErrClusterQuota):
+		kind = "quota"
+	}
+	c.o.Metrics.ClusterError(verb, kind)
+	return err
+}
+
+// SandboxesByState counts the record's sandboxes by state, and its
+// organizations, for the metrics.
+func (c *Control) SandboxesByState(ctx context.Context) (map[string]int, int, error) {
+	return c.o.Store.Counts(ctx)
+}
+
+// SessionsByTransport counts live sessions by transport, for the metrics.
+func (c *Control) SessionsByTransport() map[string]int {
+	out := map[string]int{"exec": 0, "ssh": 0, k8s.TransportForward: 0}
+	for _, s := range c.sessions.list() {
+		out[s.Transport]++
+	}
+	return out
 }
 
 // failReason is what a failed record says, fit for its owner to read: never
@@ -387,7 +423,11 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 		if rerr := c.o.Store.RestoreMode(context.WithoutCancel(c.base), ch.Before); rerr != nil {
 			c.log.Error("restore desired mode", "sandbox", id, "err", rerr)
 		}
-		return store.Sandbox{}, classify(err)
+		verb := "patch"
+		if mode == store.ModeDeleted {
+			verb = "delete"
+		}
+		return store.Sandbox{}, c.clusterFailed(verb, err)
 	}
 	// A pending record's object may not exist yet (NotFound above): its
 	// create renders the mode now recorded.
@@ -418,7 +458,7 @@ func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Du
 		if rerr := c.o.Store.RestoreExpiry(context.WithoutCancel(c.base), before); rerr != nil {
 			c.log.Error("restore expiry", "sandbox", id, "err", rerr)
 		}
-		return store.Sandbox{}, classify(err)
+		return store.Sandbox{}, c.clusterFailed("patch", err)
 	}
 	return after, nil
 }

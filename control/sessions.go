@@ -21,6 +21,8 @@ type Session struct {
 	SandboxID string
 	OrgID     string
 	KeyID     string
+	// Transport is the way in: exec, ssh or forward.
+	Transport string
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -40,6 +42,7 @@ func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
 	var ce *k8s.ConnectError
 	if errors.As(err, &ce) {
+		s.c.o.Metrics.ClusterError("exec", "unavailable")
 		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
 	}
 	return st, err
@@ -65,7 +68,7 @@ func (c *Control) Admit(ctx context.Context, who Caller, id, transport string) (
 		return nil, err
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
-	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, ctx: sctx, cancel: cancel, c: c}
+	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Transport: transport, ctx: sctx, cancel: cancel, c: c}
 	if err := c.sessions.add(s, c.o.Limits); err != nil {
 		cancel(err)
 		return nil, err
@@ -119,7 +122,7 @@ func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID stri
 	defer cancel()
 	ip, uid, err := c.o.Cluster.PodAddr(cctx, s.SandboxID)
 	if err != nil {
-		return "", "", classify(err)
+		return "", "", c.clusterFailed("get", err)
 	}
 	return net.JoinHostPort(ip, strconv.Itoa(port)), uid, nil
 }

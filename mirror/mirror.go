@@ -24,6 +24,7 @@ import (
 	sandboxlisters "sigs.k8s.io/agent-sandbox/clients/k8s/listers/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -44,6 +45,9 @@ type Options struct {
 	// Control resolves pending creates and says which records it changed
 	// without a cluster event; optional.
 	Control Control
+	// Metrics records the queue depth and the lag from event to write;
+	// optional.
+	Metrics *metrics.Metrics
 }
 
 // Control is what the mirror needs of the control plane's core
@@ -73,6 +77,8 @@ type Mirror struct {
 	mu      sync.Mutex
 	ready   bool
 	orphans map[string]bool
+	// seen is when the oldest unhandled event of each queued sandbox came.
+	seen map[string]time.Time
 }
 
 // podOwnerIndex indexes pods by the id of the sandbox they belong to.
@@ -98,7 +104,7 @@ func New(o Options) (*Mirror, error) {
 	if o.Workers == 0 {
 		o.Workers = 4
 	}
-	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), orphans: map[string]bool{},
+	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), orphans: map[string]bool{}, seen: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
 
@@ -258,14 +264,26 @@ func (m *Mirror) enqueueObject(obj any) {
 	switch o := obj.(type) {
 	case *v1beta1.Sandbox:
 		if id, ok := IDFromName(o.Name); ok {
-			m.queue.Add(id)
+			m.add(id)
 		}
 	case *corev1.Pod:
 		ids, _ := podSandboxIDs(o)
 		for _, id := range ids {
-			m.queue.Add(id)
+			m.add(id)
 		}
 	}
+}
+
+// add queues a sandbox for a cluster event, remembering when the oldest
+// unhandled one came.
+func (m *Mirror) add(id string) {
+	m.mu.Lock()
+	if _, ok := m.seen[id]; !ok {
+		m.seen[id] = m.o.Now()
+	}
+	m.mu.Unlock()
+	m.queue.Add(id)
+	m.o.Metrics.MirrorQueue(m.queue.Len())
 }
 
 // Ready reports whether the informers synced and the start-up reconcile of
@@ -371,7 +389,7 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 				continue
 			}
 		}
-		if err := m.reconcile(ctx, rec.ID); err != nil {
+		if _, err := m.reconcile(ctx, rec.ID); err != nil {
 			m.log.Error("startup reconcile", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -403,7 +421,16 @@ func (m *Mirror) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer m.queue.Done(id)
-	if err := m.reconcile(ctx, id); err != nil {
+	m.o.Metrics.MirrorQueue(m.queue.Len())
+	m.mu.Lock()
+	since, seen := m.seen[id]
+	delete(m.seen, id)
+	m.mu.Unlock()
+	changed, err := m.reconcile(ctx, id)
+	if changed && seen {
+		m.o.Metrics.MirrorLag(m.o.Now().Sub(since))
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			m.log.Warn("reconcile", "sandbox", id, "err", err)
 			m.queue.AddRateLimited(id)
@@ -414,17 +441,18 @@ func (m *Mirror) processNext(ctx context.Context) bool {
 	return true
 }
 
-// reconcile decides one sandbox from the cache and records the result.
-func (m *Mirror) reconcile(ctx context.Context, id string) error {
+// reconcile decides one sandbox from the cache and records the result,
+// reporting whether it wrote.
+func (m *Mirror) reconcile(ctx context.Context, id string) (bool, error) {
 	rec, err := m.o.Store.SandboxAnyOrg(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil // an orphan: reported at start-up, otherwise ignored
+		return false, nil // an orphan: reported at start-up, otherwise ignored
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if rec.State.Terminal() {
-		return nil
+		return false, nil
 	}
 	obj, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(id))
 	if err != nil {
@@ -432,7 +460,7 @@ func (m *Mirror) reconcile(ctx context.Context, id string) error {
 	}
 	items, err := m.pods.ByIndex(podOwnerIndex, id)
 	if err != nil {
-		return err
+		return false, err
 	}
 	pods := make([]*corev1.Pod, 0, len(items))
 	for _, it := range items {
@@ -441,12 +469,12 @@ func (m *Mirror) reconcile(ctx context.Context, id string) error {
 	obs := Decide(obj, pods, rec, m.o.Now())
 	changed, err := m.o.Store.Observe(ctx, id, obs)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if changed {
 		m.log.Info("observed", "sandbox", id, "state", obs.State, "anomaly", obs.Anomaly, "reason", obs.Reason)
 	}
-	return nil
+	return changed, nil
 }
 
 // Enqueue asks the mirror to re-decide a sandbox now, for example right after

@@ -99,6 +99,7 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		if route == "" {
 			route = "unmatched"
 		}
+		s.o.Metrics.Request(route, sw.status, time.Since(start))
 		s.log.Info("request", "method", r.Method, "route", route, "status", sw.status, "bytes", sw.bytes,
 			"duration_ms", float64(time.Since(start).Microseconds())/1000, "org", ri.org, "request_id", id)
 	})

@@ -22,6 +22,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -46,6 +47,8 @@ type Options struct {
 	SSHPort int
 	// RateLimits bound each API key; off when zero.
 	RateLimits RateLimits
+	// Metrics records requests and authentication failures; optional.
+	Metrics *metrics.Metrics
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
@@ -176,6 +179,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		secret, ok := strings.CutPrefix(h, "Bearer ")
 		if !ok || secret == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
+			s.o.Metrics.AuthFailure("api_key_missing")
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "missing bearer token"))
 			return
 		}
@@ -193,6 +197,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
+			s.o.Metrics.AuthFailure("api_key_invalid")
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
 			return
 		}

@@ -78,7 +78,9 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		return
 	}
 	go gossh.DiscardRequests(creqs)
-	agent.Pipe(cch, ch)
+	in, out := agent.Pipe(cch, ch)
+	g.o.Metrics.SessionBytes(k8s.TransportForward, "in", in)
+	g.o.Metrics.SessionBytes(k8s.TransportForward, "out", out)
 }
 
 // dialHelper admits a forward session for the connection and dials the

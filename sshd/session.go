@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
@@ -172,7 +174,12 @@ func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bo
 	if !tty {
 		argv[3] = "sh" // no terminal, no TERM
 	}
-	req := k8s.ExecRequest{Command: argv, Stdin: s.ch, Stdout: s.ch, Stderr: s.ch.Stderr(), TTY: tty}
+	in, out := &counter{r: s.ch}, &counter{w: s.ch}
+	defer func() {
+		s.g.o.Metrics.SessionBytes("ssh", "in", in.n.Load())
+		s.g.o.Metrics.SessionBytes("ssh", "out", out.n.Load())
+	}()
+	req := k8s.ExecRequest{Command: argv, Stdin: in, Stdout: out, Stderr: s.ch.Stderr(), TTY: tty}
 	if tty {
 		req.Resize = s.resize
 	}
@@ -230,3 +237,22 @@ func refusal(id string, err error) string {
 // of, by number.
 var signalNames = map[int]string{1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 6: "ABRT", 8: "FPE", 9: "KILL",
 	10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM"}
+
+// counter counts the bytes read through r or written through w.
+type counter struct {
+	r io.Reader
+	w io.Writer
+	n atomic.Int64
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}

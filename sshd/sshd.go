@@ -26,6 +26,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/metrics"
 )
 
 // Options configure New.
@@ -41,6 +42,8 @@ type Options struct {
 	// IdleTimeout closes a connection that moved no bytes for this long
 	// (keepalives count); off when zero.
 	IdleTimeout time.Duration
+	// Metrics records refused keys and bytes moved; optional.
+	Metrics *metrics.Metrics
 }
 
 // Gateway is the SSH server.
@@ -117,6 +120,7 @@ func New(o Options) (*Gateway, error) {
 func (g *Gateway) publicKey(ctx ssh.Context, key ssh.PublicKey) bool {
 	_, ok := g.o.Control.SSHCaller(ctx, key, ctx.User())
 	if !ok {
+		g.o.Metrics.AuthFailure("ssh_key_refused")
 		g.log.Info("ssh key refused", "fingerprint", gossh.FingerprintSHA256(key), "user", ctx.User(), "remote", ctx.RemoteAddr().String())
 	}
 	return ok

@@ -586,3 +586,30 @@ func (s *Store) ClearExpiry(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// Counts counts sandboxes by state, across organizations, and the
+// organizations: the metrics' gauges.
+func (s *Store) Counts(ctx context.Context) (map[string]int, int, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT state, count(*) FROM sandboxes GROUP BY state`)
+	if err != nil {
+		return nil, 0, fmt.Errorf("counts: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, 0, err
+		}
+		out[st] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	var orgs int
+	if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM orgs`).Scan(&orgs); err != nil {
+		return nil, 0, fmt.Errorf("counts: %w", err)
+	}
+	return out, orgs, nil
+}

@@ -178,6 +178,8 @@ type Instance struct {
 	NS    string
 	// SSHAddr is the SSH gateway's host:port.
 	SSHAddr string
+	// MetricsURL is the metrics endpoint, when serve was started with one.
+	MetricsURL string
 	// Out is what the process wrote, stdout and stderr.
 	Out  *SyncBuffer
 	Cmd  *exec.Cmd
@@ -189,6 +191,7 @@ var (
 	ServingRE = regexp.MustCompile(`serving on (http://\S+)`)
 	TokenRE   = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
 	sshRE     = regexp.MustCompile(`ssh gateway on (\S+)`)
+	metricsRE = regexp.MustCompile(`metrics on (http://\S+)`)
 )
 
 // Serve starts hiloop serve against the shared cluster and waits for
@@ -235,6 +238,9 @@ func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 			}
 			if m := sshRE.FindStringSubmatch(l); m != nil {
 				in.SSHAddr = m[1]
+			}
+			if m := metricsRE.FindStringSubmatch(l); m != nil {
+				in.MetricsURL = m[1]
 			}
 		case <-timeout:
 			t.Fatalf("serve did not start:\n%s", in.Out.String())

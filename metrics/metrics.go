@@ -1,0 +1,151 @@
+// Package metrics holds hiloop's Prometheus metrics: one registry, made in
+// main and handed to each component through its Options. A nil *Metrics is
+// valid and records nothing, so components and their tests need none.
+// Label values are bounded: route patterns, codes, states, verbs, kinds,
+// never sandbox or key ids.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are hiloop's collectors.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	requests      *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	authFailures  *prometheus.CounterVec
+	clusterErrors *prometheus.CounterVec
+	mirrorQueue   prometheus.Gauge
+	mirrorLag     prometheus.Histogram
+	sessionBytes  *prometheus.CounterVec
+}
+
+// Source answers the gauges that are read at scrape time.
+type Source interface {
+	// SandboxesByState counts sandboxes by state, and organizations.
+	SandboxesByState(ctx context.Context) (map[string]int, int, error)
+	// Sessions counts live sessions by transport.
+	SessionsByTransport() map[string]int
+}
+
+// New makes the registry with Go and process collectors.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_api_requests_total",
+		Help: "API requests by route pattern, method and status code."}, []string{"route", "code"})
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hiloop_api_request_duration_seconds",
+		Help: "API request latency by route pattern.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"route"})
+	m.authFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_auth_failures_total",
+		Help: "Authentication failures by kind: api_key_missing, api_key_invalid, ssh_key_refused."}, []string{"kind"})
+	m.clusterErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_cluster_errors_total",
+		Help: "Failed cluster calls by verb (create, patch, delete, get, exec) and kind (unavailable, rejected, forbidden, quota)."}, []string{"verb", "kind"})
+	m.mirrorQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_mirror_queue_depth",
+		Help: "Sandboxes waiting in the status mirror's queue."})
+	m.mirrorLag = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hiloop_mirror_lag_seconds",
+		Help: "From a cluster event to the record write it caused.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
+	m.sessionBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_session_bytes_total",
+		Help: "Bytes moved by sessions, by transport (exec, ssh, forward) and direction (in to the sandbox, out of it)."}, []string{"transport", "direction"})
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Watch registers the gauges read from src at scrape time.
+func (m *Metrics) Watch(src Source) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(&sourceCollector{src: src,
+		sandboxes: prometheus.NewDesc("hiloop_sandboxes", "Sandboxes in the record by state.", []string{"state"}, nil),
+		orgs:      prometheus.NewDesc("hiloop_organizations", "Organizations in the record.", nil, nil),
+		sessions:  prometheus.NewDesc("hiloop_sessions", "Live sessions by transport (exec, ssh, forward).", []string{"transport"}, nil),
+	})
+}
+
+type sourceCollector struct {
+	src                       Source
+	sandboxes, orgs, sessions *prometheus.Desc
+}
+
+func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.sandboxes
+	ch <- c.orgs
+	ch <- c.sessions
+}
+
+func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if byState, orgs, err := c.src.SandboxesByState(ctx); err == nil {
+		for st, n := range byState {
+			ch <- prometheus.MustNewConstMetric(c.sandboxes, prometheus.GaugeValue, float64(n), st)
+		}
+		ch <- prometheus.MustNewConstMetric(c.orgs, prometheus.GaugeValue, float64(orgs))
+	}
+	for t, n := range c.src.SessionsByTransport() {
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), t)
+	}
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Request records one API request.
+func (m *Metrics) Request(route string, code int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.latency.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// AuthFailure records a failed authentication of the given kind.
+func (m *Metrics) AuthFailure(kind string) {
+	if m == nil {
+		return
+	}
+	m.authFailures.WithLabelValues(kind).Inc()
+}
+
+// ClusterError records a failed cluster call.
+func (m *Metrics) ClusterError(verb, kind string) {
+	if m == nil {
+		return
+	}
+	m.clusterErrors.WithLabelValues(verb, kind).Inc()
+}
+
+// MirrorQueue sets the mirror's queue depth.
+func (m *Metrics) MirrorQueue(n int) {
+	if m == nil {
+		return
+	}
+	m.mirrorQueue.Set(float64(n))
+}
+
+// MirrorLag records the time from a cluster event to its record write.
+func (m *Metrics) MirrorLag(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.mirrorLag.Observe(d.Seconds())
+}
+
+// SessionBytes counts bytes a session moved.
+func (m *Metrics) SessionBytes(transport, direction string, n int64) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.sessionBytes.WithLabelValues(transport, direction).Add(float64(n))
+}

@@ -6,7 +6,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 TEST_TIMEOUT ?= 45m
 
-.PHONY: run test cluster build bench vet fuzz fuzz-short
+.PHONY: run test cluster build bench vet fuzz fuzz-short soak
 
 # FUZZ lists the fuzz targets as package:target.
 FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./k8s:FuzzParseReceipt
@@ -45,6 +45,13 @@ fuzz:
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v ^testdata/))" || { gofmt -l .; exit 1; }
+
+# soak kills hiloop serve with SIGKILL KILLS times under load and checks that
+# nothing acknowledged is lost (TestCrashSafety).
+KILLS ?= 200
+soak:
+	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
+	  HILOOP_CLUSTER_BIN=$$bin HILOOP_CRASH_KILLS=$(KILLS) $(GO) test -count=1 -run '^TestCrashSafety$$' -v -timeout 60m . | grep -E 'kills survived|^(--- |ok|FAIL)'
 
 # bench runs the benchmarks against the local cluster; see docs/benchmarks.md.
 # The -L throughput benchmark compares with OpenSSH's sshd (Debian's

@@ -387,13 +387,23 @@ func (in *Instance) Call(token, method, path, body string, headers ...string) (i
 // CallFull is Call that returns the response headers too.
 func (in *Instance) CallFull(token, method, path, body string, headers ...string) (int, http.Header, string) {
 	in.t.Helper()
+	status, h, b, err := in.TryCall(token, method, path, body, headers...)
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	return status, h, b
+}
+
+// TryCall is CallFull that returns a transport error instead of failing the
+// test, for calls to a server that may be killed under them.
+func (in *Instance) TryCall(token, method, path, body string, headers ...string) (int, http.Header, string, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, err := http.NewRequest(method, in.URL+path, rd)
 	if err != nil {
-		in.t.Fatal(err)
+		return 0, nil, "", err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -406,11 +416,11 @@ func (in *Instance) CallFull(token, method, path, body string, headers ...string
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		in.t.Fatal(err)
+		return 0, nil, "", err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
+	return resp.StatusCode, resp.Header, string(b), nil
 }
 
 // NewOrg creates an organization offline against the live database file,

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,40 +42,64 @@ func pause(t *testing.T, component string) (resume func()) {
 }
 
 // TestAmbiguousCreateEndsWithOneSandbox stalls etcd past hiloop's cluster
-// timeout while a create is under way. The outcome is unknown, so the
-// answer is 202 with the record pending, and the record is resolved from
-// evidence once the cluster answers: it ends tracking exactly one object,
-// and a retry with the same key finds the same sandbox.
+// timeout while five creates run. Their outcome is unknown, so each answer
+// is 202 with the record pending, and each record is resolved from evidence
+// once the cluster answers: every create ends tracking exactly one object,
+// no object lacks a record, and a retry with the same key finds the same
+// sandbox.
 func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s")
 	in.Create(in.Token, "busybox", "--wait") // the org's service account exists now
 	resume := pause(t, "etcd")
-	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous")
-	resume()
-	var sb e2e.Sandbox
-	json.Unmarshal([]byte(body), &sb)
-	if status != http.StatusAccepted || sb.State != "pending" {
-		t.Fatalf("create with etcd stalled: %d %s", status, body)
+	const n = 5
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, _, body, err := in.TryCall(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous-"+strconv.Itoa(i))
+			var sb e2e.Sandbox
+			json.Unmarshal([]byte(body), &sb)
+			if err != nil || status != http.StatusAccepted || sb.State != "pending" {
+				t.Errorf("create %d with etcd stalled: %d %s %v", i, status, body, err)
+			}
+			ids[i] = sb.ID
+		}()
 	}
-	in.WaitState(in.Token, sb.ID, "running")
+	wg.Wait()
+	resume()
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, id := range ids {
+		in.WaitState(in.Token, id, "running")
+	}
 	objs, err := e2e.SharedCluster(t).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	count := map[string]int{}
 	for _, o := range objs.Items {
-		if o.Labels[k8s.LabelSandbox] == sb.ID {
-			n++
+		id := o.Labels[k8s.LabelSandbox]
+		count[id]++
+		if status, _ := in.Call(in.Token, "GET", "/v1/sandboxes/"+id, ""); status != 200 {
+			t.Errorf("object %s has no record", o.Name)
 		}
 	}
-	if n != 1 || len(objs.Items) != 2 {
-		t.Fatalf("%d objects for the sandbox, %d in all; want 1 and 2", n, len(objs.Items))
+	for _, id := range ids {
+		if count[id] != 1 {
+			t.Errorf("%d objects for %s, want 1", count[id], id)
+		}
 	}
-	status, body = in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous")
+	if len(objs.Items) != n+1 {
+		t.Fatalf("%d objects in all, want %d", len(objs.Items), n+1)
+	}
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`, "Idempotency-Key", "ambiguous-0")
 	var again e2e.Sandbox
 	json.Unmarshal([]byte(body), &again)
-	if status != 200 || again.ID != sb.ID {
+	if status != 200 || again.ID != ids[0] {
 		t.Fatalf("retry: %d %s", status, body)
 	}
 }

@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -141,9 +140,4 @@ func ambiguous(err error) bool {
 		return false
 	}
 	return true
-}
-
-// contextErr reports whether err is only the end of ctx.
-func contextErr(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -476,7 +476,3 @@ func (m *Mirror) reconcile(ctx context.Context, id string) (bool, error) {
 	}
 	return changed, nil
 }
-
-// Enqueue asks the mirror to re-decide a sandbox now, for example right after
-// the API wrote its record.
-func (m *Mirror) Enqueue(id string) { m.queue.Add(id) }

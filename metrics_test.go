@@ -27,6 +27,9 @@ func TestMetrics(t *testing.T) {
 	if out, _, code := u.run(sb.ID, "echo metered"); code != 0 || out != "metered\n" {
 		t.Fatalf("ssh: %d %q", code, out)
 	}
+	if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["echo","exec"]}`); status != 200 {
+		t.Fatalf("exec: %d %s", status, body)
+	}
 	stranger := newSSHUser(t, in, in.NewOrg("metrics-b", 5, 5))
 	stranger.run(sb.ID, "true")
 
@@ -58,6 +61,9 @@ func TestMetrics(t *testing.T) {
 	value(`hiloop_sessions{transport="ssh"}`)
 	if value(`hiloop_session_bytes_total{direction="out",transport="ssh"}`) < float64(len("metered\n")) {
 		t.Error("ssh output bytes are not counted")
+	}
+	if value(`hiloop_session_bytes_total{direction="out",transport="exec"}`) < float64(len("exec\n")) {
+		t.Error("exec output bytes are not counted")
 	}
 	if value(`hiloop_mirror_lag_seconds_count`) < 1 {
 		t.Error("the mirror's lag is not measured")

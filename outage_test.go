@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,9 +117,10 @@ func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
 // did not pile up. The client's timeout only tells a hang from an answer.
 func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 	ns := e2e.NewNamespace(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s")
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s", "--metrics-listen", "127.0.0.1:0")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	rssBefore := rssKB(t, in.Cmd.Process.Pid)
+	goroutinesBefore := goroutines(t, in)
 	resume := pause(t, "kube-apiserver")
 	paused := time.Now()
 	call := func(method, path, body string) (int, http.Header, string) {
@@ -188,6 +192,11 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 	if rss := rssKB(t, in.Cmd.Process.Pid); rss > 2*rssBefore+64<<10 {
 		t.Fatalf("resident memory grew from %d KB to %d KB over the stall", rssBefore, rss)
 	}
+	// The requests made during the stall left nothing running behind.
+	e2e.Eventually(t, "goroutines back to their level", 30*time.Second, func() (bool, error) {
+		n := goroutines(t, in)
+		return n <= goroutinesBefore+20, fmt.Errorf("%d goroutines, %d before the stall", n, goroutinesBefore)
+	})
 }
 
 // execInBackground starts `hiloop sandbox exec ID -- sleep SECS`, waits
@@ -274,4 +283,21 @@ func TestSessionsEnd(t *testing.T) {
 		t.Fatalf("serve after SIGTERM with a live session: %v\n%s", err, in.Out.String())
 	}
 	ended(t, ch, "shutting down")
+}
+
+// goroutines is the server's go_goroutines, from its metrics endpoint.
+func goroutines(t *testing.T, in *e2e.Instance) int {
+	t.Helper()
+	resp, err := http.Get(in.MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^go_goroutines ([0-9]+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("no go_goroutines")
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }

@@ -7,8 +7,10 @@ package metrics
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -149,3 +151,26 @@ func (m *Metrics) SessionBytes(transport, direction string, n int64) {
 	}
 	m.sessionBytes.WithLabelValues(transport, direction).Add(float64(n))
 }
+
+// Counter counts the bytes read through R or written through W, for
+// SessionBytes.
+type Counter struct {
+	R io.Reader
+	W io.Writer
+	n atomic.Int64
+}
+
+func (c *Counter) Read(p []byte) (int, error) {
+	n, err := c.R.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c *Counter) Write(p []byte) (int, error) {
+	n, err := c.W.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// N is the bytes counted so far.
+func (c *Counter) N() int64 { return c.n.Load() }

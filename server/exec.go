@@ -15,6 +15,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/metrics"
 )
 
 // Exec limits and defaults.
@@ -219,6 +220,10 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	st, err := sess.Exec(ctx, ereq)
+	s.o.Metrics.SessionBytes("exec", "out", int64(len(stdout.buf)+len(stderr.buf)))
+	if req.Stdin != nil {
+		s.o.Metrics.SessionBytes("exec", "in", int64(len(*req.Stdin)))
+	}
 	resp := ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
 		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
 	var ce *control.ClusterError
@@ -329,13 +334,22 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: cc.Writer(ChanStdout), Stderr: cc.Writer(ChanStderr)}
+	stdout, stderr := &metrics.Counter{W: cc.Writer(ChanStdout)}, &metrics.Counter{W: cc.Writer(ChanStderr)}
+	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: stdout, Stderr: stderr}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
+	var stdinN *metrics.Counter
 	if flags["stdin"] {
 		stdinR, stdinW = io.Pipe()
-		ereq.Stdin = stdinR
+		stdinN = &metrics.Counter{R: stdinR}
+		ereq.Stdin = stdinN
 	}
+	defer func() {
+		s.o.Metrics.SessionBytes("exec", "out", stdout.N()+stderr.N())
+		if stdinN != nil {
+			s.o.Metrics.SessionBytes("exec", "in", stdinN.N())
+		}
+	}()
 	resize := make(chan k8s.TerminalSize, 4)
 	if ereq.TTY {
 		ereq.Resize = resize

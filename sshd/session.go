@@ -5,16 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -174,10 +173,10 @@ func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bo
 	if !tty {
 		argv[3] = "sh" // no terminal, no TERM
 	}
-	in, out := &counter{r: s.ch}, &counter{w: s.ch}
+	in, out := &metrics.Counter{R: s.ch}, &metrics.Counter{W: s.ch}
 	defer func() {
-		s.g.o.Metrics.SessionBytes("ssh", "in", in.n.Load())
-		s.g.o.Metrics.SessionBytes("ssh", "out", out.n.Load())
+		s.g.o.Metrics.SessionBytes("ssh", "in", in.N())
+		s.g.o.Metrics.SessionBytes("ssh", "out", out.N())
 	}()
 	req := k8s.ExecRequest{Command: argv, Stdin: in, Stdout: out, Stderr: s.ch.Stderr(), TTY: tty}
 	if tty {
@@ -237,22 +236,3 @@ func refusal(id string, err error) string {
 // of, by number.
 var signalNames = map[int]string{1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 6: "ABRT", 8: "FPE", 9: "KILL",
 	10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM"}
-
-// counter counts the bytes read through r or written through w.
-type counter struct {
-	r io.Reader
-	w io.Writer
-	n atomic.Int64
-}
-
-func (c *counter) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-func (c *counter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
-	return n, err
-}

@@ -35,8 +35,12 @@ FUZZTIME ?= 4s
 fuzz-short:
 	@for t in $(FUZZ); do \
 	  echo "fuzz $${t#*:} for $(FUZZTIME):"; \
-	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} 2>&1 | grep -E '^(fuzz: elapsed: [0-9]+s, execs|--- FAIL|ok|FAIL)' | tail -n 2; \
-	  [ "$${PIPESTATUS[0]}" = 0 ] || exit 1; \
+	  out=$$($(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} 2>&1); rc=$$?; \
+	  if [ $$rc != 0 ]; then \
+	    echo "$$out"; echo "fuzz $${t#*:} failed; once more (an input it found is now a seed and fails again):"; \
+	    out=$$($(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} 2>&1) || { echo "$$out"; exit 1; }; \
+	  fi; \
+	  echo "$$out" | grep -E '^(fuzz: elapsed: [0-9]+s, execs|ok)' | tail -n 2; \
 	done
 
 fuzz:

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -523,7 +523,7 @@ func TestExecArgvInFirstMessage(t *testing.T) {
 // in error bodies, and one access-log line with its route pattern, status
 // and organization; no key reaches the log, whatever the request carried.
 func TestAccessLogAndRequestIDs(t *testing.T) {
-	var buf syncBuffer
+	var buf e2e.SyncBuffer
 	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 		o.Log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -637,24 +637,6 @@ func TestRateLimits(t *testing.T) {
 	if rec := b.do("GET", "/v1/sandboxes", ""); rec.Code != 200 {
 		t.Fatalf("another key after the first was limited: %d", rec.Code)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func contains(list []string, s string) bool {

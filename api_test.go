@@ -326,9 +326,10 @@ spec:
 	if status != 422 || errorCode(t, body) != "cluster_rejected" || strings.Contains(body, "sandboxes are closed") || strings.Contains(body, "sbx-") {
 		t.Fatalf("refused create: %d %s", status, body)
 	}
-	if !strings.Contains(in.Out.String(), "sandboxes are closed") {
-		t.Fatalf("the refusal is not in the log:\n%s", in.Out.String())
-	}
+	// The log reaches the test through a pipe, after the answer.
+	e2e.Eventually(t, "the refusal in the log", 10*time.Second, func() (bool, error) {
+		return strings.Contains(in.Out.String(), "sandboxes are closed"), fmt.Errorf("log:\n%s", in.Out.String())
+	})
 	list := in.MustCLI(in.Token, "sandbox", "list", "--state", "failed", "-o", "json")
 	var l struct {
 		Items []struct{ ID, Reason string }

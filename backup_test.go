@@ -2,10 +2,12 @@ package main_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
@@ -57,9 +59,10 @@ func TestBackupAndRestore(t *testing.T) {
 	again.Token = in.Token
 	again.WaitState(in.Token, kept.ID, "running")
 	again.WaitState(in.Token, gone.ID, "lost")
-	if !strings.Contains(again.Out.String(), "no record knows") || !strings.Contains(again.Out.String(), k8s.ObjectName(orphan.ID)) {
-		t.Fatalf("the orphan was not reported:\n%s", again.Out.String())
-	}
+	e2e.Eventually(t, "the orphan reported", 10*time.Second, func() (bool, error) {
+		out := again.Out.String()
+		return strings.Contains(out, "no record knows") && strings.Contains(out, k8s.ObjectName(orphan.ID)), fmt.Errorf("log:\n%s", out)
+	})
 	if got := hostKey(again); got != fp || fp == "" {
 		t.Fatalf("host key %q after restore, was %q", got, fp)
 	}

@@ -247,9 +247,9 @@ func TestRestartConverges(t *testing.T) {
 		t.Fatalf("exit code %v", sb.ExitCode)
 	}
 	again.WaitState(token, interrupted.ID, "running")
-	if !strings.Contains(again.Out.String(), "resolved pending create") {
-		t.Errorf("start-up did not report finishing the interrupted create:\n%s", again.Out.String())
-	}
+	e2e.Eventually(t, "start-up reports the interrupted create resolved", 10*time.Second, func() (bool, error) {
+		return strings.Contains(again.Out.String(), "resolved pending create"), fmt.Errorf("log:\n%s", again.Out.String())
+	})
 }
 
 // TestOrphanReported: an object with hiloop's labels that no record knows is

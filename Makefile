@@ -6,7 +6,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 TEST_TIMEOUT ?= 45m
 
-.PHONY: run test cluster build bench vet fuzz fuzz-short soak
+.PHONY: run test cluster build bench vet fuzz fuzz-short soak chart image
 
 # FUZZ lists the fuzz targets as package:target.
 FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./k8s:FuzzParseReceipt
@@ -15,6 +15,14 @@ FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:Fuzz
 # missing ones) and prints their directory.
 cluster:
 	@testdata/cluster/build.sh
+
+# chart writes the chart's renderings that are checked in: deploy/hiloop.yaml
+# (the default values, for kubectl apply) and the local cluster's boundary
+# (values-local.yaml). TestRenderingsMatchChart keeps them in sync.
+chart:
+	@helm=$$(testdata/cluster/build.sh | tail -n1)/helm && \
+	  $$helm template hiloop deploy/chart --include-crds > deploy/hiloop.yaml && \
+	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > k8s/localcluster/assets/boundary.yaml
 
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 

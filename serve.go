@@ -53,6 +53,8 @@ type ServeCmd struct {
 	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
 	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat       string        `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
+	SelfCheck       time.Duration `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
+	NoGVisor        bool          `name:"insecure-no-gvisor" env:"HILOOP_INSECURE_NO_GVISOR" help:"DEVELOPMENT ONLY (kind): run sandboxes without the gVisor runtime class. Every receipt and sandbox says so."`
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -114,6 +116,9 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
 		return errors.New("--rate-limit, --create-rate-limit: must not be negative")
+	}
+	if s.SelfCheck < time.Second {
+		return errors.New("--self-check-interval: must be at least 1s")
 	}
 	if s.ExecPerSandbox < 1 {
 		return errors.New("--exec-per-sandbox: must be at least 1")
@@ -200,8 +205,12 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
 	}
 
-	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, Transports: s.Transports,
-		AgentImage: s.AgentImage, SessionPort: s.SessionPort}, func(ctx context.Context) (string, error) {
+	if s.NoGVisor {
+		log.Warn("INSECURE: --insecure-no-gvisor: sandboxes run WITHOUT gVisor and share the node's kernel; for development clusters only")
+		fmt.Fprintln(stdout, "WARNING: --insecure-no-gvisor: sandboxes run without gVisor and share the node's kernel. Development only.")
+	}
+	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, NoGVisor: s.NoGVisor,
+		Transports: s.Transports, AgentImage: s.AgentImage, SessionPort: s.SessionPort}, func(ctx context.Context) (string, error) {
 		key, err := db.KeyPair(ctx, store.KeyGateway)
 		if err != nil {
 			return "", err
@@ -217,11 +226,18 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		Exec:   &k8s.Execer{Clients: clients, Namespace: s.Namespace, ConnectTimeout: s.ClusterTimeout},
 		Caps:   control.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
 		Limits: control.Limits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},
+		Boundary: func(ctx context.Context) []k8s.Check {
+			return clients.CheckBoundary(ctx, s.boundaryOptions())
+		},
+		BoundaryInterval: s.SelfCheck,
 	})
 	if err != nil {
 		return err
 	}
 	met.Watch(core)
+	// The first self-check runs before traffic; until it passes, creates
+	// and starts are refused (and /readyz says why).
+	core.CheckBoundary(ctx)
 	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log, Control: core, Metrics: met})
 	if err != nil {
 		return err
@@ -252,7 +268,10 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 			if err := db.Probe(ctx); err != nil {
 				return err
 			}
-			return clients.CheckSandboxAPI(ctx)
+			if err := clients.CheckSandboxAPI(ctx); err != nil {
+				return err
+			}
+			return core.Hardened()
 		},
 	})
 	if err != nil {
@@ -307,6 +326,11 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		return errors.Join(cerr, gerr, merr, httpSrv.Shutdown(sctx))
 	})
 	return g.Wait()
+}
+
+// boundaryOptions are what the isolation self-check holds the cluster to.
+func (s *ServeCmd) boundaryOptions() k8s.BoundaryOptions {
+	return k8s.BoundaryOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, SessionPort: s.SessionPort, NoGVisor: s.NoGVisor}
 }
 
 // DevCmd runs hiloop against a local simulated cluster.

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -82,6 +83,12 @@ type Options struct {
 	Now           func() time.Time
 	// Metrics records cluster errors; optional.
 	Metrics *metrics.Metrics
+	// Boundary is the isolation self-check (k8s.Clients.CheckBoundary).
+	// With it, creates and starts are refused until a check passes, and
+	// whenever the last one failed. Nil runs without (the core's own tests).
+	Boundary func(ctx context.Context) []k8s.Check
+	// BoundaryInterval is how often Run repeats the self-check; 1m when zero.
+	BoundaryInterval time.Duration
 }
 
 // Caller is who asks: the organization and the key that actually
@@ -105,6 +112,8 @@ type Control struct {
 
 	sessions registry
 
+	boundary atomic.Pointer[BoundaryReport]
+
 	changedMu sync.Mutex
 	changed   map[string]bool
 	notify    chan struct{}
@@ -123,6 +132,9 @@ func New(o Options) (*Control, error) {
 	}
 	if o.ClusterTimeout == 0 {
 		o.ClusterTimeout = 15 * time.Second
+	}
+	if o.BoundaryInterval == 0 {
+		o.BoundaryInterval = time.Minute
 	}
 	if o.SweepInterval == 0 {
 		o.SweepInterval = 2 * time.Second
@@ -231,6 +243,9 @@ func listOrNone(l []string) string {
 // Accepted.
 func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (store.Sandbox, Outcome, error) {
 	if err := c.admit(req.Spec); err != nil {
+		return store.Sandbox{}, 0, err
+	}
+	if err := c.Hardened(); err != nil {
 		return store.Sandbox{}, 0, err
 	}
 	receipt, err := c.o.Cluster.Receipt(who.OrgID, req.Spec)
@@ -406,6 +421,11 @@ func (c *Control) resolve(id string) (done bool, err error) {
 // stopped again. Deleting a terminal sandbox deletes whatever object still
 // carries its name. When the cluster write fails the record is restored.
 func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store.Mode) (store.Sandbox, error) {
+	if mode == store.ModeRunning {
+		if err := c.Hardened(); err != nil {
+			return store.Sandbox{}, err
+		}
+	}
 	unlock := c.locks.lock(id)
 	defer unlock()
 	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode)
@@ -474,8 +494,14 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 }
 
 // Run sweeps live sessions until ctx ends: a session whose key was revoked
-// (offline too) or whose sandbox stopped running ends within one sweep.
+// (offline too) or whose sandbox stopped running ends within one sweep. It
+// repeats the isolation self-check every BoundaryInterval.
 func (c *Control) Run(ctx context.Context) error {
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		c.checkBoundaryEvery(ctx)
+	}()
 	t := time.NewTicker(c.o.SweepInterval)
 	defer t.Stop()
 	for {

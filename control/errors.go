@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -89,6 +90,10 @@ func (e *TransportError) Error() string {
 type ClusterError struct {
 	Kind error
 	Err  error
+	// Policy names the admission policy that refused the object, and Rule
+	// is that policy's message when it is one of hiloop's own rules
+	// ("[runtime-class] ..."); both are fit to send.
+	Policy, Rule string
 }
 
 func (e *ClusterError) Error() string   { return e.Kind.Error() + ": " + e.Err.Error() }
@@ -112,8 +117,21 @@ func classify(err error) error {
 	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
 		kind = ErrClusterForbidden
 	}
-	return &ClusterError{Kind: kind, Err: err}
+	ce = &ClusterError{Kind: kind, Err: err}
+	if kind == ErrClusterRejected {
+		if m := policyDenial.FindStringSubmatch(err.Error()); m != nil {
+			ce.Policy = m[1]
+			if strings.HasPrefix(m[2], "[") {
+				ce.Rule = m[2]
+			}
+		}
+	}
+	return ce
 }
+
+// policyDenial reads the API server's message for a ValidatingAdmissionPolicy
+// refusal.
+var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '[^']+' denied request: ([^\n]*)`)
 
 // ambiguous reports whether a failed create may still have been written: a
 // timeout or a server-side failure after the request was sent. A refusal

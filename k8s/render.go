@@ -64,6 +64,22 @@ type Receipt struct {
 	// SessionPort is the session helper's port, set only for sandboxes
 	// that have the helper (transport forward).
 	SessionPort int `json:"session_port,omitempty"`
+	// Insecure is InsecureNoGVisor for a sandbox made by a development
+	// deployment without gVisor; RuntimeClass is then empty.
+	Insecure string `json:"insecure,omitempty"`
+}
+
+// InsecureNoGVisor marks a receipt of a sandbox that runs without gVisor
+// (serve --insecure-no-gvisor, for clusters like kind).
+const InsecureNoGVisor = "no-gvisor"
+
+// Isolation says how the sandbox is isolated, as the API shows it: the
+// runtime class, or "insecure-no-gvisor".
+func (r Receipt) Isolation() string {
+	if r.Insecure == InsecureNoGVisor {
+		return "insecure-" + InsecureNoGVisor
+	}
+	return r.RuntimeClass
 }
 
 // ReceiptVersion is the receipt format this binary writes and reads.
@@ -78,8 +94,9 @@ func ParseReceipt(s string) (Receipt, error) {
 	if err := dec.Decode(&r); err != nil {
 		return Receipt{}, fmt.Errorf("receipt: %w", err)
 	}
-	if r.Version != ReceiptVersion || r.RuntimeClass == "" {
-		return Receipt{}, fmt.Errorf("receipt: version %d, runtime class %q", r.Version, r.RuntimeClass)
+	if r.Version != ReceiptVersion || (r.RuntimeClass == "") != (r.Insecure == InsecureNoGVisor) ||
+		(r.Insecure != "" && r.Insecure != InsecureNoGVisor) {
+		return Receipt{}, fmt.Errorf("receipt: version %d, runtime class %q, insecure %q", r.Version, r.RuntimeClass, r.Insecure)
 	}
 	return r, nil
 }
@@ -88,6 +105,9 @@ func ParseReceipt(s string) (Receipt, error) {
 type RenderOptions struct {
 	Namespace    string
 	RuntimeClass string
+	// NoGVisor renders sandboxes without a runtime class, and says so in
+	// their receipts (serve --insecure-no-gvisor).
+	NoGVisor bool
 	// Transports are the ways in that this deployment backs ("exec", ...).
 	Transports []string
 	// AgentImage runs the session helper of sandboxes that have the forward
@@ -121,6 +141,9 @@ func ServiceAccountName(orgID string) string { return "hiloop-" + strings.Replac
 func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
 	r := Receipt{Version: ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
 		Storage: []string{}, Transports: append([]string{}, o.Transports...)}
+	if o.NoGVisor {
+		r.RuntimeClass, r.Insecure = "", InsecureNoGVisor
+	}
 	if len(spec.Transports) > 0 {
 		r.Transports = append([]string{}, spec.Transports...)
 	}
@@ -205,7 +228,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 						// Service links would inject environment variables into
 						// the workload; its environment is the image's alone.
 						EnableServiceLinks: ptr.To(false),
-						RuntimeClassName:   ptr.To(o.RuntimeClass),
+						RuntimeClassName:   runtimeClassName(receipt),
 						ServiceAccountName: ServiceAccountName(sb.OrgID),
 					},
 				},
@@ -224,6 +247,15 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		obj.Spec.ShutdownTime = &metav1.Time{Time: sb.ExpiresAt.UTC().Truncate(time.Second)}
 	}
 	return obj, nil
+}
+
+// runtimeClassName is the receipt's runtime class; none when the receipt
+// says the sandbox runs without gVisor.
+func runtimeClassName(r Receipt) *string {
+	if r.RuntimeClass == "" {
+		return nil
+	}
+	return ptr.To(r.RuntimeClass)
 }
 
 func operatingMode(m store.Mode) v1beta1.SandboxOperatingMode {

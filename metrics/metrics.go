@@ -29,6 +29,7 @@ type Metrics struct {
 	mirrorQueue   prometheus.Gauge
 	mirrorLag     prometheus.Histogram
 	sessionBytes  *prometheus.CounterVec
+	selfCheck     *prometheus.GaugeVec
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -56,7 +57,9 @@ func New() *Metrics {
 		Help: "From a cluster event to the record write it caused.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
 	m.sessionBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_session_bytes_total",
 		Help: "Bytes moved by sessions, by transport (exec, ssh, forward) and direction (in to the sandbox, out of it)."}, []string{"transport", "direction"})
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes,
+	m.selfCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hiloop_self_check",
+		Help: "The isolation self-check, per boundary object: 1 holds, 0 fails, 0.5 fails in a way the deployment allows (--insecure-no-gvisor)."}, []string{"check", "object"})
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -126,6 +129,22 @@ func (m *Metrics) ClusterError(verb, kind string) {
 		return
 	}
 	m.clusterErrors.WithLabelValues(verb, kind).Inc()
+}
+
+// SelfCheck records one self-check finding; the labels name a fixed set of
+// boundary objects.
+func (m *Metrics) SelfCheck(check, object string, ok, allowed bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	switch {
+	case ok:
+		v = 1
+	case allowed:
+		v = 0.5
+	}
+	m.selfCheck.WithLabelValues(check, object).Set(v)
 }
 
 // MirrorQueue sets the mirror's queue depth.

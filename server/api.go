@@ -3,6 +3,7 @@ package server
 import (
 	"time"
 
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -78,9 +79,12 @@ type Sandbox struct {
 	Labels         map[string]string `json:"labels"`
 	// Transports are the ways in the sandbox asked for; empty means every
 	// transport the deployment backed when it was created.
-	Transports []string  `json:"transports"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	Transports []string `json:"transports"`
+	// Isolation is what its receipt promised: the runtime class (gvisor),
+	// or insecure-no-gvisor for a development deployment without gVisor.
+	Isolation string    `json:"isolation,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // SandboxList is a page of sandboxes. Next is the cursor for the following
@@ -120,6 +124,9 @@ func toAPI(sb store.Sandbox) Sandbox {
 		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
 		Volumes: []VolumeRequest{}, Labels: map[string]string{}, Transports: append([]string{}, sb.Spec.Transports...),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
+	}
+	if r, err := k8s.ParseReceipt(sb.Receipt); err == nil {
+		out.Isolation = r.Isolation()
 	}
 	if sb.Spec.TTLSeconds > 0 {
 		out.TTL = (time.Duration(sb.Spec.TTLSeconds) * time.Second).String()

@@ -26,6 +26,8 @@ const (
 	CodeUnsupportedCapability = "unsupported_capability"
 	CodeQuotaExceeded         = "quota_exceeded"
 	CodeClusterRejected       = "cluster_rejected"
+	CodeClusterQuotaExceeded  = "cluster_quota_exceeded"
+	CodeClusterNotHardened    = "cluster_not_hardened"
 	CodeClusterUnavailable    = "cluster_unavailable"
 	CodeClusterMisconfigured  = "cluster_misconfigured"
 	CodeNotReady              = "not_ready"
@@ -92,6 +94,8 @@ func toAPIError(err error) *apiError {
 	var fe *control.FieldError
 	var se *control.StateError
 	var te *control.TransportError
+	var nh *control.NotHardenedError
+	var ce *control.ClusterError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -115,10 +119,19 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusTooManyRequests, CodeExecLimit, err.Error())
 	case errors.Is(err, control.ErrNoExec):
 		return newError(http.StatusServiceUnavailable, CodeExecUnavailable, "this deployment has no exec backend")
+	case errors.As(err, &nh):
+		return newError(http.StatusServiceUnavailable, CodeClusterNotHardened, nh.Error()+"; creates and starts are refused until the operator fixes it (hiloop doctor)")
 	case errors.Is(err, control.ErrClusterRejected):
-		return newError(http.StatusUnprocessableEntity, CodeClusterRejected, "the cluster's admission policy refused the sandbox")
+		msg := "the cluster's admission refused the sandbox"
+		if errors.As(err, &ce) && ce.Policy != "" {
+			msg = "the cluster's admission policy " + ce.Policy + " refused the sandbox"
+			if ce.Rule != "" {
+				msg += ": " + ce.Rule
+			}
+		}
+		return newError(http.StatusUnprocessableEntity, CodeClusterRejected, msg)
 	case errors.Is(err, control.ErrClusterQuota):
-		return newError(http.StatusTooManyRequests, CodeQuotaExceeded, "the cluster's quota for sandboxes is exhausted")
+		return newError(http.StatusTooManyRequests, CodeClusterQuotaExceeded, "the cluster's quota for sandboxes in hiloop's namespace is exhausted; delete sandboxes or ask the operator to raise it")
 	case errors.Is(err, control.ErrClusterForbidden):
 		return newError(http.StatusInternalServerError, CodeClusterMisconfigured, "the cluster refused hiloop's own request; the operator has to fix hiloop's permissions")
 	case store.Unavailable(err):

@@ -285,7 +285,17 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	case <-ctx.Done():
 		err = fmt.Errorf("readiness check did not answer within %s", s.o.ReadyTimeout)
 	}
-	if err != nil {
+	var nh *control.NotHardenedError
+	switch {
+	case errors.As(err, &nh):
+		// What is missing names only the chart's objects: it is sent. The
+		// core logs the failure when it starts, so probes add nothing.
+		ae := toAPIError(err)
+		d := ae.detail
+		d.RequestID = info(r).id
+		writeJSON(w, ae.status, ErrorBody{Error: d})
+		return
+	case err != nil:
 		// Probes ask often, and not ready is expected while starting.
 		s.log.Debug("not ready", "err", err)
 		d := errNotReady.detail
@@ -293,7 +303,22 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, errNotReady.status, ErrorBody{Error: d})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	body := readyBody{Status: "ready"}
+	if rep := s.o.Control.Boundary(); rep != nil {
+		for _, c := range rep.Checks {
+			if !c.OK && c.Allowed {
+				body.Allowed = append(body.Allowed, c.Object+": "+c.Problem)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// readyBody is /readyz's answer when ready. Allowed lists the self-check's
+// failures that this deployment accepts (--insecure-no-gvisor).
+type readyBody struct {
+	Status  string   `json:"status"`
+	Allowed []string `json:"insecure,omitempty"`
 }
 
 func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {

@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/store"
@@ -156,13 +154,13 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// NewNamespace makes a fresh sandbox namespace in the shared cluster.
+// NewNamespace makes a fresh sandbox namespace in the shared cluster, with
+// the chart's sandbox-namespace objects (Pod Security labels, quota,
+// NetworkPolicy, hiloop's Role), so hiloop's self-check passes there.
 func NewNamespace(t testing.TB) string {
 	t.Helper()
 	ns := "t-" + strings.ToLower(strings.ReplaceAll(store.NewID("n")[2:], "_", ""))[:10]
-	_, err := SharedCluster(t).Clients.Kube.CoreV1().Namespaces().Create(context.Background(),
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	if err != nil {
+	if err := SharedCluster(t).AddSandboxNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
 	return ns

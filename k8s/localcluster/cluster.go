@@ -30,7 +30,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	nodev1 "k8s.io/api/node/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -264,8 +263,10 @@ func (c *Cluster) createControlPlane(ctx context.Context) error {
 	return err
 }
 
-// prepare makes the fake node, the namespace, a default storage class that
-// kwok provisions, and installs the Sandbox CRD.
+// prepare makes the fake node and a default storage class that kwok
+// provisions, and installs the Sandbox CRD and the chart's isolation
+// boundary (with the sandbox namespace and the gVisor RuntimeClass, which
+// kwok's simulated node accepts like any other).
 func (c *Cluster) prepare(ctx context.Context) error {
 	kube := c.Clients.Kube
 	node := &corev1.Node{
@@ -294,10 +295,6 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.Namespace}}
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("namespace: %w", err)
-	}
 	sc := &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: "kwok-volume", Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}},
 		Provisioner:       "kwok.x-k8s.io/volume",
@@ -307,15 +304,10 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if _, err := kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("storage class: %w", err)
 	}
-	rc := &nodev1.RuntimeClass{
-		ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass},
-		Handler:    "runsc",
-		Overhead:   &nodev1.Overhead{PodFixed: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
+	if err := InstallCRD(ctx, c.Clients); err != nil {
+		return err
 	}
-	if _, err := kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("runtime class: %w", err)
-	}
-	return InstallCRD(ctx, c.Clients)
+	return c.installBoundary(ctx)
 }
 
 func nodeReady(n *corev1.Node) bool {

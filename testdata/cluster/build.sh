@@ -44,6 +44,7 @@ stamp="$stamp -X $cv.gitVersion=v$KUBE_VERSION -X $cv.gitMajor=$major -X $cv.git
 LDFLAGS="" build etcd -- etcd go.etcd.io/etcd/server/v3
 LDFLAGS="" build kwok kwokctl -- kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 LDFLAGS="" build agent-sandbox-controller -- agent-sandbox sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
+LDFLAGS="" build helm -- helm helm.sh/helm/v3/cmd/helm
 LDFLAGS="$stamp" build kube-apiserver kube-controller-manager kube-scheduler -- kubernetes \
 	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 

@@ -1,0 +1,113 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// ErrNotHardened: the cluster lacks part of the isolation boundary (see
+// NotHardenedError); creates and starts are refused until it holds.
+var ErrNotHardened = errors.New("the cluster is not hardened")
+
+// NotHardenedError names the boundary objects that are missing or weakened.
+type NotHardenedError struct{ Failed []k8s.Check }
+
+func (e *NotHardenedError) Error() string {
+	parts := make([]string, 0, len(e.Failed))
+	for _, c := range e.Failed {
+		parts = append(parts, c.Object+": "+c.Problem)
+	}
+	return "the cluster is not hardened: " + strings.Join(parts, "; ")
+}
+func (e *NotHardenedError) Unwrap() error { return ErrNotHardened }
+
+// BoundaryReport is one run of the isolation self-check.
+type BoundaryReport struct {
+	At     time.Time   `json:"at"`
+	Checks []k8s.Check `json:"checks"`
+}
+
+// Err is a NotHardenedError naming every failure the deployment does not
+// allow, or nil.
+func (r *BoundaryReport) Err() error {
+	var failed []k8s.Check
+	for _, c := range r.Checks {
+		if c.Failed() {
+			failed = append(failed, c)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &NotHardenedError{Failed: failed}
+}
+
+// CheckBoundary runs the self-check now and keeps its report, which admits
+// or refuses creates and starts until the next run.
+func (c *Control) CheckBoundary(ctx context.Context) *BoundaryReport {
+	if c.o.Boundary == nil {
+		return &BoundaryReport{At: c.o.Now()}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.ClusterTimeout)
+	defer cancel()
+	r := &BoundaryReport{At: c.o.Now(), Checks: c.o.Boundary(ctx)}
+	prev := c.boundary.Swap(r)
+	for _, ch := range r.Checks {
+		c.o.Metrics.SelfCheck(ch.Name, ch.Object, ch.OK, ch.Allowed)
+	}
+	err, was := r.Err(), error(nil)
+	if prev != nil {
+		was = prev.Err()
+	}
+	switch {
+	case err != nil && (prev == nil || was == nil || err.Error() != was.Error()):
+		c.log.Error("isolation self-check failed: creates and starts are refused (hiloop doctor says how to fix it)")
+		for _, ch := range r.Checks {
+			if ch.Failed() {
+				c.log.Error("self-check", "object", ch.Object, "problem", ch.Problem, "detail", ch.Detail, "fix", ch.Fix)
+			}
+		}
+	case err == nil && (prev == nil || was != nil):
+		c.log.Info("isolation self-check passed", "checks", len(r.Checks))
+	}
+	return r
+}
+
+// Boundary is the latest self-check report, nil before the first.
+func (c *Control) Boundary() *BoundaryReport { return c.boundary.Load() }
+
+// Hardened is nil when the last self-check passed (or the core runs without
+// one). Before the first check it fails closed.
+func (c *Control) Hardened() error {
+	if c.o.Boundary == nil {
+		return nil
+	}
+	r := c.boundary.Load()
+	if r == nil {
+		return &NotHardenedError{Failed: []k8s.Check{{Object: "isolation self-check", Problem: "it has not run yet"}}}
+	}
+	return r.Err()
+}
+
+// checkBoundaryEvery runs the self-check every interval until ctx ends.
+func (c *Control) checkBoundaryEvery(ctx context.Context) {
+	if c.o.Boundary == nil {
+		return
+	}
+	t := time.NewTicker(c.o.BoundaryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.base.Done():
+			return
+		case <-t.C:
+			c.CheckBoundary(ctx)
+		}
+	}
+}

@@ -24,7 +24,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/store"
 )

@@ -80,18 +80,20 @@ func TestExecThroughAPIAndCLI(t *testing.T) {
 }
 
 func TestExecRefused(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
 	other := in.NewOrg("other", 10, 10)
 	running := in.Create(in.Token, "busybox", "--wait")
 	stopped := in.Create(in.Token, "busybox", "--wait")
 	in.MustCLI(in.Token, "sandbox", "stop", stopped.ID)
 	in.WaitState(in.Token, stopped.ID, "stopped")
 	quarantined := in.Create(in.Token, "busybox", "--wait")
+	restore := e2e.WithoutAdmission(t, in.NS)
 	e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--type=merge",
 		"-p", `{"spec":{"podTemplate":{"spec":{"runtimeClassName":"runc"}}}}`)
 	e2e.Kubectl(t, "apply", "-f", writeTemp(t, "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n"))
 	e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(quarantined.ID), "--wait=false")
 	in.WaitState(in.Token, quarantined.ID, "quarantined")
+	restore()
 
 	run := `{"command":["true"]}`
 	for _, tc := range []struct {

@@ -23,7 +23,9 @@ import (
 // TestOutOfBandChanges makes changes with the Kubernetes API, not through
 // hiloop, and checks the record converges to what was observed.
 func TestOutOfBandChanges(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	// Some changes below get past admission (WithoutAdmission): the
+	// self-check must not run meanwhile.
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
 	ctx := context.Background()
 	pods := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(in.NS)
 
@@ -92,8 +94,10 @@ func TestOutOfBandChanges(t *testing.T) {
 		if _, err := e2e.SharedCluster(t).Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
-		// Someone with cluster credentials swaps the runtime class in the
-		// template and kills the pod; the controller makes a runc pod.
+		// Someone with cluster credentials, past admission, swaps the
+		// runtime class in the template and kills the pod; the controller
+		// makes a runc pod.
+		defer e2e.WithoutAdmission(t, in.NS)()
 		e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8s.ObjectName(sb.ID), "--type=merge",
 			"-p", `{"spec":{"podTemplate":{"spec":{"runtimeClassName":"runc"}}}}`)
 		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
@@ -115,6 +119,7 @@ func TestOutOfBandChanges(t *testing.T) {
 		if forged == raw {
 			t.Fatalf("receipt %q names no gvisor runtime class", raw)
 		}
+		defer e2e.WithoutAdmission(t, in.NS)()
 		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podTemplate": map[string]any{
 			"metadata": map[string]any{"annotations": map[string]string{k8s.AnnotationReceipt: forged}},
 			"spec":     map[string]any{"runtimeClassName": "runc"}}}})

@@ -29,32 +29,77 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
+// ClusterFlags say which cluster and which boundary: serve and doctor share
+// them.
+type ClusterFlags struct {
+	Kubeconfig     string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
+	Namespace      string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
+	RuntimeClass   string        `default:"${default_runtime_class}" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
+	SessionPort    int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
+	ClusterTimeout time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
+	NoGVisor       bool          `name:"insecure-no-gvisor" env:"HILOOP_INSECURE_NO_GVISOR" help:"DEVELOPMENT ONLY (kind): run sandboxes without the gVisor runtime class. Every receipt and sandbox says so, and the self-check reports it."`
+}
+
+func (f *ClusterFlags) validate() error {
+	if f.Kubeconfig != "" {
+		if _, err := os.Stat(f.Kubeconfig); err != nil {
+			return fmt.Errorf("--kubeconfig: %w", err)
+		}
+	}
+	if !dnsLabelRE.MatchString(f.Namespace) {
+		return fmt.Errorf("--namespace: %q is not a valid namespace name", f.Namespace)
+	}
+	if !dnsLabelRE.MatchString(f.RuntimeClass) {
+		return fmt.Errorf("--runtime-class: %q is not a valid RuntimeClass name", f.RuntimeClass)
+	}
+	if f.SessionPort < 1 || f.SessionPort > 65535 {
+		return errors.New("--session-port: must be in 1..65535")
+	}
+	if f.ClusterTimeout <= 0 {
+		return errors.New("--cluster-timeout: must be positive")
+	}
+	return nil
+}
+
+// boundaryOptions are what the isolation self-check holds the cluster to.
+func (f *ClusterFlags) boundaryOptions() k8s.BoundaryOptions {
+	return k8s.BoundaryOptions{Namespace: f.Namespace, RuntimeClass: f.RuntimeClass, SessionPort: f.SessionPort, NoGVisor: f.NoGVisor}
+}
+
+// clients loads the kubeconfig and checks the API server answers.
+func (f *ClusterFlags) clients(ctx context.Context) (*k8s.Clients, error) {
+	cfg, err := k8s.LoadConfig(f.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	clients, err := k8s.NewClients(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return clients, clients.CheckReachable(ctx, f.ClusterTimeout)
+}
+
 // ServeCmd runs the control plane.
 type ServeCmd struct {
+	ClusterFlags    `embed:""`
 	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
 	MetricsListen   string        `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
 	SSHListen       string        `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
 	SSHKeepAlive    time.Duration `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
 	SSHIdleTimeout  time.Duration `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
 	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
-	Kubeconfig      string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
-	Namespace       string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
-	RuntimeClass    string        `default:"${default_runtime_class}" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
 	StorageClasses  []string      `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
 	Transports      []string      `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
 	AgentImage      string        `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
-	SessionPort     int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
 	RateLimit       float64       `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
 	CreateRateLimit float64       `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
 	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
 	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
 	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
-	ClusterTimeout  time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
 	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
 	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat       string        `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 	SelfCheck       time.Duration `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
-	NoGVisor        bool          `name:"insecure-no-gvisor" env:"HILOOP_INSECURE_NO_GVISOR" help:"DEVELOPMENT ONLY (kind): run sandboxes without the gVisor runtime class. Every receipt and sandbox says so."`
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -86,16 +131,8 @@ func (s *ServeCmd) Validate() error {
 	if s.DB == "" {
 		return errors.New("--db: must not be empty")
 	}
-	if s.Kubeconfig != "" {
-		if _, err := os.Stat(s.Kubeconfig); err != nil {
-			return fmt.Errorf("--kubeconfig: %w", err)
-		}
-	}
-	if !dnsLabelRE.MatchString(s.Namespace) {
-		return fmt.Errorf("--namespace: %q is not a valid namespace name", s.Namespace)
-	}
-	if !dnsLabelRE.MatchString(s.RuntimeClass) {
-		return fmt.Errorf("--runtime-class: %q is not a valid RuntimeClass name", s.RuntimeClass)
+	if err := s.ClusterFlags.validate(); err != nil {
+		return err
 	}
 	if !dnsLabelRE.MatchString(s.AdminOrg) {
 		return fmt.Errorf("--admin-org: %q is not a lower-case DNS label", s.AdminOrg)
@@ -111,9 +148,6 @@ func (s *ServeCmd) Validate() error {
 	if slices.Contains(s.Transports, "ssh") && s.SSHListen == "" {
 		return errors.New("--transports: ssh needs the gateway (--ssh-listen)")
 	}
-	if s.SessionPort < 1 || s.SessionPort > 65535 {
-		return errors.New("--session-port: must be in 1..65535")
-	}
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
 		return errors.New("--rate-limit, --create-rate-limit: must not be negative")
 	}
@@ -125,9 +159,6 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.ExecPerOrg < 1 {
 		return errors.New("--exec-per-org: must be at least 1")
-	}
-	if s.ClusterTimeout <= 0 {
-		return errors.New("--cluster-timeout: must be positive")
 	}
 	if s.ShutdownTimeout <= 0 {
 		return errors.New("--shutdown-timeout: must be positive")
@@ -174,17 +205,11 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		}
 		defer sshLn.Close()
 	}
-	cfg, err := k8s.LoadConfig(s.Kubeconfig)
+	clients, err := s.clients(ctx)
 	if err != nil {
 		return err
 	}
-	clients, err := k8s.NewClients(cfg)
-	if err != nil {
-		return err
-	}
-	if err := clients.CheckReachable(ctx, s.ClusterTimeout); err != nil {
-		return err
-	}
+	cfg := clients.Config
 	checkCtx, cancel := context.WithTimeout(ctx, s.ClusterTimeout)
 	err = clients.CheckSandboxAPI(checkCtx)
 	cancel()
@@ -326,11 +351,6 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 		return errors.Join(cerr, gerr, merr, httpSrv.Shutdown(sctx))
 	})
 	return g.Wait()
-}
-
-// boundaryOptions are what the isolation self-check holds the cluster to.
-func (s *ServeCmd) boundaryOptions() k8s.BoundaryOptions {
-	return k8s.BoundaryOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, SessionPort: s.SessionPort, NoGVisor: s.NoGVisor}
 }
 
 // DevCmd runs hiloop against a local simulated cluster.

@@ -136,7 +136,9 @@ func TestSSHCommands(t *testing.T) {
 // client where it can ask and a protocol-level client where it cannot.
 func TestSSHRefusals(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	// The quarantine below gets past admission (WithoutAdmission): the
+	// self-check must not run meanwhile.
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	orgB := in.NewOrg("sshb", 5, 5)
@@ -249,10 +251,13 @@ func TestSSHRefusals(t *testing.T) {
 	if _, errOut, code := u.run(sb.ID, "true"); code != 255 || !strings.Contains(errOut, "hiloop sandbox start "+sb.ID) {
 		t.Errorf("stopped sandbox: %d %q", code, errOut)
 	}
-	// And a quarantined one is refused with the reason.
+	// And a quarantined one (someone past admission gave it the host's
+	// network) is refused with the reason.
+	restore := e2e.WithoutAdmission(t, in.NS)
 	e2e.Kubectl(t, "patch", "sandbox", "-n", in.NS, k8sName(sbB.ID), "--type=merge", "-p", `{"spec":{"podTemplate":{"spec":{"hostNetwork":true}}}}`)
 	e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8sName(sbB.ID), "--wait=false")
 	in.WaitState(orgB, sbB.ID, "quarantined")
+	restore()
 	if _, errOut, code := b.run(sbB.ID, "true"); code != 255 || !strings.Contains(errOut, "quarantined") {
 		t.Errorf("quarantined sandbox: %d %q", code, errOut)
 	}

@@ -443,6 +443,20 @@ func Kubectl(t testing.TB, args ...string) string {
 	return out
 }
 
+// WithoutAdmission lifts a sandbox namespace's admission (the chart's
+// policies, whose bindings select the namespace by label, and Pod Security)
+// until the returned func restores it. A test plays with it an attacker who
+// got past admission, whom the mirror must still catch. hiloop's self-check
+// would see the gap: the instance serving ns must run with a
+// --self-check-interval longer than the test.
+func WithoutAdmission(t testing.TB, ns string) (restore func()) {
+	t.Helper()
+	Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace-", "pod-security.kubernetes.io/enforce-")
+	return func() {
+		Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace=true", "pod-security.kubernetes.io/enforce=baseline")
+	}
+}
+
 // Eventually polls cond every 100ms until it holds, and fails t with the
 // last error cond returned when timeout passes first.
 func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {

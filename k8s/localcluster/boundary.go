@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -88,10 +89,30 @@ func (c *Cluster) installBoundary(ctx context.Context) error {
 	if err := c.createObjects(ctx, objs); err != nil {
 		return err
 	}
+	if err := c.waitQuota(ctx, chartSandboxNamespace); err != nil {
+		return err
+	}
 	if c.Namespace != chartSandboxNamespace {
 		return c.AddSandboxNamespace(ctx, c.Namespace)
 	}
 	return nil
+}
+
+// waitQuota waits until the quota controller has computed the namespace's
+// quota: until then the API server refuses every Sandbox create there
+// ("status unknown for quota").
+func (c *Cluster) waitQuota(ctx context.Context, ns string) error {
+	for {
+		q, err := c.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(ctx, k8s.QuotaName, metav1.GetOptions{})
+		if err == nil && len(q.Status.Hard) > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("quota in %s not computed: %w", ns, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // AddSandboxNamespace makes another namespace with the chart's sandbox
@@ -118,5 +139,8 @@ func (c *Cluster) AddSandboxNamespace(ctx context.Context, name string) error {
 		}
 		copies = append(copies, o)
 	}
-	return c.createObjects(ctx, copies)
+	if err := c.createObjects(ctx, copies); err != nil {
+		return err
+	}
+	return c.waitQuota(ctx, name)
 }

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// DoctorCmd checks the cluster the way serve's self-check does, and prints
+// every check with the fix for each failure.
+type DoctorCmd struct {
+	ClusterFlags `embed:""`
+}
+
+// Validate checks the flags.
+func (d *DoctorCmd) Validate() error { return d.ClusterFlags.validate() }
+
+// errChecksFailed makes doctor exit 1 after it printed its report.
+type errChecksFailed int
+
+func (e errChecksFailed) Error() string { return fmt.Sprintf("%d checks failed", int(e)) }
+
+// Run prints one line per check: ok, FAIL (with the fix), or allowed (a
+// failure --insecure-no-gvisor accepts).
+func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
+	clients, err := d.clients(ctx)
+	if err != nil {
+		fmt.Fprintf(stdout, "FAIL    cluster: %v\n        fix: pass --kubeconfig, or check that the API server answers\n", err)
+		return errChecksFailed(1)
+	}
+	checks := []k8s.Check{{Name: "cluster", Object: "API server " + clients.Config.Host, OK: true}}
+	sctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
+	err = clients.CheckSandboxAPI(sctx)
+	cancel()
+	api := k8s.Check{Name: "sandbox_api", Object: "Sandbox API " + k8s.SandboxGroup + "/" + k8s.SandboxVersion, OK: err == nil}
+	if err != nil {
+		api.Problem, api.Fix = err.Error(), "install the agent-sandbox CRD and controller (the chart does, unless agent-sandbox.enabled=false)"
+	}
+	checks = append(checks, api)
+	bctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
+	checks = append(checks, clients.CheckBoundary(bctx, d.boundaryOptions())...)
+	cancel()
+	failed := 0
+	for _, c := range checks {
+		switch {
+		case c.OK:
+			fmt.Fprintf(stdout, "ok      %s\n", c.Object)
+			continue
+		case c.Allowed:
+			fmt.Fprintf(stdout, "allowed %s: %s\n", c.Object, c.Problem)
+		default:
+			failed++
+			fmt.Fprintf(stdout, "FAIL    %s: %s\n", c.Object, c.Problem)
+		}
+		if c.Detail != "" {
+			fmt.Fprintf(stdout, "        cluster said: %s\n", c.Detail)
+		}
+		fmt.Fprintf(stdout, "        fix: %s\n", c.Fix)
+	}
+	if failed > 0 {
+		fmt.Fprintf(stdout, "\n%d of %d checks failed: hiloop serve refuses creates and starts until they pass.\n", failed, len(checks))
+		return errChecksFailed(failed)
+	}
+	fmt.Fprintf(stdout, "\nall %d checks pass.\n", len(checks))
+	return nil
+}

@@ -338,6 +338,7 @@ type Sandbox struct {
 	Desired    string   `json:"desired"`
 	Expires    *string  `json:"expires_at"`
 	Transports []string `json:"transports"`
+	Isolation  string   `json:"isolation"`
 }
 
 // Create makes a sandbox through the CLI.

@@ -79,9 +79,10 @@ func (c *Cluster) createObjects(ctx context.Context, objs []*unstructured.Unstru
 	return nil
 }
 
-// installBoundary creates every object of the rendering, then the extra
+// InstallBoundary creates every object of the rendering that is missing (an
+// existing one is left as it is), then the extra
 // sandbox namespace when the cluster was asked for another one.
-func (c *Cluster) installBoundary(ctx context.Context) error {
+func (c *Cluster) InstallBoundary(ctx context.Context) error {
 	objs, err := boundaryObjects()
 	if err != nil {
 		return err

@@ -307,7 +307,7 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err := InstallCRD(ctx, c.Clients); err != nil {
 		return err
 	}
-	return c.installBoundary(ctx)
+	return c.InstallBoundary(ctx)
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -1,0 +1,452 @@
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// escape is one way out of the boundary, applied to a conforming pod spec
+// (the one hiloop renders, session helper included), and the chart rule
+// that must refuse it.
+type escape struct {
+	name   string
+	rule   string
+	mutate func(*corev1.PodSpec)
+	// pss marks an escape Pod Security's baseline also refuses, so a pod
+	// may be refused by either.
+	pss bool
+}
+
+func helperOf(s *corev1.PodSpec) *corev1.Container {
+	for i := range s.Containers {
+		if s.Containers[i].Name == k8s.HelperContainer {
+			return &s.Containers[i]
+		}
+	}
+	panic("no helper")
+}
+
+var escapes = []escape{
+	{"no runtime class", "runtime-class", func(s *corev1.PodSpec) { s.RuntimeClassName = nil }, false},
+	{"another runtime class", "runtime-class", func(s *corev1.PodSpec) { s.RuntimeClassName = ptr.To("runc") }, false},
+	{"hostNetwork", "host-namespaces", func(s *corev1.PodSpec) { s.HostNetwork = true }, true},
+	{"hostPID", "host-namespaces", func(s *corev1.PodSpec) { s.HostPID = true }, true},
+	{"hostIPC", "host-namespaces", func(s *corev1.PodSpec) { s.HostIPC = true }, true},
+	{"token automount unset", "service-account-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = nil }, false},
+	{"token automounted", "service-account-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(true) }, false},
+	{"token projected by hand", "service-account-token", func(s *corev1.PodSpec) {
+		s.Volumes = append(s.Volumes, corev1.Volume{Name: "tok", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}})
+	}, false},
+	{"privileged workload", "privileged", func(s *corev1.PodSpec) {
+		s.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	}, true},
+	{"privileged helper", "privileged", func(s *corev1.PodSpec) { helperOf(s).SecurityContext.Privileged = ptr.To(true) }, true},
+	{"helper with a writable root", "helper-hardened", func(s *corev1.PodSpec) {
+		helperOf(s).SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
+	}, false},
+	{"helper that may escalate", "helper-hardened", func(s *corev1.PodSpec) {
+		helperOf(s).SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+	}, false},
+	{"helper as root", "helper-hardened", func(s *corev1.PodSpec) {
+		helperOf(s).SecurityContext.RunAsUser = ptr.To(int64(0))
+	}, false},
+	{"helper with a capability", "helper-hardened", func(s *corev1.PodSpec) {
+		helperOf(s).SecurityContext.Capabilities.Add = []corev1.Capability{"NET_ADMIN"}
+	}, true},
+	{"helper without seccomp", "helper-hardened", func(s *corev1.PodSpec) { helperOf(s).SecurityContext.SeccompProfile = nil }, false},
+}
+
+// TestAdmissionDeniesEscapes sends every escape shape, as a Sandbox and as
+// a pod created directly in the namespace, to the real API server with the
+// chart's policies installed (server-side dry run: admission runs, nothing
+// is stored), and a conforming one of each, which passes.
+func TestAdmissionDeniesEscapes(t *testing.T) {
+	c := e2e.SharedCluster(t)
+	ns := e2e.NewNamespace(t)
+	ctx := context.Background()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	rendered := func() *corev1.PodSpec {
+		obj, err := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
+			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
+			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec", "forward"},
+				AgentImage: "hiloop/hiloop:test", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &obj.Spec.PodTemplate.Spec
+	}
+	createSandbox := func(mutate func(*corev1.PodSpec)) error {
+		obj, _ := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
+			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
+			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec", "forward"},
+				AgentImage: "hiloop/hiloop:test", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"})
+		mutate(&obj.Spec.PodTemplate.Spec)
+		_, err := c.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, obj, dry)
+		return err
+	}
+	createPod := func(mutate func(*corev1.PodSpec)) error {
+		spec := rendered()
+		// The org's service account does not exist in this namespace;
+		// the default one does, and its token is what must not mount.
+		spec.ServiceAccountName = ""
+		mutate(spec)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "direct", Namespace: ns}, Spec: *spec}
+		_, err := c.Clients.Kube.CoreV1().Pods(ns).Create(ctx, pod, dry)
+		return err
+	}
+	if err := createSandbox(func(*corev1.PodSpec) {}); err != nil {
+		t.Fatalf("a conforming Sandbox is refused: %v", err)
+	}
+	if err := createPod(func(*corev1.PodSpec) {}); err != nil {
+		t.Fatalf("a conforming pod is refused: %v", err)
+	}
+	for _, e := range escapes {
+		t.Run(e.name, func(t *testing.T) {
+			err := createSandbox(e.mutate)
+			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "'"+k8s.PolicySandbox+"'") || !strings.Contains(err.Error(), "["+e.rule+"]") {
+				t.Errorf("Sandbox: want refused by %s [%s], got %v", k8s.PolicySandbox, e.rule, err)
+			}
+			err = createPod(e.mutate)
+			byPolicy := err != nil && strings.Contains(err.Error(), "'"+k8s.PolicyPod+"'") && strings.Contains(err.Error(), "["+e.rule+"]")
+			byPSS := e.pss && err != nil && strings.Contains(err.Error(), "violates PodSecurity")
+			if !byPolicy && !byPSS {
+				t.Errorf("pod: want refused by %s [%s]%s, got %v", k8s.PolicyPod, e.rule, map[bool]string{true: " or Pod Security", false: ""}[e.pss], err)
+			}
+		})
+	}
+	// Pod Security stands on its own: a pod the policies pass but baseline
+	// forbids (a hostPath volume) is refused by it.
+	err := createPod(func(s *corev1.PodSpec) {
+		s.Volumes = append(s.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+	})
+	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
+		t.Errorf("hostPath pod: want refused by Pod Security, got %v", err)
+	}
+}
+
+// doctor runs `hiloop doctor` as a user does.
+func doctor(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(e2e.Binary(t), append([]string{"doctor"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+// TestSelfCheck weakens the boundary of a cluster of its own (the shared
+// one's policies are everyone's) and checks that hiloop refuses creates and
+// starts within the check interval, says why in the answer and in /readyz,
+// keeps serving reads and mirroring, and lifts the refusal once the boundary
+// is back. hiloop doctor reports the same.
+func TestSelfCheck(t *testing.T) {
+	c := e2e.NewCluster(t)
+	ctx := context.Background()
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
+	running := in.Create(in.Token, "busybox", "--wait")
+	stopped := in.Create(in.Token, "busybox", "--wait")
+	in.MustCLI(in.Token, "sandbox", "stop", stopped.ID)
+	in.WaitState(in.Token, stopped.ID, "stopped")
+	if out, code := doctor(t, "--kubeconfig", c.Kubeconfig); code != 0 || !strings.Contains(out, "all 10 checks pass") {
+		t.Fatalf("doctor on a hardened cluster: exit %d\n%s", code, out)
+	}
+
+	refused := func(object string) {
+		t.Helper()
+		e2e.Eventually(t, "creates refused naming "+object, 15*time.Second, func() (bool, error) {
+			status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			return status == 503 && errorCode(t, body) == "cluster_not_hardened" && strings.Contains(body, object), fmt.Errorf("%d %s", status, body)
+		})
+		if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+stopped.ID+"/start", ""); status != 503 || errorCode(t, body) != "cluster_not_hardened" {
+			t.Errorf("start while not hardened: %d %s", status, body)
+		}
+		if status, body := in.Call("", "GET", "/readyz", ""); status != 503 || errorCode(t, body) != "cluster_not_hardened" || !strings.Contains(body, object) {
+			t.Errorf("/readyz while not hardened: %d %s", status, body)
+		}
+		// Reads, stops and deletes go on; the mirror goes on.
+		if status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+running.ID, ""); status != 200 || !strings.Contains(body, `"running"`) {
+			t.Errorf("read while not hardened: %d %s", status, body)
+		}
+	}
+	lifted := func() {
+		t.Helper()
+		e2e.Eventually(t, "refusal lifted", 15*time.Second, func() (bool, error) {
+			status, body := in.Call("", "GET", "/readyz", "")
+			return status == 200, fmt.Errorf("%d %s", status, body)
+		})
+		sb := in.Create(in.Token, "busybox", "--wait")
+		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
+	}
+	kubectl := func(args ...string) {
+		t.Helper()
+		if _, err := c.Kubectl(ctx, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The binding deleted.
+	kubectl("delete", "validatingadmissionpolicybinding", k8s.PolicySandbox)
+	refused("ValidatingAdmissionPolicyBinding " + k8s.PolicySandbox)
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig)
+	if code != 1 || !strings.Contains(out, "FAIL    ValidatingAdmissionPolicyBinding "+k8s.PolicySandbox+": missing") || !strings.Contains(out, "fix: ") {
+		t.Errorf("doctor without the binding: exit %d\n%s", code, out)
+	}
+	// Mirroring goes on: a stop outside hiloop is still seen.
+	kubectl("patch", "sandbox", "-n", c.Namespace, k8s.ObjectName(running.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Suspended"}}`)
+	in.WaitState(in.Token, running.ID, "stopped")
+	if err := c.InstallBoundary(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lifted()
+
+	// failurePolicy relaxed.
+	kubectl("patch", "validatingadmissionpolicy", k8s.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Ignore"}}`)
+	refused("ValidatingAdmissionPolicy " + k8s.PolicyPod)
+	kubectl("patch", "validatingadmissionpolicy", k8s.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Fail"}}`)
+	lifted()
+
+	// The namespace's Pod Security weakened.
+	kubectl("label", "--overwrite", "namespace", c.Namespace, "pod-security.kubernetes.io/enforce=privileged")
+	refused("Namespace " + c.Namespace)
+	kubectl("label", "--overwrite", "namespace", c.Namespace, "pod-security.kubernetes.io/enforce=baseline")
+	lifted()
+
+	// A namespace with none of the boundary fails every namespaced check.
+	kubectl("create", "namespace", "plain")
+	out, code = doctor(t, "--kubeconfig", c.Kubeconfig, "--namespace", "plain")
+	for _, want := range []string{"FAIL    Namespace plain: Pod Security enforce", "FAIL    ResourceQuota plain/hiloop-sandboxes: missing",
+		"FAIL    NetworkPolicy plain/hiloop-sandbox-isolation: missing", "does not select namespace plain", "fix: kubectl label"} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Errorf("doctor on an unhardened namespace: exit %d, no %q in\n%s", code, want, out)
+		}
+	}
+}
+
+// TestInsecureNoGVisor: the development mode for clusters without gVisor.
+// On a hardened cluster it is refused by admission, naming the policy (422);
+// with the chart installed with gvisor.required=false it runs sandboxes
+// without a runtime class, says so at start, in /readyz, in every sandbox
+// and in doctor, and the self-check counts the gap as allowed.
+func TestInsecureNoGVisor(t *testing.T) {
+	c := e2e.NewCluster(t)
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "h.db")
+	kc := func(args ...string) string {
+		t.Helper()
+		out, err := c.Kubectl(ctx, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	in := e2e.Serve(t, db, c.Namespace, "--kubeconfig", c.Kubeconfig, "--insecure-no-gvisor")
+	if !strings.Contains(in.Out.String(), "WARNING: --insecure-no-gvisor") {
+		t.Errorf("no warning at start:\n%s", in.Out.String())
+	}
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if status != 422 || errorCode(t, body) != "cluster_rejected" ||
+		!strings.Contains(body, "admission policy "+k8s.PolicySandbox+" refused the sandbox: [runtime-class]") {
+		t.Fatalf("insecure create on a hardened cluster: %d %s", status, body)
+	}
+	if n := strings.Count(kc("get", "sandboxes", "-n", c.Namespace, "-o", "name"), "sandbox"); n != 0 {
+		t.Errorf("%d Sandbox objects after a refused create", n)
+	}
+	in.Stop()
+
+	// The chart for a cluster without gVisor.
+	rendering := helmTemplate(t, "-f", "deploy/chart/values-local.yaml", "--set", "gvisor.required=false")
+	if _, err := c.Kubectl(ctx, "apply", "-f", writeTemp(t, rendering)); err != nil {
+		t.Fatal(err)
+	}
+	in = e2e.Serve(t, db, c.Namespace, "--kubeconfig", c.Kubeconfig, "--insecure-no-gvisor")
+	status, body = in.Call("", "GET", "/readyz", "")
+	if status != 200 || !strings.Contains(body, "insecure") || !strings.Contains(body, "without gVisor") {
+		t.Errorf("/readyz in insecure mode: %d %s", status, body)
+	}
+	sb := in.Create(in.Token, "busybox", "--wait")
+	if sb.Isolation != "insecure-no-gvisor" {
+		t.Errorf("isolation %q", sb.Isolation)
+	}
+	if rc := kc("get", "pod", "-n", c.Namespace, k8s.ObjectName(sb.ID), "-o", "jsonpath={.spec.runtimeClassName}"); rc != "" {
+		t.Errorf("pod runtime class %q", rc)
+	}
+	receipt := kc("get", "sandbox", "-n", c.Namespace, k8s.ObjectName(sb.ID), "-o", `jsonpath={.spec.podTemplate.metadata.annotations.hiloop\.dev/runtime-receipt}`)
+	if !strings.Contains(receipt, `"insecure":"no-gvisor"`) {
+		t.Errorf("receipt %s", receipt)
+	}
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig, "--insecure-no-gvisor")
+	if code != 0 || !strings.Contains(out, "allowed RuntimeClass (none)") || !strings.Contains(out, "allowed ValidatingAdmissionPolicy") {
+		t.Errorf("doctor in insecure mode: exit %d\n%s", code, out)
+	}
+	// Without the flag, the same cluster is not hardened.
+	if out, code := doctor(t, "--kubeconfig", c.Kubeconfig); code != 1 || !strings.Contains(out, "rule [runtime-class] is missing") {
+		t.Errorf("doctor without the flag: exit %d\n%s", code, out)
+	}
+}
+
+// helmTemplate renders the chart with the pinned helm.
+func helmTemplate(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(os.Getenv("HILOOP_CLUSTER_BIN"), "helm"), append([]string{"template", "hiloop", "deploy/chart"}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	return string(out)
+}
+
+// TestClusterQuota: the chart's quota refuses the N+1th Sandbox, and hiloop
+// answers 429 cluster_quota_exceeded, leaving a failed record and no object.
+func TestClusterQuota(t *testing.T) {
+	ns := e2e.NewNamespace(t)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	e2e.Kubectl(t, "patch", "resourcequota", "-n", ns, k8s.QuotaName, "--type=merge", "-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"2"}}}`)
+	e2e.Eventually(t, "quota of 2 computed", 30*time.Second, func() (bool, error) {
+		q, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), k8s.QuotaName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		hard := q.Status.Hard["count/sandboxes.agents.x-k8s.io"]
+		return hard.String() == "2", fmt.Errorf("status.hard %s", hard.String())
+	})
+	in.Create(in.Token, "busybox")
+	in.Create(in.Token, "busybox")
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if status != 429 || errorCode(t, body) != "cluster_quota_exceeded" {
+		t.Fatalf("third create: %d %s", status, body)
+	}
+	if strings.Contains(body, ns) || strings.Contains(body, "exceeded quota: ") {
+		t.Errorf("the answer carries the cluster's message: %s", body)
+	}
+	if n := strings.Count(e2e.Kubectl(t, "get", "sandboxes", "-n", ns, "-o", "name"), "sandbox"); n != 2 {
+		t.Errorf("%d Sandbox objects, want 2", n)
+	}
+	var list struct{ Items []e2e.Sandbox }
+	_, body = in.Call(in.Token, "GET", "/v1/sandboxes", "")
+	json.Unmarshal([]byte(body), &list)
+	failed := 0
+	for _, sb := range list.Items {
+		if sb.State == "failed" {
+			failed++
+		}
+	}
+	if len(list.Items) != 3 || failed != 1 {
+		t.Errorf("records: %d, failed %d: %s", len(list.Items), failed, body)
+	}
+}
+
+// TestNetworkPolicyReadBack: the API server accepts the chart's
+// NetworkPolicy and it holds every denied range (nothing enforces it in the
+// local cluster: there is no CNI).
+func TestNetworkPolicyReadBack(t *testing.T) {
+	c := e2e.SharedCluster(t)
+	np, err := c.Clients.Kube.NetworkingV1().NetworkPolicies(k8s.DefaultNamespace).Get(context.Background(), k8s.NetworkPolicy, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems := k8s.NetworkPolicyProblems(np, k8s.DefaultSessionPort); len(problems) > 0 {
+		t.Errorf("read back: %v", problems)
+	}
+	var excepts []string
+	for _, r := range np.Spec.Egress {
+		for _, p := range r.To {
+			if p.IPBlock != nil {
+				excepts = append(excepts, p.IPBlock.Except...)
+			}
+		}
+	}
+	for _, d := range k8s.DeniedCIDRs {
+		if !strings.Contains(strings.Join(excepts, " "), d) {
+			t.Errorf("egress does not except %s: %v", d, excepts)
+		}
+	}
+}
+
+// TestLeastPrivilege runs hiloop serve with only the chart's ServiceAccount
+// token, through the whole lifecycle, exec and ssh, and checks with
+// `kubectl auth can-i` what that account cannot do.
+func TestLeastPrivilege(t *testing.T) {
+	requireSSH(t)
+	c := e2e.SharedCluster(t)
+	const sa = "system:serviceaccount:hiloop-system:hiloop"
+	token := strings.TrimSpace(e2e.Kubectl(t, "create", "token", "hiloop", "-n", "hiloop-system", "--duration", "1h"))
+	server := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}")
+	ca := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
+	kubeconfig := writeTemp(t, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority-data: %q}}]
+users: [{name: hiloop, user: {token: %q}}]
+contexts: [{name: c, context: {cluster: c, user: hiloop}}]
+current-context: c
+`, server, ca, token))
+
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), k8s.DefaultNamespace, "--kubeconfig", kubeconfig)
+	sb := in.Create(in.Token, "busybox", "--wait")
+	if _, _, code := in.CLI(in.Token, "sandbox", "exec", sb.ID, "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Errorf("exec as the service account: exit %d", code)
+	}
+	u := newSSHUser(t, in, in.Token)
+	if _, errOut, code := u.run(sb.ID, "exit 7"); code != 7 {
+		t.Errorf("ssh as the service account: exit %d %s", code, errOut)
+	}
+	in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
+	in.WaitState(in.Token, sb.ID, "stopped")
+	in.MustCLI(in.Token, "sandbox", "start", sb.ID)
+	in.WaitState(in.Token, sb.ID, "running")
+	in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
+	in.WaitState(in.Token, sb.ID, "deleted")
+	if strings.Contains(in.Out.String(), "forbidden") {
+		t.Errorf("a request was forbidden:\n%s", in.Out.String())
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"create", "sandboxes.agents.x-k8s.io", "-n", k8s.DefaultNamespace}, "yes"},
+		{[]string{"create", "pods", "--subresource=exec", "-n", k8s.DefaultNamespace}, "yes"},
+		{[]string{"get", "secrets", "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"list", "secrets", "-A"}, "no"},
+		{[]string{"get", "secrets", "-n", "hiloop-system"}, "no"},
+		{[]string{"create", "pods", "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"delete", "pods", "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"create", "sandboxes.agents.x-k8s.io", "-n", "default"}, "no"},
+		{[]string{"list", "pods", "-n", "kube-system"}, "no"},
+		{[]string{"create", "pods", "--subresource=exec", "-n", "kube-system"}, "no"},
+		{[]string{"update", "validatingadmissionpolicies", k8s.PolicySandbox}, "no"},
+		{[]string{"delete", "validatingadmissionpolicybindings", k8s.PolicySandbox}, "no"},
+		{[]string{"create", "validatingadmissionpolicybindings"}, "no"},
+		{[]string{"patch", "namespaces", k8s.DefaultNamespace}, "no"},
+		{[]string{"delete", "networkpolicies", k8s.NetworkPolicy, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"update", "resourcequotas", k8s.QuotaName, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"create", "rolebindings", "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"create", "serviceaccounts", "--subresource=token", "-n", k8s.DefaultNamespace}, "no"},
+	} {
+		out, _ := c.Kubectl(context.Background(), append([]string{"auth", "can-i", "--as", sa}, tc.args...)...)
+		if got := strings.TrimSpace(strings.SplitN(out, "\n", 2)[0]); got != tc.want {
+			t.Errorf("can-i %s: %q, want %s", strings.Join(tc.args, " "), got, tc.want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -57,7 +58,10 @@ var escapes = []escape{
 	{"privileged workload", "privileged", func(s *corev1.PodSpec) {
 		s.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	}, true},
-	{"privileged helper", "privileged", func(s *corev1.PodSpec) { helperOf(s).SecurityContext.Privileged = ptr.To(true) }, true},
+	{"privileged helper", "privileged", func(s *corev1.PodSpec) {
+		helperOf(s).SecurityContext.Privileged = ptr.To(true)
+		helperOf(s).SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+	}, true},
 	{"helper with a writable root", "helper-hardened", func(s *corev1.PodSpec) {
 		helperOf(s).SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
 	}, false},
@@ -82,6 +86,12 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	ctx := context.Background()
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	// The other runtime class exists, so that it is the policy that refuses
+	// it, not the RuntimeClass admission plugin.
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "runc"}, Handler: "runc"}
+	if _, err := c.Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	rendered := func() *corev1.PodSpec {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
 			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
@@ -274,18 +284,29 @@ func TestInsecureNoGVisor(t *testing.T) {
 		t.Errorf("%d Sandbox objects after a refused create", n)
 	}
 	in.Stop()
+	token := in.Token
 
 	// The chart for a cluster without gVisor.
 	rendering := helmTemplate(t, "-f", "deploy/chart/values-local.yaml", "--set", "gvisor.required=false")
 	if _, err := c.Kubectl(ctx, "apply", "-f", writeTemp(t, rendering)); err != nil {
 		t.Fatal(err)
 	}
+	// Admission picks up the changed policies a moment later.
+	e2e.Eventually(t, "a Sandbox without a runtime class admitted", 30*time.Second, func() (bool, error) {
+		obj, err := k8s.Render(store.Sandbox{ID: "sbx_probe", OrgID: "org_probe", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
+			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []string{"exec"}})
+		if err != nil {
+			return false, err
+		}
+		_, err = c.Clients.Sandbox.AgentsV1beta1().Sandboxes(c.Namespace).Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, err
+	})
 	in = e2e.Serve(t, db, c.Namespace, "--kubeconfig", c.Kubeconfig, "--insecure-no-gvisor")
 	status, body = in.Call("", "GET", "/readyz", "")
 	if status != 200 || !strings.Contains(body, "insecure") || !strings.Contains(body, "without gVisor") {
 		t.Errorf("/readyz in insecure mode: %d %s", status, body)
 	}
-	sb := in.Create(in.Token, "busybox", "--wait")
+	sb := in.Create(token, "busybox", "--wait")
 	if sb.Isolation != "insecure-no-gvisor" {
 		t.Errorf("isolation %q", sb.Isolation)
 	}
@@ -392,8 +413,8 @@ func TestLeastPrivilege(t *testing.T) {
 	c := e2e.SharedCluster(t)
 	const sa = "system:serviceaccount:hiloop-system:hiloop"
 	token := strings.TrimSpace(e2e.Kubectl(t, "create", "token", "hiloop", "-n", "hiloop-system", "--duration", "1h"))
-	server := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}")
-	ca := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
+	server := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "--flatten", "-o", "jsonpath={.clusters[0].cluster.server}")
+	ca := e2e.Kubectl(t, "config", "view", "--raw", "--minify", "--flatten", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
 	kubeconfig := writeTemp(t, fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: %q, certificate-authority-data: %q}}]
@@ -435,17 +456,18 @@ current-context: c
 		{[]string{"create", "sandboxes.agents.x-k8s.io", "-n", "default"}, "no"},
 		{[]string{"list", "pods", "-n", "kube-system"}, "no"},
 		{[]string{"create", "pods", "--subresource=exec", "-n", "kube-system"}, "no"},
-		{[]string{"update", "validatingadmissionpolicies", k8s.PolicySandbox}, "no"},
-		{[]string{"delete", "validatingadmissionpolicybindings", k8s.PolicySandbox}, "no"},
+		{[]string{"update", "validatingadmissionpolicies/" + k8s.PolicySandbox}, "no"},
+		{[]string{"delete", "validatingadmissionpolicybindings/" + k8s.PolicySandbox}, "no"},
 		{[]string{"create", "validatingadmissionpolicybindings"}, "no"},
-		{[]string{"patch", "namespaces", k8s.DefaultNamespace}, "no"},
-		{[]string{"delete", "networkpolicies", k8s.NetworkPolicy, "-n", k8s.DefaultNamespace}, "no"},
-		{[]string{"update", "resourcequotas", k8s.QuotaName, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"patch", "namespaces/" + k8s.DefaultNamespace}, "no"},
+		{[]string{"delete", "networkpolicies/" + k8s.NetworkPolicy, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"update", "resourcequotas/" + k8s.QuotaName, "-n", k8s.DefaultNamespace}, "no"},
 		{[]string{"create", "rolebindings", "-n", k8s.DefaultNamespace}, "no"},
 		{[]string{"create", "serviceaccounts", "--subresource=token", "-n", k8s.DefaultNamespace}, "no"},
 	} {
 		out, _ := c.Kubectl(context.Background(), append([]string{"auth", "can-i", "--as", sa}, tc.args...)...)
-		if got := strings.TrimSpace(strings.SplitN(out, "\n", 2)[0]); got != tc.want {
+		lines := strings.Split(strings.TrimSpace(out), "\n") // a warning may come first
+		if got := strings.TrimSpace(lines[len(lines)-1]); got != tc.want {
 			t.Errorf("can-i %s: %q, want %s", strings.Join(tc.args, " "), got, tc.want)
 		}
 	}

@@ -24,6 +24,14 @@ chart:
 	  $$helm template hiloop deploy/chart --include-crds > deploy/hiloop.yaml && \
 	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > k8s/localcluster/assets/boundary.yaml
 
+# image builds the OCI image of the static binary without a container
+# daemon (deploy/image), tagged as the chart's default image, into a tarball
+# for docker load, kind load image-archive or ctr import.
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/chart/Chart.yaml)
+IMAGE ?= hiloop/hiloop:$(APP_VERSION)
+image: build
+	$(GO) run ./deploy/image -binary bin/hiloop -tag $(IMAGE) -o bin/hiloop-image.tar
+
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 build:

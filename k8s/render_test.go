@@ -86,8 +86,26 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
+// TestRenderInsecure: without gVisor the pod gets no runtime class and the
+// receipt says why, and reads back.
+func TestRenderInsecure(t *testing.T) {
+	obj, err := k8s.Render(store.Sandbox{ID: "sbx_x", OrgID: "org_x", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", NoGVisor: true, Transports: []string{"exec"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc := obj.Spec.PodTemplate.Spec.RuntimeClassName; rc != nil {
+		t.Errorf("runtime class %q", *rc)
+	}
+	r, err := k8s.ParseReceipt(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
+	if err != nil || r.RuntimeClass != "" || r.Insecure != k8s.InsecureNoGVisor || r.Isolation() != "insecure-no-gvisor" {
+		t.Errorf("receipt %+v, %v", r, err)
+	}
+}
+
 func TestParseReceiptRefusesUnknown(t *testing.T) {
-	for _, s := range []string{"", "{", `{"v":2,"runtime_class":"gvisor"}`, `{"v":1}`, `{"v":1,"runtime_class":"gvisor","extra":1}`} {
+	for _, s := range []string{"", "{", `{"v":2,"runtime_class":"gvisor"}`, `{"v":1}`, `{"v":1,"runtime_class":"gvisor","extra":1}`,
+		`{"v":1,"runtime_class":"gvisor","insecure":"no-gvisor"}`, `{"v":1,"insecure":"other"}`, `{"v":1,"runtime_class":"gvisor","insecure":"other"}`} {
 		if _, err := k8s.ParseReceipt(s); err == nil {
 			t.Errorf("ParseReceipt(%q) accepted", s)
 		}
@@ -98,7 +116,7 @@ func TestParseReceiptRefusesUnknown(t *testing.T) {
 // it accepts it can write back the same.
 func FuzzParseReceipt(f *testing.F) {
 	for _, s := range []string{"", "{", `{"v":1,"runtime_class":"gvisor","service_account":"sa","storage":[],"transports":["exec"]}`,
-		`{"v":1,"runtime_class":"gvisor","session_port":2223}`, `{"v":2}`, `null`, `[]`} {
+		`{"v":1,"runtime_class":"gvisor","session_port":2223}`, `{"v":2}`, `null`, `[]`, `{"v":1,"insecure":"no-gvisor"}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -12,12 +12,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
@@ -656,5 +658,78 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within 10s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNotHardened: while the self-check fails, creates and starts answer
+// 503 cluster_not_hardened naming the objects (and /readyz the same); before
+// the first check they are refused too; reads and stops go on; a passing
+// check lifts it. A policy refusal names the policy and the chart's rule,
+// and a cluster quota refusal is its own 429.
+func TestNotHardened(t *testing.T) {
+	var checks atomic.Pointer[[]k8s.Check]
+	set := func(c ...k8s.Check) { checks.Store(&c) }
+	ok := k8s.Check{Name: "quota", Object: "ResourceQuota ns/hiloop-sandboxes", OK: true}
+	set(ok)
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Boundary = func(context.Context) []k8s.Check { return *checks.Load() }
+	})
+	ts.srv.o.Ready = func(context.Context) error { return ts.ctl.Hardened() }
+	if rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`); rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened ||
+		!strings.Contains(rec.Body.String(), "has not run yet") {
+		t.Fatalf("create before the first check: %d %s", rec.Code, rec.Body.String())
+	}
+	ts.ctl.CheckBoundary(context.Background())
+	id := ts.create(`{"image":"busybox"}`)
+
+	set(ok, k8s.Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding hiloop-sandbox-isolation", Problem: "missing",
+		Detail: "validatingadmissionpolicybindings is forbidden: User \"system:serviceaccount:x:y\" cannot get"},
+		k8s.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"})
+	ts.ctl.CheckBoundary(context.Background())
+	for _, r := range []struct{ method, path, body string }{
+		{"POST", "/v1/sandboxes", `{"image":"busybox"}`},
+		{"GET", "/readyz", ""},
+	} {
+		rec := ts.do(r.method, r.path, r.body)
+		if rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened || rec.Header().Get("Retry-After") == "" ||
+			!strings.Contains(rec.Body.String(), "ValidatingAdmissionPolicyBinding hiloop-sandbox-isolation: missing") ||
+			strings.Contains(rec.Body.String(), "RuntimeClass") {
+			t.Errorf("%s %s while not hardened: %d %s", r.method, r.path, rec.Code, rec.Body.String())
+		}
+	}
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", ""); rec.Code != 200 {
+		t.Fatalf("stop while not hardened: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened {
+		t.Errorf("start while not hardened: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("GET", "/v1/sandboxes/"+id, ""); rec.Code != 200 {
+		t.Errorf("read while not hardened: %d", rec.Code)
+	}
+
+	// An allowed failure alone is ready, and says so.
+	set(ok, k8s.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"})
+	ts.ctl.CheckBoundary(context.Background())
+	if rec := ts.do("GET", "/readyz", ""); rec.Code != 200 || !strings.Contains(rec.Body.String(), "RuntimeClass (none): no gVisor") {
+		t.Errorf("readyz with an allowed failure: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 200 {
+		t.Errorf("start once hardened: %d %s", rec.Code, rec.Body.String())
+	}
+
+	denied := apierrors.NewInvalid(schema.GroupKind{Group: "agents.x-k8s.io", Kind: "Sandbox"}, "sbx-abc", field.ErrorList{field.Invalid(nil, nil,
+		"ValidatingAdmissionPolicy 'hiloop-sandbox-isolation' with binding 'hiloop-sandbox-isolation' denied request: [runtime-class] a sandbox must run under the gvisor runtime class")})
+	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = denied })
+	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if rec.Code != 422 || errCode(t, rec) != CodeClusterRejected ||
+		!strings.Contains(rec.Body.String(), "admission policy hiloop-sandbox-isolation refused the sandbox: [runtime-class] a sandbox must run under the gvisor runtime class") {
+		t.Errorf("policy refusal: %d %s", rec.Code, rec.Body.String())
+	}
+	quota := apierrors.NewForbidden(schema.GroupResource{Group: "agents.x-k8s.io", Resource: "sandboxes"}, "sbx-abc",
+		errors.New("exceeded quota: hiloop-sandboxes, requested: count/sandboxes.agents.x-k8s.io=1, used: 2, limited: 2"))
+	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = quota })
+	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if rec.Code != 429 || errCode(t, rec) != CodeClusterQuotaExceeded || strings.Contains(rec.Body.String(), "limited") {
+		t.Errorf("cluster quota: %d %s", rec.Code, rec.Body.String())
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // TestMetrics scrapes /metrics after some traffic: requests by route and
 // code, authentication failures by kind, sandboxes by state, sessions by
-// transport, the mirror's lag; and no label value is an id.
+// transport, the mirror's lag, the self-check; and no label value is an id.
 func TestMetrics(t *testing.T) {
 	requireSSH(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--metrics-listen", "127.0.0.1:0")
@@ -69,6 +69,10 @@ func TestMetrics(t *testing.T) {
 		t.Error("the mirror's lag is not measured")
 	}
 	value(`hiloop_mirror_queue_depth`)
+	if value(`hiloop_self_check{check="network_policy",object="NetworkPolicy `+in.NS+`/hiloop-sandbox-isolation"}`) != 1 ||
+		value(`hiloop_self_check{check="admission_binding",object="ValidatingAdmissionPolicyBinding hiloop-pod-isolation"}`) != 1 {
+		t.Error("the self-check is not reported as holding")
+	}
 	for _, l := range strings.Split(text, "\n") {
 		if !strings.HasPrefix(l, "hiloop_") {
 			continue

@@ -14,7 +14,7 @@ func TestDashboardUsesOnlyHiloopMetrics(t *testing.T) {
 	served := map[string]bool{"hiloop_api_requests_total": true, "hiloop_api_request_duration_seconds_bucket": true,
 		"hiloop_auth_failures_total": true, "hiloop_cluster_errors_total": true, "hiloop_mirror_queue_depth": true,
 		"hiloop_mirror_lag_seconds_bucket": true, "hiloop_session_bytes_total": true, "hiloop_sandboxes": true,
-		"hiloop_organizations": true, "hiloop_sessions": true}
+		"hiloop_organizations": true, "hiloop_sessions": true, "hiloop_self_check": true}
 	raw, err := os.ReadFile("grafana-dashboard.json")
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -221,21 +222,40 @@ func (c *KeyRevokeCmd) Run(ctx context.Context, stdout io.Writer) error {
 // BackupCmd copies the record online.
 type BackupCmd struct {
 	offline
-	Out string `arg:"" help:"File to write; it must not exist."`
+	Out string `arg:"" help:"File to write; it must not exist. - writes the backup to stdout (through a temporary file, checked first), for kubectl exec into an image without tar."`
 }
 
 // Run takes the backup while serve may be running and checks it.
 func (c *BackupCmd) Run(ctx context.Context, stdout io.Writer) error {
 	return c.withDB(ctx, func(ctx context.Context, db *store.Store) error {
 		start := time.Now()
-		if err := db.Backup(ctx, c.Out); err != nil {
+		out, report := c.Out, stdout
+		if c.Out == "-" {
+			dir, err := os.MkdirTemp("", "hiloop-backup-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			out, report = filepath.Join(dir, "backup.db"), os.Stderr
+		}
+		if err := db.Backup(ctx, out); err != nil {
 			return err
 		}
-		fi, err := os.Stat(c.Out)
+		fi, err := os.Stat(out)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "backed up %s to %s (%d bytes, integrity ok) in %s\n", c.DB, c.Out, fi.Size(), time.Since(start).Round(time.Millisecond))
+		if c.Out == "-" {
+			f, err := os.Open(out)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if _, err := io.Copy(stdout, f); err != nil {
+				return fmt.Errorf("write the backup to stdout: %w", err)
+			}
+		}
+		fmt.Fprintf(report, "backed up %s to %s (%d bytes, integrity ok) in %s\n", c.DB, c.Out, fi.Size(), time.Since(start).Round(time.Millisecond))
 		return nil
 	})
 }

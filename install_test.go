@@ -472,3 +472,31 @@ current-context: c
 		}
 	}
 }
+
+// TestInstallManifestApplies applies deploy/hiloop.yaml, the chart's default
+// rendering, to a cluster of its own, as an operator's `kubectl apply -f`
+// does: the real API server accepts every object (the full upstream CRD
+// included), and kwok's simulated node brings hiloop's Deployment, on its
+// volume, and the agent-sandbox controller to available. No image runs
+// here: kwok fakes the containers.
+func TestInstallManifestApplies(t *testing.T) {
+	c := e2e.NewCluster(t)
+	ctx := context.Background()
+	// Server-side: the CRD is too large for kubectl's last-applied annotation.
+	if out, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", "deploy/hiloop.yaml"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, d := range []string{"hiloop-system/hiloop", "agent-sandbox-system/agent-sandbox-controller"} {
+		ns, name, _ := strings.Cut(d, "/")
+		if out, err := c.Kubectl(ctx, "rollout", "status", "-n", ns, "deployment/"+name, "--timeout", "90s"); err != nil {
+			t.Errorf("%s: %v\n%s", d, err, out)
+		}
+	}
+	if phase, err := c.Kubectl(ctx, "get", "pvc", "-n", "hiloop-system", "hiloop-data", "-o", "jsonpath={.status.phase}"); err != nil || phase != "Bound" {
+		t.Errorf("hiloop's volume: %q %v", phase, err)
+	}
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig)
+	if code != 0 {
+		t.Errorf("doctor after kubectl apply: exit %d\n%s", code, out)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
@@ -92,7 +94,8 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	if _, err := c.Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	rendered := func() *corev1.PodSpec {
+	// rendered is what hiloop sends for a sandbox with the session helper.
+	rendered := func() *v1beta1.Sandbox {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
 			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
 			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec", "forward"},
@@ -100,19 +103,16 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &obj.Spec.PodTemplate.Spec
+		return obj
 	}
 	createSandbox := func(mutate func(*corev1.PodSpec)) error {
-		obj, _ := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
-			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec", "forward"},
-				AgentImage: "hiloop/hiloop:test", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"})
+		obj := rendered()
 		mutate(&obj.Spec.PodTemplate.Spec)
 		_, err := c.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, obj, dry)
 		return err
 	}
 	createPod := func(mutate func(*corev1.PodSpec)) error {
-		spec := rendered()
+		spec := &rendered().Spec.PodTemplate.Spec
 		// The org's service account does not exist in this namespace;
 		// the default one does, and its token is what must not mount.
 		spec.ServiceAccountName = ""
@@ -148,6 +148,14 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
 		t.Errorf("hostPath pod: want refused by Pod Security, got %v", err)
+	}
+	// And with the policies' binding lifted from this namespace, Pod
+	// Security alone refuses a privileged pod.
+	e2e.Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace-")
+	privileged := escapes[slices.IndexFunc(escapes, func(e escape) bool { return e.name == "privileged workload" })]
+	err = createPod(privileged.mutate)
+	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
+		t.Errorf("privileged pod without the policies: want refused by Pod Security, got %v", err)
 	}
 }
 

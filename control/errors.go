@@ -114,6 +114,10 @@ func classify(err error) error {
 		kind = ErrClusterRejected
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
 		kind = ErrClusterQuota
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "status unknown for quota"):
+		// A quota the controller has not counted yet: the cluster refuses
+		// for now, and a retry in a moment succeeds.
+		kind = ErrClusterUnavailable
 	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
 		kind = ErrClusterForbidden
 	}

@@ -732,4 +732,11 @@ func TestNotHardened(t *testing.T) {
 	if rec.Code != 429 || errCode(t, rec) != CodeClusterQuotaExceeded || strings.Contains(rec.Body.String(), "limited") {
 		t.Errorf("cluster quota: %d %s", rec.Code, rec.Body.String())
 	}
+	uncounted := apierrors.NewForbidden(schema.GroupResource{Group: "agents.x-k8s.io", Resource: "sandboxes"}, "sbx-abc",
+		errors.New("status unknown for quota: hiloop-sandboxes, resources: count/sandboxes.agents.x-k8s.io"))
+	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = uncounted })
+	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
+	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("a quota not yet counted: %d %s", rec.Code, rec.Body.String())
+	}
 }

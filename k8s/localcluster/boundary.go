@@ -100,12 +100,12 @@ func (c *Cluster) InstallBoundary(ctx context.Context) error {
 }
 
 // waitQuota waits until the quota controller has computed the namespace's
-// quota: until then the API server refuses every Sandbox create there
-// ("status unknown for quota").
+// quota, usage included: until then the API server refuses every Sandbox
+// create there ("status unknown for quota").
 func (c *Cluster) waitQuota(ctx context.Context, ns string) error {
 	for {
 		q, err := c.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(ctx, k8s.QuotaName, metav1.GetOptions{})
-		if err == nil && len(q.Status.Hard) > 0 {
+		if err == nil && len(q.Status.Hard) > 0 && len(q.Status.Used) == len(q.Status.Hard) {
 			return nil
 		}
 		select {

@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -307,7 +308,59 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err := InstallCRD(ctx, c.Clients); err != nil {
 		return err
 	}
+	if err := c.restartControllerManager(ctx); err != nil {
+		return err
+	}
 	return c.InstallBoundary(ctx)
+}
+
+// restartControllerManager restarts kube-controller-manager with its own
+// command line once the Sandbox CRD is served. Its quota controller
+// discovers resources at start and then only every 30 s, and until it has
+// counted Sandboxes the API server refuses every Sandbox create in a
+// namespace with a quota ("status unknown for quota").
+func (c *Cluster) restartControllerManager(ctx context.Context) error {
+	dir := filepath.Join(c.Workdir, "clusters", c.name)
+	pidFile := filepath.Join(dir, "pids", "kube-controller-manager.pid")
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		return err
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(raw)), &pid); err != nil || pid <= 0 {
+		return fmt.Errorf("bad pid file %q", raw)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return err
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	for gone := false; !gone; {
+		// Gone, or a zombie nobody reaps: either way it holds no port.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		gone = err != nil || strings.Contains(string(stat), ") Z ")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "logs", "kube-controller-manager.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go cmd.Wait() // reaps it when the reaper or Stop kills it
+	return os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
 }
 
 func nodeReady(n *corev1.Node) bool {

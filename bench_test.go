@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,10 +366,19 @@ func BenchmarkExecThroughput(b *testing.B) {
 	}
 }
 
-// BenchmarkFloodIsolation: GET p99 for key B while key A floods the API
-// from 8 connections, against the same GETs with no flood, in the same
-// run. The per-key rate limit answers A's excess with 429 cheaply.
+// BenchmarkFloodIsolation: GET p99 for key B while key A floods the API,
+// against the same GETs with no flood, in the same run. A's clients send
+// their next request as soon as the last is answered, from 8 connections
+// (a runaway retry loop) and from 64. The per-key rate limit answers A's
+// excess with 429 before any record lookup, and holds each refusal until A
+// may retry (at least 100 ms), which paces such clients.
 func BenchmarkFloodIsolation(b *testing.B) {
+	for _, conns := range []int{8, 64} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) { benchmarkFlood(b, conns) })
+	}
+}
+
+func benchmarkFlood(b *testing.B, conns int) {
 	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b))
 	keyB := in.NewOrg("flood-b", 10, 10)
 	sb := in.Create(keyB, "busybox")
@@ -388,42 +398,80 @@ func BenchmarkFloodIsolation(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		quiet := gets()
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		var sent, limited atomic.Int64
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				client := &http.Client{}
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					req, _ := http.NewRequest("GET", in.URL+"/v1/sandboxes?limit=100", nil)
-					req.Header.Set("Authorization", "Bearer "+in.Token)
-					resp, err := client.Do(req)
-					if err != nil {
-						continue
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					sent.Add(1)
-					if resp.StatusCode == 429 {
-						limited.Add(1)
-					}
-				}
-			}()
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "HILOOP_BENCH_FLOOD_URL="+in.URL+"/v1/sandboxes?limit=100",
+			"HILOOP_BENCH_FLOOD_TOKEN="+in.Token, fmt.Sprintf("HILOOP_BENCH_FLOOD_CONNS=%d", conns))
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
 		}
 		time.Sleep(500 * time.Millisecond)
 		flooded := gets()
-		close(stop)
-		wg.Wait()
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Fatalf("flood: %v", err)
+		}
+		var sent, limited int64
+		var secs float64
+		if _, err := fmt.Sscan(out.String(), &sent, &limited, &secs); err != nil {
+			b.Fatalf("flood output %q: %v", out.String(), err)
+		}
+		b.ReportMetric(float64(sent)/secs, "flood-req/s")
 		b.ReportMetric(float64(percentile(quiet, 99).Microseconds())/1000, "quiet-p99-ms")
 		b.ReportMetric(float64(percentile(flooded, 99).Microseconds())/1000, "flooded-p99-ms")
 		b.ReportMetric(float64(percentile(flooded, 99))/float64(percentile(quiet, 99)), "p99-ratio")
-		b.ReportMetric(float64(limited.Load())/float64(max(sent.Load(), 1)), "flood-429-share")
+		b.ReportMetric(float64(limited)/float64(max(sent, 1)), "flood-429-share")
 	}
+}
+
+// flood sends GETs with token from conns keep-alive connections, each its
+// next as soon as the last is answered, until stdin closes; it prints the
+// requests sent, those answered 429, and the seconds it ran.
+func flood(url, token, conns string) int {
+	n, err := strconv.Atoi(conns)
+	if err != nil {
+		return 2
+	}
+	stop := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	var sent, limited atomic.Int64
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest("GET", url, nil)
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := client.Do(req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				sent.Add(1)
+				if resp.StatusCode == http.StatusTooManyRequests {
+					limited.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println(sent.Load(), limited.Load(), time.Since(start).Seconds())
+	return 0
 }

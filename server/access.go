@@ -18,6 +18,8 @@ type reqInfo struct {
 	id    string
 	route string
 	org   string
+	// quiet: no access-log line (a rate-limited refusal; see rateLimited).
+	quiet bool
 }
 
 type infoKey struct{}
@@ -100,6 +102,9 @@ func (s *Server) logged(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		s.o.Metrics.Request(route, sw.status, time.Since(start))
+		if ri.quiet {
+			return
+		}
 		s.log.Info("request", "method", r.Method, "route", route, "status", sw.status, "bytes", sw.bytes,
 			"duration_ms", float64(time.Since(start).Microseconds())/1000, "org", ri.org, "request_id", id)
 	})

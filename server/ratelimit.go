@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"math"
 	"net/http"
 	"strconv"
@@ -31,17 +32,62 @@ type limiters struct {
 
 type keyLimiter struct {
 	all, creates *rate.Limiter
-	used         time.Time
+	// reads bounds the key's reads in flight (see readsInFlight).
+	reads chan struct{}
+	used  time.Time
+	// limited counts refusals since reported, when the last summary line
+	// for this key was logged.
+	limited  int
+	reported time.Time
 }
+
+// reportEvery is how often a key's refusals are summed up in one log line.
+// Refused requests get no access-log line each: under a flood that would
+// turn every cheap refusal into a log write, and fill the operator's disk.
+const reportEvery = 10 * time.Second
 
 const (
 	maxLimiters = 4096
 	idleAfter   = 10 * time.Minute
 )
 
-// allow takes a token for the key's request (and its create, if it is one)
-// and says how long to wait when there is none.
-func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, retry time.Duration) {
+// readsInFlight is how many GETs of one key run at once; more wait their
+// turn. A key's burst from many connections then queues behind itself and
+// leaves the CPU to other keys' requests. Exec streams and writes are not
+// counted: sessions have their own limits, and writes hold per-sandbox
+// locks and the create rate.
+const readsInFlight = 4
+
+// read waits for one of the key's read slots, or for ctx; release gives it
+// back.
+func (l *limiters) read(ctx context.Context, keyID string) (release func(), err error) {
+	l.mu.Lock()
+	k := l.m[keyID]
+	l.mu.Unlock()
+	if k == nil {
+		return func() {}, nil // allow made it; only a test without limits gets here
+	}
+	select {
+	case k.reads <- struct{}{}:
+		return func() { <-k.reads }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// refusal says how to refuse one request.
+type refusal struct {
+	// retry is how long until the key may retry; hold how long to hold the
+	// answer back (see rateLimited).
+	retry, hold time.Duration
+	// report is the number of refusals to log now, in one line, at most
+	// once per reportEvery for a key.
+	report int
+}
+
+// allow takes a token for the key's request (and its create, if it is one),
+// or says how to refuse it.
+func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, no refusal) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -57,7 +103,8 @@ func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, re
 				}
 			}
 		}
-		k = &keyLimiter{all: rate.NewLimiter(lim.PerKey, lim.Burst), creates: rate.NewLimiter(lim.Creates, lim.CreateBurst)}
+		k = &keyLimiter{all: rate.NewLimiter(lim.PerKey, lim.Burst), creates: rate.NewLimiter(lim.Creates, lim.CreateBurst),
+			reads: make(chan struct{}, readsInFlight)}
 		l.m[keyID] = k
 	}
 	k.used = now
@@ -71,14 +118,60 @@ func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, re
 		r := b.ReserveN(now, 1)
 		if d := r.DelayFrom(now); d > 0 {
 			r.CancelAt(now)
-			return false, d
+			k.limited++
+			no = refusal{retry: d, hold: min(max(d, minHold), maxHold)}
+			if k.limited > floodAfter {
+				no.hold = maxHold
+			}
+			if now.Sub(k.reported) >= reportEvery {
+				no.report, k.limited, k.reported = k.limited, 0, now
+			}
+			return false, no
 		}
 	}
-	return true, 0
+	return true, refusal{}
 }
 
-// rateLimited answers 429 rate_limited with Retry-After in whole seconds.
-func (s *Server) rateLimited(w http.ResponseWriter, r *http.Request, retry time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
-	s.writeError(w, r, newError(http.StatusTooManyRequests, CodeRateLimited, "too many requests with this key; retry after "+retry.Round(time.Millisecond).String()))
+// A refusal is held back until the key may retry, at least minHold, and
+// maxHold once the key has been refused floodAfter times since its last
+// summary line; at most maxHeld refusals are held at once (beyond that they
+// are answered at once). A client that retries as soon as it is answered,
+// as a runaway loop does, is paced by the answers themselves and cannot
+// spin the server's CPU against other keys. Holding costs a parked
+// goroutine.
+const (
+	minHold    = 100 * time.Millisecond
+	maxHold    = time.Second
+	floodAfter = 100
+	maxHeld    = 1024
+)
+
+// rateLimited answers 429 rate_limited, once the hold is over, with
+// Retry-After in whole seconds of what remains to wait. The answer gets no
+// access-log line of its own; every reportEvery a key's refusals are logged
+// as one line, named by a fingerprint of the presented secret (the key is
+// not looked up for a refused request).
+func (s *Server) rateLimited(w http.ResponseWriter, r *http.Request, keyHash string, no refusal) {
+	ri := info(r)
+	ri.quiet = true
+	if no.report > 0 {
+		s.log.Warn("rate limited", "key_fingerprint", keyHash[:12], "refused", no.report, "since_s", reportEvery.Seconds(), "last_request_id", ri.id)
+	}
+	retry := no.retry
+	select {
+	case s.held <- struct{}{}:
+		hold := no.hold
+		t := time.NewTimer(hold)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+		}
+		<-s.held
+		retry -= hold
+	default:
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(retry, 0).Seconds()))))
+	d := ErrorDetail{Code: CodeRateLimited, Message: "too many requests with this key; retry after " + retry.Round(time.Millisecond).String(), RequestID: ri.id}
+	writeJSON(w, http.StatusTooManyRequests, ErrorBody{Error: d})
 }

@@ -59,6 +59,8 @@ type Server struct {
 	mux      *http.ServeMux
 	handler  http.Handler
 	limiters limiters
+	// held bounds the refusals held back at once (see rateLimited).
+	held chan struct{}
 }
 
 // New builds the API.
@@ -75,7 +77,7 @@ func New(o Options) (*Server, error) {
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Second
 	}
-	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux()}
+	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(), held: make(chan struct{}, maxHeld)}
 	for _, rt := range s.routes() {
 		h := rt.handler
 		if rt.auth {
@@ -186,9 +188,17 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		// The rate limit comes first, keyed by the presented secret's
 		// hash, so a flood's excess costs no record lookup.
 		sum := sha256.Sum256([]byte(secret))
-		if ok, retry := s.limiters.allow(s.o.RateLimits, hex.EncodeToString(sum[:16]), r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"); !ok {
-			s.rateLimited(w, r, retry)
+		keyHash := hex.EncodeToString(sum[:16])
+		if ok, no := s.limiters.allow(s.o.RateLimits, keyHash, r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"); !ok {
+			s.rateLimited(w, r, keyHash, no)
 			return
+		}
+		if r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec") {
+			release, err := s.limiters.read(r.Context(), keyHash)
+			if err != nil {
+				return // the client went away while waiting its turn
+			}
+			defer release()
 		}
 		key, err := s.o.Store.Authenticate(r.Context(), secret)
 		if err != nil {

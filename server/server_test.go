@@ -608,8 +608,10 @@ func TestStorageUnavailable(t *testing.T) {
 // Retry-After, creates have their own tighter bucket, and another key of
 // the same organization is not slowed.
 func TestRateLimits(t *testing.T) {
+	var logs e2e.SyncBuffer
 	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 		o.RateLimits = RateLimits{PerKey: 1, Burst: 10, Creates: 0.5, CreateBurst: 2}
+		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	other := ts.do("POST", "/v1/keys", `{"name":"b"}`)
 	var ck CreatedKey
@@ -633,6 +635,15 @@ func TestRateLimits(t *testing.T) {
 	}
 	if limited == 0 {
 		t.Fatal("20 quick requests past a burst of 10 were all served")
+	}
+	// Refusals get no access-log line each: one summary line per key per
+	// reportEvery, and no secret.
+	out := logs.String()
+	if n := strings.Count(out, "status=429"); n != 0 {
+		t.Errorf("%d access-log lines for refused requests:\n%s", n, out)
+	}
+	if n := strings.Count(out, `msg="rate limited"`); n != 1 || strings.Contains(out, ts.token) || strings.Contains(out, ts.token[3:15]) {
+		t.Errorf("%d rate-limit summaries (want 1, without the secret):\n%s", n, out)
 	}
 	b := *ts
 	b.token = ck.Secret

@@ -99,6 +99,7 @@ type ServeCmd struct {
 	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
 	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat       string        `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
+	EventRetention  time.Duration `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
 	SelfCheck       time.Duration `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 }
 
@@ -150,6 +151,9 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
 		return errors.New("--rate-limit, --create-rate-limit: must not be negative")
+	}
+	if s.EventRetention < 0 {
+		return errors.New("--event-retention: must not be negative")
 	}
 	if s.SelfCheck < time.Second {
 		return errors.New("--self-check-interval: must be at least 1s")
@@ -255,6 +259,7 @@ func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 			return clients.CheckBoundary(ctx, s.boundaryOptions())
 		},
 		BoundaryInterval: s.SelfCheck,
+		EventRetention:   s.EventRetention,
 	})
 	if err != nil {
 		return err

@@ -89,6 +89,9 @@ type Options struct {
 	Boundary func(ctx context.Context) []k8s.Check
 	// BoundaryInterval is how often Run repeats the self-check; 1m when zero.
 	BoundaryInterval time.Duration
+	// EventRetention is how long state transitions are kept; Run prunes
+	// older ones at start and every hour. Zero keeps them forever.
+	EventRetention time.Duration
 }
 
 // Caller is who asks: the organization and the key that actually
@@ -497,10 +500,14 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 // (offline too) or whose sandbox stopped running ends within one sweep. It
 // repeats the isolation self-check every BoundaryInterval.
 func (c *Control) Run(ctx context.Context) error {
-	c.bg.Add(1)
+	c.bg.Add(2)
 	go func() {
 		defer c.bg.Done()
 		c.checkBoundaryEvery(ctx)
+	}()
+	go func() {
+		defer c.bg.Done()
+		c.pruneEventsEvery(ctx, time.Hour)
 	}()
 	t := time.NewTicker(c.o.SweepInterval)
 	defer t.Stop()
@@ -510,6 +517,32 @@ func (c *Control) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			c.sweep(ctx)
+		}
+	}
+}
+
+// pruneEventsEvery deletes state transitions older than EventRetention,
+// now and every interval, until ctx ends.
+func (c *Control) pruneEventsEvery(ctx context.Context, interval time.Duration) {
+	if c.o.EventRetention <= 0 {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		n, err := c.o.Store.PruneEvents(ctx, c.o.Now().Add(-c.o.EventRetention))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.log.Warn("prune events", "err", err)
+		case n > 0:
+			c.log.Info("pruned old events", "events", n, "older_than", c.o.EventRetention.String())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.base.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

@@ -229,3 +229,34 @@ func waitCalls(t *testing.T, fc *controltest.Cluster, call string, n int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRunPrunesEvents: with a retention, Run prunes older state
+// transitions at once; without one it keeps them.
+func TestRunPrunesEvents(t *testing.T) {
+	for _, retention := range []time.Duration{0, time.Hour} {
+		c, db, org := newControl(t, &controltest.Cluster{})
+		sb, _, err := c.Create(context.Background(), Caller{OrgID: org.ID}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.o.EventRetention = retention
+		c.o.Now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { c.Run(ctx); close(done) }()
+		deadline := time.Now().Add(5 * time.Second)
+		var evs []store.Event
+		for time.Now().Before(deadline) {
+			evs, _ = db.Events(context.Background(), org.ID, sb.ID)
+			if len(evs) == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		if (retention > 0) != (len(evs) == 0) {
+			t.Errorf("retention %s: %d events left", retention, len(evs))
+		}
+	}
+}

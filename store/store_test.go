@@ -498,3 +498,43 @@ func TestBackupWhileWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPruneEvents: events older than the cutoff go, in batches, newer ones
+// and the sandboxes themselves stay.
+func TestPruneEvents(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s, err := store.Open(ctx, store.Options{Path: filepath.Join(t.TempDir(), "p.db"), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	org, _ := s.CreateOrg(ctx, "p", 2000, 2000)
+	var ids []string
+	for i := range 1500 {
+		if i == 1200 {
+			now = now.Add(48 * time.Hour)
+		}
+		sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	n, err := s.PruneEvents(ctx, now.Add(-24*time.Hour))
+	if err != nil || n != 1200 {
+		t.Fatalf("pruned %d, %v; want 1200", n, err)
+	}
+	if evs, _ := s.Events(ctx, org.ID, ids[0]); len(evs) != 0 {
+		t.Errorf("an old event survived: %v", evs)
+	}
+	if evs, _ := s.Events(ctx, org.ID, ids[1400]); len(evs) != 1 {
+		t.Errorf("a recent event went: %v", evs)
+	}
+	if _, err := s.Sandbox(ctx, org.ID, ids[0]); err != nil {
+		t.Errorf("the sandbox went with its events: %v", err)
+	}
+	if n, err := s.PruneEvents(ctx, now.Add(-24*time.Hour)); err != nil || n != 0 {
+		t.Errorf("second prune: %d %v", n, err)
+	}
+}

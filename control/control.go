@@ -263,6 +263,7 @@ func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (st
 	if !created {
 		return sb, Replayed, nil
 	}
+	c.log.Debug("create: record written", "sandbox", sb.ID)
 	unlock := c.locks.lock(sb.ID)
 	defer unlock()
 	outcome, err := c.createObject(sb.ID)
@@ -300,6 +301,7 @@ func (c *Control) createObject(id string) (Outcome, error) {
 	err = c.o.Cluster.Create(ctx, rec)
 	switch {
 	case err == nil:
+		c.log.Debug("create: object written", "sandbox", id)
 		return Created, nil
 	case ambiguous(err):
 		c.clusterFailed("create", err)

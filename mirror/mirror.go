@@ -389,7 +389,7 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 				continue
 			}
 		}
-		if _, err := m.reconcile(ctx, rec.ID); err != nil {
+		if _, err := m.reconcile(ctx, rec.ID, time.Time{}); err != nil {
 			m.log.Error("startup reconcile", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -426,7 +426,10 @@ func (m *Mirror) processNext(ctx context.Context) bool {
 	since, seen := m.seen[id]
 	delete(m.seen, id)
 	m.mu.Unlock()
-	changed, err := m.reconcile(ctx, id)
+	if !seen {
+		since = time.Time{}
+	}
+	changed, err := m.reconcile(ctx, id, since)
 	if changed && seen {
 		m.o.Metrics.MirrorLag(m.o.Now().Sub(since))
 	}
@@ -442,8 +445,9 @@ func (m *Mirror) processNext(ctx context.Context) bool {
 }
 
 // reconcile decides one sandbox from the cache and records the result,
-// reporting whether it wrote.
-func (m *Mirror) reconcile(ctx context.Context, id string) (bool, error) {
+// reporting whether it wrote. since is when the oldest cluster event behind
+// it arrived (zero when none did); the log line gives the lag from it.
+func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (bool, error) {
 	rec, err := m.o.Store.SandboxAnyOrg(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil // an orphan: reported at start-up, otherwise ignored
@@ -472,7 +476,11 @@ func (m *Mirror) reconcile(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if changed {
-		m.log.Info("observed", "sandbox", id, "state", obs.State, "anomaly", obs.Anomaly, "reason", obs.Reason)
+		attrs := []any{"sandbox", id, "state", obs.State, "anomaly", obs.Anomaly, "reason", obs.Reason}
+		if !since.IsZero() {
+			attrs = append(attrs, "event_lag_ms", float64(m.o.Now().Sub(since).Microseconds())/1000)
+		}
+		m.log.Info("observed", attrs...)
 	}
 	return changed, nil
 }

@@ -1,0 +1,195 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// createTrace is one create's timestamps, from the client, from serve's own
+// log lines, and from a pod informer of the benchmark's own.
+type createTrace struct {
+	apiStart, apiDone time.Time // the POST, as the client sees it
+	record, object    time.Time // serve: record written, Sandbox object written
+	podReady          time.Time // the pod's Ready condition, seen by an informer here
+	running           time.Time // serve: the mirror's write of running
+	eventLag          float64   // serve: from the mirror's oldest event for it to that write, ms
+	reader            time.Time // the client's first read that shows running
+}
+
+// BenchmarkCreateTrace traces creates end to end, one alone and a batch of
+// 100 concurrent, and reports the p50 of each step: the API call up to the
+// record write, the cluster create, the cluster's own way to a Ready pod,
+// the mirror from that pod's Ready to its write of running, and the reader
+// (polling the list every 20 ms, as BenchmarkCreateToRunning does) seeing it.
+// Serve's steps come from its JSON log (debug level): its clock is this
+// machine's.
+func BenchmarkCreateTrace(b *testing.B) {
+	ns := e2e.NewNamespace(b)
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0",
+		"--log-format", "json", "--log-level", "debug")
+	key := in.NewOrg("trace", 5000, 5000)
+
+	var mu sync.Mutex
+	traces := map[string]*createTrace{}
+	podReady := map[string]time.Time{}
+	onPod := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				now := time.Now()
+				mu.Lock()
+				if id := p.Labels[k8s.LabelSandbox]; podReady[id].IsZero() {
+					podReady[id] = now
+				}
+				mu.Unlock()
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	factory := informers.NewSharedInformerFactoryWithOptions(e2e.SharedCluster(b).Clients.Kube, 0, informers.WithNamespace(ns))
+	inf := factory.Core().V1().Pods().Informer()
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
+	factory.Start(ctx.Done())
+	defer func() { cancel(); factory.Shutdown() }()
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+
+	batch := func(b *testing.B, n int) []*createTrace {
+		var wg sync.WaitGroup
+		ids := make([]string, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t0 := time.Now()
+				status, body := in.Call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+				t1 := time.Now()
+				if status != 201 {
+					b.Errorf("create: %d %s", status, body)
+					return
+				}
+				var sb struct{ ID string }
+				json.Unmarshal([]byte(body), &sb)
+				mu.Lock()
+				traces[sb.ID] = &createTrace{apiStart: t0, apiDone: t1}
+				mu.Unlock()
+				ids[i] = sb.ID
+			}()
+		}
+		seen := 0
+		deadline := time.Now().Add(5 * time.Minute)
+		for seen < n && time.Now().Before(deadline) {
+			_, body := in.Call(key, "GET", "/v1/sandboxes?state=running&limit=1000", "")
+			now := time.Now()
+			var list struct{ Items []struct{ ID string } }
+			json.Unmarshal([]byte(body), &list)
+			mu.Lock()
+			for _, it := range list.Items {
+				if tr, ok := traces[it.ID]; ok && tr.reader.IsZero() {
+					tr.reader = now
+					seen++
+				}
+			}
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+		wg.Wait()
+		if seen < n {
+			b.Fatalf("%d of %d running", seen, n)
+		}
+		out := make([]*createTrace, 0, n)
+		mu.Lock()
+		for _, id := range ids {
+			traces[id].podReady = podReady[id]
+			out = append(out, traces[id])
+		}
+		mu.Unlock()
+		return out
+	}
+	// readLog fills in serve's steps from its log.
+	readLog := func(b *testing.B) {
+		e2e.Eventually(b, "serve logged every create", 10*time.Second, func() (bool, error) {
+			sc := bufio.NewScanner(strings.NewReader(in.Out.String()))
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				var l struct {
+					Time       time.Time
+					Msg        string
+					Sandbox    string
+					State      string
+					EventLagMS float64 `json:"event_lag_ms"`
+				}
+				if json.Unmarshal(sc.Bytes(), &l) != nil {
+					continue
+				}
+				mu.Lock()
+				if tr := traces[l.Sandbox]; tr != nil {
+					switch {
+					case l.Msg == "create: record written":
+						tr.record = l.Time
+					case l.Msg == "create: object written":
+						tr.object = l.Time
+					case l.Msg == "observed" && l.State == "running":
+						tr.running, tr.eventLag = l.Time, l.EventLagMS
+					}
+				}
+				mu.Unlock()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for id, tr := range traces {
+				if tr.record.IsZero() || tr.object.IsZero() || tr.running.IsZero() || tr.podReady.IsZero() {
+					return false, fmt.Errorf("%s: incomplete trace %+v", id, *tr)
+				}
+			}
+			return true, nil
+		})
+	}
+	report := func(b *testing.B, trs []*createTrace) {
+		step := func(name string, d func(*createTrace) time.Duration) {
+			var ds []time.Duration
+			for _, tr := range trs {
+				ds = append(ds, d(tr))
+			}
+			b.ReportMetric(float64(percentile(ds, 50).Microseconds())/1000, name+"-p50-ms")
+		}
+		step("api-to-record", func(t *createTrace) time.Duration { return t.record.Sub(t.apiStart) })
+		step("record-to-object", func(t *createTrace) time.Duration { return t.object.Sub(t.record) })
+		step("object-to-answer", func(t *createTrace) time.Duration { return t.apiDone.Sub(t.object) })
+		step("object-to-pod-ready", func(t *createTrace) time.Duration { return t.podReady.Sub(t.object) })
+		step("pod-ready-to-running-written", func(t *createTrace) time.Duration { return t.running.Sub(t.podReady) })
+		step("mirror-event-lag", func(t *createTrace) time.Duration { return time.Duration(t.eventLag * float64(time.Millisecond)) })
+		step("running-written-to-reader", func(t *createTrace) time.Duration { return t.reader.Sub(t.running) })
+		step("total", func(t *createTrace) time.Duration { return t.reader.Sub(t.apiStart) })
+	}
+	batch(b, 10) // warm the path
+	b.ResetTimer()
+	for _, n := range []int{1, 100} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			for range b.N {
+				mu.Lock()
+				clear(traces)
+				mu.Unlock()
+				trs := batch(b, n)
+				readLog(b)
+				report(b, trs)
+			}
+		})
+	}
+}

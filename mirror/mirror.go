@@ -471,6 +471,9 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 		pods = append(pods, it.(*corev1.Pod))
 	}
 	obs := Decide(obj, pods, rec, m.o.Now())
+	if obs.Unchanged(rec) {
+		return false, nil
+	}
 	changed, err := m.o.Store.Observe(ctx, id, obs)
 	if err != nil {
 		return false, err

@@ -439,6 +439,22 @@ func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, t
 	return sb, nil
 }
 
+// outside reports whether the observation means the sandbox's mode was
+// changed outside hiloop: stopped or stopping while it should run.
+func (o Observation) outside(sb Sandbox) bool {
+	return sb.DesiredMode == ModeRunning && (o.State == StateStopped || o.State == StateStopping)
+}
+
+// Unchanged reports whether recording the observation would change nothing
+// in the record: it equals what the record holds, or the record is terminal
+// (a terminal state is final: nothing observed later can revive it). The
+// mirror asks it of the record it read, to spare the single writer a
+// transaction for every cluster event that changes nothing.
+func (o Observation) Unchanged(sb Sandbox) bool {
+	return sb.State.Terminal() || (sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason &&
+		equalCode(sb.ExitCode, o.ExitCode) && sb.PodUID == o.PodUID && sb.ModeOutside == o.outside(sb))
+}
+
 // Observe records what the mirror observed. It writes nothing when the
 // observation equals the record, and records an event when the state changes.
 // It reports whether it wrote. Observing a sandbox stopped or stopping while
@@ -450,15 +466,10 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		if err != nil {
 			return err
 		}
-		outside := sb.DesiredMode == ModeRunning && (o.State == StateStopped || o.State == StateStopping)
-		if sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason && equalCode(sb.ExitCode, o.ExitCode) &&
-			sb.PodUID == o.PodUID && sb.ModeOutside == outside {
+		if o.Unchanged(sb) {
 			return nil
 		}
-		// A terminal state is final: nothing observed later can revive it.
-		if sb.State.Terminal() {
-			return nil
-		}
+		outside := o.outside(sb)
 		now := s.now().UTC().Truncate(time.Millisecond)
 		var exit sql.NullInt64
 		if o.ExitCode != nil {

@@ -56,7 +56,7 @@ fuzz-short:
 	    echo "$$out"; echo "fuzz $${t#*:} failed; once more (an input it found is now a seed and fails again):"; \
 	    out=$$($(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} 2>&1) || { echo "$$out"; exit 1; }; \
 	  fi; \
-	  echo "$$out" | grep -E '^(fuzz: elapsed: [0-9]+s, execs|ok)' | tail -n 2; \
+	  echo "$$out" | grep -E '^(fuzz: elapsed: [0-9hms]+, execs|ok)' | tail -n 2; \
 	done
 
 fuzz:

@@ -376,6 +376,9 @@ func BenchmarkFloodIsolation(b *testing.B) {
 	for _, conns := range []int{8, 64} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) { benchmarkFlood(b, conns) })
 	}
+	// The same with A at exactly its allowed rate and no excess: what A's
+	// permitted traffic alone costs B.
+	b.Run("paced", func(b *testing.B) { benchmarkFlood(b, 0) })
 }
 
 func benchmarkFlood(b *testing.B, conns int) {
@@ -431,11 +434,17 @@ func benchmarkFlood(b *testing.B, conns int) {
 
 // flood sends GETs with token from conns keep-alive connections, each its
 // next as soon as the last is answered, until stdin closes; it prints the
-// requests sent, those answered 429, and the seconds it ran.
+// requests sent, those answered 429, and the seconds it ran. With conns 0 it
+// sends 100 a second from one connection instead: the default rate limit,
+// no excess.
 func flood(url, token, conns string) int {
 	n, err := strconv.Atoi(conns)
 	if err != nil {
 		return 2
+	}
+	var tick <-chan time.Time
+	if n == 0 {
+		n, tick = 1, time.Tick(10*time.Millisecond)
 	}
 	stop := make(chan struct{})
 	go func() {
@@ -455,6 +464,9 @@ func flood(url, token, conns string) int {
 				case <-stop:
 					return
 				default:
+				}
+				if tick != nil {
+					<-tick
 				}
 				req, _ := http.NewRequest("GET", url, nil)
 				req.Header.Set("Authorization", "Bearer "+token)

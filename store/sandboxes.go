@@ -539,20 +539,23 @@ func insertEvent(ctx context.Context, tx *sql.Tx, id string, at time.Time, from,
 	return err
 }
 
-// PruneEvents deletes state transitions recorded before the cutoff, a
-// thousand at a time so no write waits long behind it, and says how many
+// pruneBatch is how many events PruneEvents deletes per statement.
+var pruneBatch = 1000
+
+// PruneEvents deletes state transitions recorded before the cutoff,
+// pruneBatch at a time so no write waits long behind it, and says how many
 // went. The sandbox rows keep their current state; only history goes.
 func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
 	for {
 		res, err := s.write.ExecContext(ctx, `DELETE FROM sandbox_events WHERE seq IN
-			(SELECT seq FROM sandbox_events WHERE at < ? ORDER BY seq LIMIT 1000)`, ms(before))
+			(SELECT seq FROM sandbox_events WHERE at < ? ORDER BY seq LIMIT ?)`, ms(before), pruneBatch)
 		if err != nil {
 			return total, fmt.Errorf("prune events: %w", err)
 		}
 		n, _ := res.RowsAffected()
 		total += n
-		if n < 1000 {
+		if n < int64(pruneBatch) {
 			return total, nil
 		}
 	}

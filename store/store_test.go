@@ -499,8 +499,9 @@ func TestBackupWhileWriting(t *testing.T) {
 	}
 }
 
-// TestPruneEvents: events older than the cutoff go, in batches, newer ones
-// and the sandboxes themselves stay.
+// TestPruneEvents: events older than the cutoff go, in batches (120 is
+// three of 40, so the loop's end on a full batch is crossed), newer ones and
+// the sandboxes themselves stay.
 func TestPruneEvents(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -509,10 +510,11 @@ func TestPruneEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	defer store.SetPruneBatch(40)()
 	org, _ := s.CreateOrg(ctx, "p", 2000, 2000)
 	var ids []string
-	for i := range 1500 {
-		if i == 1200 {
+	for i := range 150 {
+		if i == 120 {
 			now = now.Add(48 * time.Hour)
 		}
 		sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
@@ -522,13 +524,13 @@ func TestPruneEvents(t *testing.T) {
 		ids = append(ids, sb.ID)
 	}
 	n, err := s.PruneEvents(ctx, now.Add(-24*time.Hour))
-	if err != nil || n != 1200 {
-		t.Fatalf("pruned %d, %v; want 1200", n, err)
+	if err != nil || n != 120 {
+		t.Fatalf("pruned %d, %v; want 120 (three batches)", n, err)
 	}
 	if evs, _ := s.Events(ctx, org.ID, ids[0]); len(evs) != 0 {
 		t.Errorf("an old event survived: %v", evs)
 	}
-	if evs, _ := s.Events(ctx, org.ID, ids[1400]); len(evs) != 1 {
+	if evs, _ := s.Events(ctx, org.ID, ids[140]); len(evs) != 1 {
 		t.Errorf("a recent event went: %v", evs)
 	}
 	if _, err := s.Sandbox(ctx, org.ID, ids[0]); err != nil {

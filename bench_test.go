@@ -143,24 +143,11 @@ func floorCreateToReady(b *testing.B, n int) (podReady, sandboxReady []time.Dura
 func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int) []time.Duration {
 	var mu sync.Mutex
 	started := map[string]time.Time{}
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t0 := time.Now()
-			status, body := in.Call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
-			if status != 201 {
-				b.Errorf("create: %d %s", status, body)
-				return
-			}
-			var sb struct{ ID string }
-			json.Unmarshal([]byte(body), &sb)
-			mu.Lock()
-			started[sb.ID] = t0
-			mu.Unlock()
-		}()
-	}
+	wait := createEach(b, in, token, n, n, func(id string, t0, _ time.Time) {
+		mu.Lock()
+		started[id] = t0
+		mu.Unlock()
+	})
 	var out []time.Duration
 	seen := map[string]bool{}
 	deadline := time.Now().Add(5 * time.Minute)
@@ -179,11 +166,38 @@ func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int) 
 		mu.Unlock()
 		time.Sleep(20 * time.Millisecond)
 	}
-	wg.Wait()
+	wait()
 	if len(out) < n {
 		b.Fatalf("hiloop: %d of %d running", len(out), n)
 	}
 	return out
+}
+
+// createEach creates n sandboxes through the API, conc at a time, calling
+// created with each one's id, the POST's start and its answer; wait waits
+// for all.
+func createEach(b *testing.B, in *e2e.Instance, token string, n, conc int, created func(id string, t0, t1 time.Time)) (wait func()) {
+	sem := make(chan struct{}, conc)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t0 := time.Now()
+			status, body := in.Call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
+			t1 := time.Now()
+			if status != 201 {
+				b.Errorf("create: %d %s", status, body)
+				return
+			}
+			var sb struct{ ID string }
+			json.Unmarshal([]byte(body), &sb)
+			created(sb.ID, t0, t1)
+		}()
+	}
+	return wg.Wait
 }
 
 // BenchmarkCreateToRunning compares create-to-running through hiloop with the
@@ -275,31 +289,16 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 	}
 }
 
-// createMany creates n sandboxes through the API, conc at a time.
+// createMany creates n sandboxes through the API, conc at a time, and
+// returns their ids.
 func createMany(b *testing.B, in *e2e.Instance, token string, n, conc int) []string {
 	var mu sync.Mutex
 	var ids []string
-	sem := make(chan struct{}, conc)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s, body := in.Call(token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
-			if s != 201 {
-				b.Errorf("create: %d %s", s, body)
-				return
-			}
-			var sb struct{ ID string }
-			json.Unmarshal([]byte(body), &sb)
-			mu.Lock()
-			ids = append(ids, sb.ID)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	createEach(b, in, token, n, conc, func(id string, _, _ time.Time) {
+		mu.Lock()
+		ids = append(ids, id)
+		mu.Unlock()
+	})()
 	return ids
 }
 

@@ -71,27 +71,13 @@ func BenchmarkCreateTrace(b *testing.B) {
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 
 	batch := func(b *testing.B, n int) []*createTrace {
-		var wg sync.WaitGroup
-		ids := make([]string, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				t0 := time.Now()
-				status, body := in.Call(key, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
-				t1 := time.Now()
-				if status != 201 {
-					b.Errorf("create: %d %s", status, body)
-					return
-				}
-				var sb struct{ ID string }
-				json.Unmarshal([]byte(body), &sb)
-				mu.Lock()
-				traces[sb.ID] = &createTrace{apiStart: t0, apiDone: t1}
-				mu.Unlock()
-				ids[i] = sb.ID
-			}()
-		}
+		var ids []string
+		wait := createEach(b, in, key, n, n, func(id string, t0, t1 time.Time) {
+			mu.Lock()
+			traces[id] = &createTrace{apiStart: t0, apiDone: t1}
+			ids = append(ids, id)
+			mu.Unlock()
+		})
 		seen := 0
 		deadline := time.Now().Add(5 * time.Minute)
 		for seen < n && time.Now().Before(deadline) {
@@ -109,7 +95,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 			mu.Unlock()
 			time.Sleep(20 * time.Millisecond)
 		}
-		wg.Wait()
+		wait()
 		if seen < n {
 			b.Fatalf("%d of %d running", seen, n)
 		}

@@ -92,22 +92,3 @@ func (c *Control) Hardened() error {
 	}
 	return r.Err()
 }
-
-// checkBoundaryEvery runs the self-check every interval until ctx ends.
-func (c *Control) checkBoundaryEvery(ctx context.Context) {
-	if c.o.Boundary == nil {
-		return
-	}
-	t := time.NewTicker(c.o.BoundaryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.base.Done():
-			return
-		case <-t.C:
-			c.CheckBoundary(ctx)
-		}
-	}
-}

@@ -502,15 +502,13 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 // (offline too) or whose sandbox stopped running ends within one sweep. It
 // repeats the isolation self-check every BoundaryInterval.
 func (c *Control) Run(ctx context.Context) error {
-	c.bg.Add(2)
-	go func() {
-		defer c.bg.Done()
-		c.checkBoundaryEvery(ctx)
-	}()
-	go func() {
-		defer c.bg.Done()
-		c.pruneEventsEvery(ctx, time.Hour)
-	}()
+	if c.o.Boundary != nil {
+		// The first check ran before serving (CheckBoundary).
+		c.every(ctx, c.o.BoundaryInterval, false, func(ctx context.Context) { c.CheckBoundary(ctx) })
+	}
+	if c.o.EventRetention > 0 {
+		c.every(ctx, time.Hour, true, c.pruneEvents)
+	}
 	t := time.NewTicker(c.o.SweepInterval)
 	defer t.Stop()
 	for {
@@ -523,30 +521,39 @@ func (c *Control) Run(ctx context.Context) error {
 	}
 }
 
-// pruneEventsEvery deletes state transitions older than EventRetention,
-// now and every interval, until ctx ends.
-func (c *Control) pruneEventsEvery(ctx context.Context, interval time.Duration) {
-	if c.o.EventRetention <= 0 {
-		return
+// pruneEvents deletes state transitions older than EventRetention.
+func (c *Control) pruneEvents(ctx context.Context) {
+	n, err := c.o.Store.PruneEvents(ctx, c.o.Now().Add(-c.o.EventRetention))
+	switch {
+	case err != nil && ctx.Err() == nil:
+		c.log.Warn("prune events", "err", err)
+	case n > 0:
+		c.log.Info("pruned old events", "events", n, "older_than", c.o.EventRetention.String())
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		n, err := c.o.Store.PruneEvents(ctx, c.o.Now().Add(-c.o.EventRetention))
-		switch {
-		case err != nil && ctx.Err() == nil:
-			c.log.Warn("prune events", "err", err)
-		case n > 0:
-			c.log.Info("pruned old events", "events", n, "older_than", c.o.EventRetention.String())
+}
+
+// every runs fn every interval (and once at once when now is set) in the
+// background, until ctx ends or the core closes.
+func (c *Control) every(ctx context.Context, interval time.Duration, now bool, fn func(context.Context)) {
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		if now {
+			fn(ctx)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.base.Done():
-			return
-		case <-t.C:
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.base.Done():
+				return
+			case <-t.C:
+				fn(ctx)
+			}
 		}
-	}
+	}()
 }
 
 // Close ends every live session with ErrShuttingDown, stops background

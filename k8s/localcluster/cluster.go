@@ -276,8 +276,8 @@ func (c *Cluster) prepare(ctx context.Context) error {
 			Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": NodeName}},
 		Spec: corev1.NodeSpec{PodCIDR: PodCIDR, PodCIDRs: []string{PodCIDR}},
 		Status: corev1.NodeStatus{
-			Allocatable: corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("5000")},
-			Capacity:    corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("5000")},
+			Allocatable: corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("20000")},
+			Capacity:    corev1.ResourceList{"cpu": resource.MustParse("1000"), "memory": resource.MustParse("4Ti"), "pods": resource.MustParse("20000")},
 			Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: "localhost"}},
 		},
 	}

@@ -38,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -258,6 +259,11 @@ func (c *Cluster) createControlPlane(ctx context.Context) error {
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
+		return err
+	}
+	// The certificates inline: with file paths client-go starts a reloader
+	// that runs for the life of the process.
+	if err := rest.LoadTLSFiles(cfg); err != nil {
 		return err
 	}
 	c.Clients, err = k8s.NewClients(cfg)

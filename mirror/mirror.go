@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 	sandboxlisters "sigs.k8s.io/agent-sandbox/clients/k8s/listers/api/v1beta1"
@@ -153,26 +155,34 @@ func trim(obj any) (any, error) {
 }
 
 // trimMeta keeps identity, hiloop's labels, the receipt, the controller
-// reference and the deletion mark.
+// reference and the deletion mark. Strings that many objects share (the
+// namespace, the organization, the receipt of every sandbox alike) are
+// interned: one copy for all of them.
 func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
-	out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+	out := metav1.ObjectMeta{Name: m.Name, Namespace: intern(m.Namespace), UID: m.UID, ResourceVersion: m.ResourceVersion,
 		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp}
 	for _, k := range []string{k8s.LabelOrg, k8s.LabelSandbox, k8s.LabelManagedBy} {
 		if v, ok := m.Labels[k]; ok {
 			if out.Labels == nil {
 				out.Labels = make(map[string]string, 3)
 			}
+			if k != k8s.LabelSandbox {
+				v = intern(v)
+			}
 			out.Labels[k] = v
 		}
 	}
 	if v, ok := m.Annotations[k8s.AnnotationReceipt]; ok {
-		out.Annotations = map[string]string{k8s.AnnotationReceipt: v}
+		out.Annotations = map[string]string{k8s.AnnotationReceipt: intern(v)}
 	}
 	if ref := metav1.GetControllerOfNoCopy(&m); ref != nil {
-		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, UID: ref.UID, Controller: ref.Controller}}
+		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: intern(ref.APIVersion), Kind: intern(ref.Kind), Name: ref.Name, UID: ref.UID, Controller: ref.Controller}}
 	}
 	return out
 }
+
+// intern returns the one shared copy of s.
+func intern(s string) string { return unique.Make(s).Value() }
 
 func trimSandbox(o *v1beta1.Sandbox) *v1beta1.Sandbox {
 	out := &v1beta1.Sandbox{ObjectMeta: trimMeta(o.ObjectMeta)}
@@ -189,7 +199,10 @@ func trimSandbox(o *v1beta1.Sandbox) *v1beta1.Sandbox {
 func trimPod(p *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{ObjectMeta: trimMeta(p.ObjectMeta)}
 	out.Spec = corev1.PodSpec{RuntimeClassName: p.Spec.RuntimeClassName, HostNetwork: p.Spec.HostNetwork, HostPID: p.Spec.HostPID,
-		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: p.Spec.ServiceAccountName}
+		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: intern(p.Spec.ServiceAccountName)}
+	if rc := p.Spec.RuntimeClassName; rc != nil {
+		out.Spec.RuntimeClassName = ptr.To(intern(*rc))
+	}
 	// Of the containers, only the session helper's hardening is checked.
 	for _, c := range p.Spec.Containers {
 		if c.Name == k8s.HelperContainer {

@@ -26,8 +26,9 @@ type RateLimits struct {
 // once there are more than maxLimiters, so the map stays bounded by the keys
 // in use.
 type limiters struct {
-	mu sync.Mutex
-	m  map[string]*keyLimiter
+	mu    sync.Mutex
+	m     map[string]*keyLimiter
+	swept time.Time
 }
 
 type keyLimiter struct {
@@ -75,6 +76,28 @@ func (l *limiters) read(ctx context.Context, keyID string) (release func(), err 
 	}
 }
 
+// makeRoom keeps the map bounded when it is full: idle entries go (looked
+// for at most once a second), and when none is idle, a few arbitrary ones
+// do. A flood of made-up secrets, each getting an entry before the record
+// says it is unknown, then costs bounded memory and time; an evicted key
+// starts again with a full bucket.
+func (l *limiters) makeRoom(now time.Time) {
+	if now.Sub(l.swept) >= time.Second {
+		l.swept = now
+		for id, e := range l.m {
+			if now.Sub(e.used) > idleAfter {
+				delete(l.m, id)
+			}
+		}
+	}
+	for id := range l.m {
+		if len(l.m) < maxLimiters {
+			return
+		}
+		delete(l.m, id) // map order is random
+	}
+}
+
 // refusal says how to refuse one request.
 type refusal struct {
 	// retry is how long until the key may retry; hold how long to hold the
@@ -97,11 +120,7 @@ func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, no
 	k := l.m[keyID]
 	if k == nil {
 		if len(l.m) >= maxLimiters {
-			for id, e := range l.m {
-				if now.Sub(e.used) > idleAfter {
-					delete(l.m, id)
-				}
-			}
+			l.makeRoom(now)
 		}
 		k = &keyLimiter{all: rate.NewLimiter(lim.PerKey, lim.Burst), creates: rate.NewLimiter(lim.Creates, lim.CreateBurst),
 			reads: make(chan struct{}, readsInFlight)}

@@ -79,22 +79,17 @@ func BenchmarkCreateTrace(b *testing.B) {
 			mu.Unlock()
 		})
 		seen := 0
-		deadline := time.Now().Add(5 * time.Minute)
-		for seen < n && time.Now().Before(deadline) {
-			_, body := in.Call(key, "GET", "/v1/sandboxes?state=running&limit=1000", "")
-			now := time.Now()
-			var list struct{ Items []struct{ ID string } }
-			json.Unmarshal([]byte(body), &list)
+		pollRunning(in, key, n, func(id string, now time.Time) bool {
 			mu.Lock()
-			for _, it := range list.Items {
-				if tr, ok := traces[it.ID]; ok && tr.reader.IsZero() {
-					tr.reader = now
-					seen++
-				}
+			defer mu.Unlock()
+			tr, ok := traces[id]
+			if !ok || !tr.reader.IsZero() {
+				return false
 			}
-			mu.Unlock()
-			time.Sleep(20 * time.Millisecond)
-		}
+			tr.reader = now
+			seen++
+			return true
+		})
 		wait()
 		if seen < n {
 			b.Fatalf("%d of %d running", seen, n)

@@ -74,6 +74,8 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"--cluster-timeout", "soon"}, "--cluster-timeout"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--no-such-flag"}, "--no-such-flag"},
+		{[]string{"--event-retention", "-1h"}, "--event-retention"},
+		{[]string{"--self-check-interval", "10ms"}, "--self-check-interval"},
 	} {
 		cmd := exec.Command(e2e.Binary(t), append([]string{"serve"}, tc.args...)...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir()}

@@ -168,6 +168,18 @@ func TestSSHRefusals(t *testing.T) {
 			t.Errorf("%s auth: %d %q", method, code, errOut)
 		}
 	}
+	// The default client negotiates AES-GCM; a client that will only speak
+	// the ciphers the gateway leaves out is refused at key exchange.
+	if _, errOut, code := u.ssh("", u.args("-v", sb.ID+"@127.0.0.1", "true")...); code != 0 ||
+		!strings.Contains(errOut, "cipher: aes128-gcm@openssh.com") {
+		t.Errorf("default client: %d, want AES-GCM negotiated: %q", code, errOut)
+	}
+	for _, cipher := range []string{"chacha20-poly1305@openssh.com", "aes128-ctr"} {
+		if _, errOut, code := u.ssh("", u.args("-o", "Ciphers="+cipher, sb.ID+"@127.0.0.1", "true")...); code != 255 ||
+			!strings.Contains(errOut, "no matching cipher") {
+			t.Errorf("client offering only %s: %d %q", cipher, code, errOut)
+		}
+	}
 	// -R is refused.
 	if _, errOut, code := u.ssh("", u.args("-o", "ExitOnForwardFailure=yes", "-R", "0:localhost:1", "-N", sb.ID+"@127.0.0.1")...); code != 255 ||
 		!strings.Contains(errOut, "remote port forwarding failed") {

@@ -216,35 +216,53 @@ func TestIDFromName(t *testing.T) {
 	}
 }
 
-// TestTrimKeepsWhatDecideReads: deciding on trimmed objects gives the same
-// answer as on full ones, for every case of TestDecide's kind.
+// TestTrimKeepsWhatDecideReads: deciding on what the cache keeps (the
+// compact views, rebuilt) gives the same answer as on full objects, for the
+// cases of TestDecide's kind, with and without a session helper.
 func TestTrimKeepsWhatDecideReads(t *testing.T) {
 	past := metav1.NewTime(now.Add(-time.Minute))
 	objs := []*v1beta1.Sandbox{object(), object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }),
 		object(func(o *v1beta1.Sandbox) { o.Spec.OperatingMode = v1beta1.SandboxOperatingModeSuspended }),
-		object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "x" })}
+		object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "x" }),
+		object(func(o *v1beta1.Sandbox) { delete(o.Labels, k8s.LabelSandbox) }),
+		object(func(o *v1beta1.Sandbox) { o.DeletionTimestamp = &past }),
+		object(func(o *v1beta1.Sandbox) {
+			o.Status.Conditions = []metav1.Condition{{Type: string(v1beta1.SandboxConditionReady), Status: metav1.ConditionFalse, Reason: v1beta1.SandboxReasonExpired}}
+		})}
 	pods := [][]*corev1.Pod{nil, {pod()}, {pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("runc") })},
+		{pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = nil })},
+		{pod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })},
+		{pod(func(p *corev1.Pod) { p.Spec.HostPID = true; p.Spec.ServiceAccountName = "other" })},
+		{pod(func(p *corev1.Pod) { delete(p.Annotations, k8s.AnnotationReceipt) })},
+		{pod(func(p *corev1.Pod) { p.Annotations[k8s.AnnotationReceipt] = "" })},
+		{pod(func(p *corev1.Pod) { p.Status.Conditions = nil })},
+		{pod(func(p *corev1.Pod) { p.DeletionTimestamp = &past })},
 		{pod(func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{{Name: "tok", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "t"}}}}}}}
 		})},
 		{pod(func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "x"}}}}
+		})},
+		{pod(func(p *corev1.Pod) {
 			p.Status = corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{Name: k8s.WorkloadContainer,
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 9, Reason: "OOMKilled", Message: "long"}}}}}
 		})},
+		{helperPod()},
+		{helperPod(func(p *corev1.Pod) { p.Spec.Containers[len(p.Spec.Containers)-1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false) })},
 		{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}}
-	for i, o := range objs {
-		for j, ps := range pods {
-			var trimmed []*corev1.Pod
-			for _, p := range ps {
-				tp, _ := trim(p.DeepCopy())
-				trimmed = append(trimmed, tp.(*corev1.Pod))
-			}
-			to, _ := trim(o.DeepCopy())
-			want := Decide(o, ps, record(), now)
-			got := Decide(to.(*v1beta1.Sandbox), trimmed, record(), now)
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("object %d, pods %d: trimmed decision differs (-full +trimmed):\n%s", i, j, diff)
+	for _, rec := range []store.Sandbox{record(), record(withHelper)} {
+		for i, o := range objs {
+			for j, ps := range pods {
+				var trimmed []*corev1.Pod
+				for _, p := range ps {
+					trimmed = append(trimmed, trim(p.DeepCopy()).(*corev1.Pod))
+				}
+				want := Decide(o, ps, rec, now)
+				got := Decide(trim(o.DeepCopy()).(*v1beta1.Sandbox), trimmed, rec, now)
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("record %v, object %d, pods %d: trimmed decision differs (-full +trimmed):\n%s", rec.Spec.Transports, i, j, diff)
+				}
 			}
 		}
 	}

@@ -12,18 +12,14 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
-	sandboxlisters "sigs.k8s.io/agent-sandbox/clients/k8s/listers/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/metrics"
@@ -69,7 +65,7 @@ type Mirror struct {
 	o       Options
 	log     *slog.Logger
 	queue   workqueue.TypedRateLimitingInterface[string]
-	objects sandboxlisters.SandboxLister
+	objects cache.Indexer
 	pods    cache.Indexer
 	synced  []cache.InformerSynced
 
@@ -113,10 +109,10 @@ func New(o Options) (*Mirror, error) {
 	selected := func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }
 	m.sbFactory = sandboxinformers.NewSharedInformerFactoryWithOptions(o.Clients.Sandbox, o.Resync,
 		sandboxinformers.WithNamespace(o.Namespace), sandboxinformers.WithTweakListOptions(selected),
-		sandboxinformers.WithTransform(trim))
+		sandboxinformers.WithTransform(compact))
 	m.podFactory = informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, o.Resync,
 		informers.WithNamespace(o.Namespace), informers.WithTweakListOptions(selected),
-		informers.WithTransform(trim))
+		informers.WithTransform(compact))
 
 	sbInformer := m.sbFactory.Agents().V1beta1().Sandboxes()
 	podInformer := m.podFactory.Core().V1().Pods()
@@ -134,113 +130,10 @@ func New(o Options) (*Mirror, error) {
 	if _, err := podInformer.Informer().AddEventHandler(handler); err != nil {
 		return nil, err
 	}
-	m.objects = sbInformer.Lister()
+	m.objects = sbInformer.Informer().GetIndexer()
 	m.pods = podInformer.Informer().GetIndexer()
 	m.synced = []cache.InformerSynced{sbInformer.Informer().HasSynced, podInformer.Informer().HasSynced}
 	return m, nil
-}
-
-// trim is the informers' transform. Before an object enters the cache it
-// keeps only what Decide reads: managedFields go, and so do the pod
-// template, container specs, status messages and everything else the mirror
-// never looks at. A few KB per sandbox, times thousands of sandboxes.
-func trim(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *v1beta1.Sandbox:
-		return trimSandbox(o), nil
-	case *corev1.Pod:
-		return trimPod(o), nil
-	}
-	return obj, nil
-}
-
-// trimMeta keeps identity, hiloop's labels, the receipt, the controller
-// reference and the deletion mark. Strings that many objects share (the
-// namespace, the organization, the receipt of every sandbox alike) are
-// interned: one copy for all of them.
-func trimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
-	out := metav1.ObjectMeta{Name: m.Name, Namespace: intern(m.Namespace), UID: m.UID, ResourceVersion: m.ResourceVersion,
-		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp}
-	for _, k := range []string{k8s.LabelOrg, k8s.LabelSandbox, k8s.LabelManagedBy} {
-		if v, ok := m.Labels[k]; ok {
-			if out.Labels == nil {
-				out.Labels = make(map[string]string, 3)
-			}
-			if k != k8s.LabelSandbox {
-				v = intern(v)
-			}
-			out.Labels[k] = v
-		}
-	}
-	if v, ok := m.Annotations[k8s.AnnotationReceipt]; ok {
-		out.Annotations = map[string]string{k8s.AnnotationReceipt: intern(v)}
-	}
-	if ref := metav1.GetControllerOfNoCopy(&m); ref != nil {
-		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: intern(ref.APIVersion), Kind: intern(ref.Kind), Name: ref.Name, UID: ref.UID, Controller: ref.Controller}}
-	}
-	return out
-}
-
-// intern returns the one shared copy of s.
-func intern(s string) string { return unique.Make(s).Value() }
-
-func trimSandbox(o *v1beta1.Sandbox) *v1beta1.Sandbox {
-	out := &v1beta1.Sandbox{ObjectMeta: trimMeta(o.ObjectMeta)}
-	out.Spec.OperatingMode = o.Spec.OperatingMode
-	out.Spec.ShutdownTime = o.Spec.ShutdownTime
-	for _, c := range o.Status.Conditions {
-		if c.Type == string(v1beta1.SandboxConditionReady) {
-			out.Status.Conditions = []metav1.Condition{{Type: c.Type, Status: c.Status, Reason: c.Reason}}
-		}
-	}
-	return out
-}
-
-func trimPod(p *corev1.Pod) *corev1.Pod {
-	out := &corev1.Pod{ObjectMeta: trimMeta(p.ObjectMeta)}
-	out.Spec = corev1.PodSpec{RuntimeClassName: p.Spec.RuntimeClassName, HostNetwork: p.Spec.HostNetwork, HostPID: p.Spec.HostPID,
-		HostIPC: p.Spec.HostIPC, AutomountServiceAccountToken: p.Spec.AutomountServiceAccountToken, ServiceAccountName: intern(p.Spec.ServiceAccountName)}
-	if rc := p.Spec.RuntimeClassName; rc != nil {
-		out.Spec.RuntimeClassName = ptr.To(intern(*rc))
-	}
-	// Of the containers, only the session helper's hardening is checked.
-	for _, c := range p.Spec.Containers {
-		if c.Name == k8s.HelperContainer {
-			out.Spec.Containers = []corev1.Container{{Name: c.Name, SecurityContext: c.SecurityContext}}
-		}
-	}
-	// Only the volumes Decide holds to the receipt matter: claims, host
-	// paths, and those that carry a service-account token.
-	for _, v := range p.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil || v.HostPath != nil {
-			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: v.PersistentVolumeClaim, HostPath: v.HostPath}})
-			continue
-		}
-		if v.Projected == nil {
-			continue
-		}
-		for _, src := range v.Projected.Sources {
-			if src.ServiceAccountToken != nil {
-				out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-					Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{ServiceAccountToken: src.ServiceAccountToken}}}}})
-				break
-			}
-		}
-	}
-	out.Status.Phase, out.Status.Reason = p.Status.Phase, p.Status.Reason
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
-		}
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == k8s.WorkloadContainer && cs.State.Terminated != nil {
-			out.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: cs.Name,
-				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: cs.State.Terminated.ExitCode, Reason: cs.State.Terminated.Reason}}}}
-		}
-	}
-	return out
 }
 
 // IDFromName maps a Kubernetes object name back to a sandbox id.
@@ -255,36 +148,49 @@ func IDFromName(name string) (string, bool) {
 // podSandboxIDs indexes a pod under the sandbox its controller reference
 // names, else under its sandbox label.
 func podSandboxIDs(obj any) ([]string, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return nil, nil
-	}
-	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Sandbox" {
-		if id, ok := IDFromName(ref.Name); ok {
-			return []string{id}, nil
-		}
-	}
-	if id := pod.Labels[k8s.LabelSandbox]; id != "" {
+	if id := podSandboxID(obj); id != "" {
 		return []string{id}, nil
 	}
 	return nil, nil
+}
+
+func podSandboxID(obj any) string {
+	pod, ok := obj.(*podView)
+	if !ok {
+		return ""
+	}
+	if ref := pod.owner; ref != nil && ref.Kind == "Sandbox" {
+		if id, ok := IDFromName(ref.Name); ok {
+			return id
+		}
+	}
+	return pod.sandbox
 }
 
 func (m *Mirror) enqueueObject(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
+	obj, _ = compact(obj)
 	switch o := obj.(type) {
-	case *v1beta1.Sandbox:
-		if id, ok := IDFromName(o.Name); ok {
+	case *sandboxView:
+		if id, ok := IDFromName(o.name); ok {
 			m.add(id)
 		}
-	case *corev1.Pod:
-		ids, _ := podSandboxIDs(o)
-		for _, id := range ids {
+	case *podView:
+		if id := podSandboxID(o); id != "" {
 			m.add(id)
 		}
 	}
+}
+
+// sandbox is the cached Sandbox object of a sandbox, or nil.
+func (m *Mirror) sandbox(id string) *v1beta1.Sandbox {
+	item, ok, err := m.objects.GetByKey(m.o.Namespace + "/" + k8s.ObjectName(id))
+	if err != nil || !ok {
+		return nil
+	}
+	return item.(*sandboxView).object()
 }
 
 // add queues a sandbox for a cluster event, remembering when the oldest
@@ -395,7 +301,7 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		if rec.State == store.StatePending && m.o.Control != nil {
-			if _, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(rec.ID)); err != nil {
+			if m.sandbox(rec.ID) == nil {
 				// Resolved in the background, each attempt bounded: a hung
 				// API server does not keep the mirror from being ready.
 				m.o.Control.ResolvePending(rec.ID)
@@ -406,12 +312,9 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 			m.log.Error("startup reconcile", "sandbox", rec.ID, "err", err)
 		}
 	}
-	objs, err := m.objects.List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	for _, o := range objs {
-		id, ok := IDFromName(o.Name)
+	for _, item := range m.objects.List() {
+		o := item.(*sandboxView)
+		id, ok := IDFromName(o.name)
 		if ok && known[id] {
 			continue
 		}
@@ -421,9 +324,9 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 			}
 		}
 		m.mu.Lock()
-		m.orphans[o.Name] = true
+		m.orphans[o.name] = true
 		m.mu.Unlock()
-		m.log.Warn("sandbox object with hiloop labels that no record knows; leaving it alone", "object", o.Name, "namespace", o.Namespace)
+		m.log.Warn("sandbox object with hiloop labels that no record knows; leaving it alone", "object", o.name, "namespace", o.namespace)
 	}
 	return nil
 }
@@ -471,17 +374,14 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 	if rec.State.Terminal() {
 		return false, nil
 	}
-	obj, err := m.objects.Sandboxes(m.o.Namespace).Get(k8s.ObjectName(id))
-	if err != nil {
-		obj = nil
-	}
+	obj := m.sandbox(id)
 	items, err := m.pods.ByIndex(podOwnerIndex, id)
 	if err != nil {
 		return false, err
 	}
 	pods := make([]*corev1.Pod, 0, len(items))
 	for _, it := range items {
-		pods = append(pods, it.(*corev1.Pod))
+		pods = append(pods, it.(*podView).object())
 	}
 	obs := Decide(obj, pods, rec, m.o.Now())
 	if obs.Unchanged(rec) {

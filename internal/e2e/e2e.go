@@ -158,8 +158,14 @@ func Binary(t testing.TB) string {
 // NetworkPolicy, hiloop's Role), so hiloop's self-check passes there.
 func NewNamespace(t testing.TB) string {
 	t.Helper()
+	return NamespaceOn(t, SharedCluster(t))
+}
+
+// NamespaceOn is NewNamespace in cluster c.
+func NamespaceOn(t testing.TB, c *localcluster.Cluster) string {
+	t.Helper()
 	ns := "t-" + strings.ToLower(strings.ReplaceAll(store.NewID("n")[2:], "_", ""))[:10]
-	if err := SharedCluster(t).AddSandboxNamespace(context.Background(), ns); err != nil {
+	if err := c.AddSandboxNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
 	return ns
@@ -195,8 +201,14 @@ var (
 // /readyz.
 func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 	t.Helper()
+	return ServeOn(t, SharedCluster(t), db, ns, args...)
+}
+
+// ServeOn is Serve against cluster c.
+func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...string) *Instance {
+	t.Helper()
 	in := &Instance{t: t, DB: db, NS: ns, Out: &SyncBuffer{}, done: make(chan error, 1)}
-	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", SharedCluster(t).Kubeconfig,
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
 	in.Cmd = exec.Command(Binary(t), full...)
 	// A killed test run takes its servers with it.

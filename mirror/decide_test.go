@@ -249,7 +249,9 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 9, Reason: "OOMKilled", Message: "long"}}}}}
 		})},
 		{helperPod()},
-		{helperPod(func(p *corev1.Pod) { p.Spec.Containers[len(p.Spec.Containers)-1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false) })},
+		{helperPod(func(p *corev1.Pod) {
+			p.Spec.Containers[len(p.Spec.Containers)-1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
+		})},
 		{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}}
 	for _, rec := range []store.Sandbox{record(), record(withHelper)} {
 		for i, o := range objs {

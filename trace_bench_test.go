@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -11,12 +10,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
-
 	"github.com/hiloop/hiloop/internal/e2e"
-	"github.com/hiloop/hiloop/k8s"
 )
 
 // createTrace is one create's timestamps, from the client, from serve's own
@@ -45,30 +39,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 
 	var mu sync.Mutex
 	traces := map[string]*createTrace{}
-	podReady := map[string]time.Time{}
-	onPod := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			return
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				now := time.Now()
-				mu.Lock()
-				if id := p.Labels[k8s.LabelSandbox]; podReady[id].IsZero() {
-					podReady[id] = now
-				}
-				mu.Unlock()
-			}
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	factory := informers.NewSharedInformerFactoryWithOptions(e2e.SharedCluster(b).Clients.Kube, 0, informers.WithNamespace(ns))
-	inf := factory.Core().V1().Pods().Informer()
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
-	factory.Start(ctx.Done())
-	defer func() { cancel(); factory.Shutdown() }()
-	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	pods := watchPodReady(b, ns)
 
 	batch := func(b *testing.B, n int) []*createTrace {
 		var ids []string
@@ -97,7 +68,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 		out := make([]*createTrace, 0, n)
 		mu.Lock()
 		for _, id := range ids {
-			traces[id].podReady = podReady[id]
+			traces[id].podReady = pods.at(id)
 			out = append(out, traces[id])
 		}
 		mu.Unlock()

@@ -1,9 +1,45 @@
 package store
 
+import (
+	"context"
+	"strings"
+)
+
 // SetPruneBatch makes PruneEvents delete n events per statement, so a test
 // can cross batches without thousands of rows.
 func SetPruneBatch(n int) (restore func()) {
 	old := pruneBatch
 	pruneBatch = n
 	return func() { pruneBatch = old }
+}
+
+// Plans returns SQLite's query plans of the quota check and of the page
+// query of ListSandboxes with o.
+func (s *Store) Plans(ctx context.Context, o ListOptions) (quota, list string, err error) {
+	plan := func(q string, args ...any) (string, error) {
+		rows, err := s.read.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q, args...)
+		if err != nil {
+			return "", err
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				return "", err
+			}
+			out = append(out, detail)
+		}
+		return strings.Join(out, "\n"), rows.Err()
+	}
+	if quota, err = plan(quotaSQL, o.OrgID); err != nil {
+		return "", "", err
+	}
+	q, args, err := listQuery(o)
+	if err != nil {
+		return "", "", err
+	}
+	list, err = plan(q, args...)
+	return quota, list, err
 }

@@ -212,15 +212,19 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 	return sb, created, nil
 }
 
+// quotaSQL reads an organization's limits and counts its live and running
+// sandboxes, from the index sandboxes_org_state alone.
+const quotaSQL = `SELECT o.max_sandboxes, o.max_running,
+	(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND state NOT IN ` + terminalSQL + `),
+	(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND mode_outside = 0
+		AND state NOT IN ` + terminalSQL + ` AND state NOT IN ('exited', 'expired'))
+	FROM orgs o WHERE o.id = ?`
+
 // checkQuota returns ErrQuota when the organization has no room for one more
 // sandbox (all=true) or one more running sandbox.
 func checkQuota(ctx context.Context, tx *sql.Tx, orgID string, all bool) error {
 	var maxAll, maxRunning, live, running int
-	err := tx.QueryRowContext(ctx, `SELECT o.max_sandboxes, o.max_running,
-		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND state NOT IN `+terminalSQL+`),
-		(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND mode_outside = 0
-			AND state NOT IN `+terminalSQL+` AND state NOT IN ('exited', 'expired'))
-		FROM orgs o WHERE o.id = ?`, orgID).Scan(&maxAll, &maxRunning, &live, &running)
+	err := tx.QueryRowContext(ctx, quotaSQL, orgID).Scan(&maxAll, &maxRunning, &live, &running)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("org %q: %w", orgID, ErrNotFound)
 	}
@@ -275,15 +279,10 @@ type ListOptions struct {
 	Limit int
 }
 
-// ListSandboxes lists an organization's sandboxes in creation order, one page
-// at a time. next is the cursor of the following page, "" on the last.
-func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbox, next string, err error) {
-	if o.OrgID == "" {
-		return nil, "", fmt.Errorf("list sandboxes: %w", errNoOrg)
-	}
-	if o.Limit <= 0 {
-		o.Limit = 100
-	}
+// listQuery is the query of a page of ListSandboxes. It pages in rowid
+// order, which the index sandboxes_org_rowid (org_id, and so rowid) gives
+// without sorting the organization's rows.
+func listQuery(o ListOptions) (string, []any, error) {
 	q := `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE org_id = ?`
 	args := []any{o.OrgID}
 	if o.State != "" {
@@ -297,7 +296,7 @@ func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbo
 	sort.Strings(keys)
 	for _, k := range keys {
 		if strings.ContainsAny(k, `"\`) {
-			return nil, "", fmt.Errorf("label key %q: %w", k, ErrNotFound)
+			return "", nil, fmt.Errorf("label key %q: %w", k, ErrNotFound)
 		}
 		q += ` AND json_extract(spec, ?) = ?`
 		args = append(args, `$.labels."`+k+`"`, o.Labels[k])
@@ -308,6 +307,22 @@ func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbo
 	}
 	q += ` ORDER BY rowid LIMIT ?`
 	args = append(args, o.Limit+1)
+	return q, args, nil
+}
+
+// ListSandboxes lists an organization's sandboxes in creation order, one page
+// at a time. next is the cursor of the following page, "" on the last.
+func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbox, next string, err error) {
+	if o.OrgID == "" {
+		return nil, "", fmt.Errorf("list sandboxes: %w", errNoOrg)
+	}
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	q, args, err := listQuery(o)
+	if err != nil {
+		return nil, "", err
+	}
 	list, err = s.querySandboxes(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("list sandboxes: %w", err)

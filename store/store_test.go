@@ -540,3 +540,30 @@ func TestPruneEvents(t *testing.T) {
 		t.Errorf("second prune: %d %v", n, err)
 	}
 }
+
+// TestQueryPlans: the quota check reads one covering index, and a page of
+// the list, with or without a state and a cursor, reads rows in rowid order
+// without sorting every row of the organization first.
+func TestQueryPlans(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "p.db"), nil)
+	org, _ := s.CreateOrg(ctx, "p", 100, 100)
+	for range 20 {
+		if _, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, o := range []store.ListOptions{{OrgID: org.ID, Limit: 10}, {OrgID: org.ID, State: store.StateRunning, Limit: 10},
+		{OrgID: org.ID, After: "sbx_x", Limit: 10}} {
+		quota, list, err := s.Plans(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(quota, "COVERING INDEX sandboxes_org_state") != 2 {
+			t.Errorf("quota check plan:\n%s", quota)
+		}
+		if strings.Contains(list, "TEMP B-TREE") || !strings.Contains(list, "sandboxes_org_rowid") {
+			t.Errorf("list %+v plan:\n%s", o, list)
+		}
+	}
+}

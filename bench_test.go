@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 
+	"github.com/hiloop/hiloop/internal/benchplot"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
@@ -333,6 +334,9 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c), "--create-rate-limit", "0", "--rate-limit", "0")
 	key := in.NewOrg("reads", 20000, 20000)
 	var ids []string
+	// What each size measured, for the plot.
+	var sizes, getIdle, getP99, listIdle, listP99 []float64
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for _, n := range []int{1000, 3000, 10000} {
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
 			if n > len(ids) {
@@ -355,6 +359,9 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 					}
 				}
 				ids = append(ids, more...)
+				sizes = append(sizes, float64(n))
+				getIdle, getP99 = append(getIdle, ms(percentile(idleGet, 50))), append(getP99, ms(percentile(loadGet, 99)))
+				listIdle, listP99 = append(listIdle, ms(percentile(idleList, 50))), append(listP99, ms(percentile(loadList, 99)))
 				for _, m := range []struct {
 					name        string
 					idle, under []time.Duration
@@ -367,6 +374,15 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 				settled(b, in, key)
 			}
 		})
+	}
+	if len(sizes) == 3 {
+		if err := benchplot.Write("scale-reads.png", "BenchmarkReadsDuringCreates", sizes, []benchplot.Series{
+			{Name: "GET one sandbox: p50 idle", Unit: "ms", Y: getIdle},
+			{Name: "GET one sandbox: p99 while 300 creates run", Unit: "ms", Y: getP99},
+			{Name: "list 1000: p50 idle", Unit: "ms", Y: listIdle},
+			{Name: "list 1000: p99 while 300 creates run", Unit: "ms", Y: listP99}}); err != nil {
+			b.Error(err)
+		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hiloop/hiloop/internal/benchplot"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
@@ -90,6 +91,8 @@ func BenchmarkMirrorScale(b *testing.B) {
 			time.Sleep(3 * time.Second) // a list of 10,000 pods is not free for the API server
 		}
 	}
+	// What each size measured, for the plot.
+	var sizes, startups, heaps, records []float64
 	for _, n := range []int{1000, 3000, 10000} {
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
 			grow(b, n)
@@ -130,6 +133,8 @@ func BenchmarkMirrorScale(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.ReportMetric(float64(fi.Size())/float64(n), "db-bytes/sandbox")
+				sizes, startups = append(sizes, float64(n)), append(startups, startup.Seconds())
+				heaps, records = append(heaps, float64(after-before)/float64(n)/1024), append(records, float64(fi.Size())/float64(n))
 				events := 0
 				for _, sb := range running[:20] {
 					evs, _ := db.Events(ctx, org.ID, sb.ID)
@@ -138,5 +143,13 @@ func BenchmarkMirrorScale(b *testing.B) {
 				b.ReportMetric(float64(events)/20, "events/sandbox")
 			}
 		})
+	}
+	if len(sizes) == 3 {
+		if err := benchplot.Write("scale-mirror.png", "BenchmarkMirrorScale", sizes, []benchplot.Series{
+			{Name: "start-up after a restart, until every record is reconciled", Unit: "s", Y: startups},
+			{Name: "mirror heap per sandbox", Unit: "KB", Y: heaps},
+			{Name: "record on disk per sandbox", Unit: "bytes", Y: records}}); err != nil {
+			b.Error(err)
+		}
 	}
 }

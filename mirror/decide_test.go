@@ -269,3 +269,26 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadline: the next moment time alone changes a decision is the
+// earlier of the object's shutdown time and the record's expiry.
+func TestDeadline(t *testing.T) {
+	soon, later := now.Add(time.Minute), now.Add(time.Hour)
+	at := func(t time.Time) *metav1.Time { m := metav1.NewTime(t); return &m }
+	for _, c := range []struct {
+		obj  *v1beta1.Sandbox
+		rec  store.Sandbox
+		want time.Time
+	}{
+		{object(), record(), time.Time{}},
+		{nil, record(), time.Time{}},
+		{object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = at(soon) }), record(), soon},
+		{nil, record(func(s *store.Sandbox) { s.ExpiresAt = &later }), later},
+		{object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = at(later) }), record(func(s *store.Sandbox) { s.ExpiresAt = &soon }), soon},
+		{object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = at(soon) }), record(func(s *store.Sandbox) { s.ExpiresAt = &later }), soon},
+	} {
+		if got := deadline(c.obj, c.rec); !got.Equal(c.want) {
+			t.Errorf("deadline = %v, want %v", got, c.want)
+		}
+	}
+}

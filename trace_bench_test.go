@@ -28,7 +28,7 @@ type createTrace struct {
 // 100 concurrent, and reports the p50 of each step: the API call up to the
 // record write, the cluster create, the cluster's own way to a Ready pod,
 // the mirror from that pod's Ready to its write of running, and the reader
-// (polling the list every 20 ms, as BenchmarkCreateToRunning does) seeing it.
+// (polling the list every 50 ms, as BenchmarkCreateToRunning does) seeing it.
 // Serve's steps come from its JSON log (debug level): its clock is this
 // machine's.
 func BenchmarkCreateTrace(b *testing.B) {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -177,6 +178,37 @@ func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (st
 	}
 }
 
+// receipts memoizes k8s.ParseReceipt, a pure function: the receipts of
+// thousands of sandboxes are a handful of distinct strings, and parsing two
+// on every decision was a twentieth of serve's CPU while sandboxes were being
+// created. It holds at most maxReceipts and starts over when full. Decide
+// never changes a receipt it is given.
+var receipts struct {
+	sync.Mutex
+	m map[string]parsedReceipt
+}
+
+type parsedReceipt struct {
+	r   k8s.Receipt
+	err error
+}
+
+const maxReceipts = 1024
+
+func parseReceipt(raw string) (k8s.Receipt, error) {
+	receipts.Lock()
+	defer receipts.Unlock()
+	if p, ok := receipts.m[raw]; ok {
+		return p.r, p.err
+	}
+	if len(receipts.m) >= maxReceipts || receipts.m == nil {
+		receipts.m = map[string]parsedReceipt{}
+	}
+	r, err := k8s.ParseReceipt(raw)
+	receipts.m[raw] = parsedReceipt{r, err}
+	return r, err
+}
+
 func attention(anomaly, reason string) store.Observation {
 	return store.Observation{State: store.StateAttention, Anomaly: anomaly, Reason: reason}
 }
@@ -204,14 +236,14 @@ func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
 	if !ok {
 		return attention(AnomalyReceiptUnreadable, "pod carries no runtime receipt"), true
 	}
-	annotated, err := k8s.ParseReceipt(raw)
+	annotated, err := parseReceipt(raw)
 	if err != nil {
 		return attention(AnomalyReceiptUnreadable, err.Error()), true
 	}
 	promised := annotated
 	var contradictions, reasons []string
 	if rec.Receipt != "" {
-		if promised, err = k8s.ParseReceipt(rec.Receipt); err != nil {
+		if promised, err = parseReceipt(rec.Receipt); err != nil {
 			return attention(AnomalyReceiptUnreadable, "record: "+err.Error()), true
 		}
 		if !reflect.DeepEqual(promised, annotated) {

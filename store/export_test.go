@@ -43,3 +43,10 @@ func (s *Store) Plans(ctx context.Context, o ListOptions) (quota, list string, e
 	list, err = plan(q, args...)
 	return quota, list, err
 }
+
+// CachedStmts is the number of prepared statements the store holds.
+func (s *Store) CachedStmts() int {
+	s.stmts.mu.Lock()
+	defer s.stmts.mu.Unlock()
+	return len(s.stmts.m)
+}

@@ -167,7 +167,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (APIKey, error)
 	}
 	var k APIKey
 	var created int64
-	err := s.read.QueryRowContext(ctx, `SELECT id, org_id, name, created_at FROM api_keys WHERE hash = ? AND revoked_at IS NULL`, hashKey(secret)).
+	err := s.queryRow(ctx, `SELECT id, org_id, name, created_at FROM api_keys WHERE hash = ? AND revoked_at IS NULL`, hashKey(secret)).
 		Scan(&k.ID, &k.OrgID, &k.Name, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return APIKey{}, ErrNotFound

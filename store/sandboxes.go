@@ -259,7 +259,7 @@ func (s *Store) SandboxAnyOrg(ctx context.Context, id string) (Sandbox, error) {
 
 func (s *Store) getSandbox(ctx context.Context, q string, args ...any) (Sandbox, error) {
 	id := args[0]
-	sb, err := scanSandbox(s.read.QueryRowContext(ctx, q, args...))
+	sb, err := scanSandbox(s.queryRow(ctx, q, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -341,7 +341,7 @@ func (s *Store) Unsettled(ctx context.Context) ([]Sandbox, error) {
 }
 
 func (s *Store) querySandboxes(ctx context.Context, q string, args ...any) ([]Sandbox, error) {
-	rows, err := s.read.QueryContext(ctx, q, args...)
+	rows, err := s.query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,7 @@ type Store struct {
 	read  *sql.DB
 	write *sql.DB
 	now   func() time.Time
+	stmts stmts
 }
 
 // Options configure Open.
@@ -135,7 +136,7 @@ func (s *Store) JournalMode(ctx context.Context) (string, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
-	return errors.Join(s.read.Close(), s.write.Close())
+	return errors.Join(s.stmts.close(), s.read.Close(), s.write.Close())
 }
 
 // migrate applies, in name order, every NNNN_*.sql file of fsys that the

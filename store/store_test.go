@@ -567,3 +567,34 @@ func TestQueryPlans(t *testing.T) {
 		}
 	}
 }
+
+// TestStatementCacheBounded: lists filtered by ever more labels each have a
+// query of their own; past the cache's bound they still answer, unprepared,
+// and the cache stays bounded.
+func TestStatementCacheBounded(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "c.db"), nil)
+	org, _ := s.CreateOrg(ctx, "c", 10, 10)
+	labels := map[string]string{}
+	for i := range 100 {
+		labels[fmt.Sprintf("k%d", i)] = "v"
+	}
+	sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox", Labels: labels}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter := map[string]string{}
+	for i := range 100 {
+		filter[fmt.Sprintf("k%d", i)] = "v"
+		list, _, err := s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, Labels: filter})
+		if err != nil || len(list) != 1 || list[0].ID != sb.ID {
+			t.Fatalf("%d labels: %v %v", i+1, list, err)
+		}
+	}
+	if n := s.CachedStmts(); n == 0 || n > 64 {
+		t.Errorf("%d statements cached, want 1..64", n)
+	}
+	if _, err := s.Sandbox(ctx, org.ID, sb.ID); err != nil {
+		t.Errorf("a read past the bound: %v", err)
+	}
+}

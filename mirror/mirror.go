@@ -35,9 +35,8 @@ type Options struct {
 	Now       func() time.Time
 	// Resync is how often every cached object is re-decided, a safety net:
 	// cluster events drive the mirror, and a sandbox with a shutdown time is
-	// queued again for that moment. 10m when zero; at 10,000 sandboxes a
-	// pass is 10,000 reconciles, which every 30 s cost the API's reads
-	// their p99.
+	// queued again for that moment. 10m when zero: at 10,000 sandboxes a
+	// pass is 10,000 decisions, which every 30 s competed with the API.
 	Resync time.Duration
 	// SyncTimeout bounds the wait for the informers' first sync; 60s when zero.
 	SyncTimeout time.Duration

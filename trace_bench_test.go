@@ -43,14 +43,14 @@ func BenchmarkCreateTrace(b *testing.B) {
 
 	batch := func(b *testing.B, n int) []*createTrace {
 		var ids []string
-		wait := createEach(b, in, key, n, n, func(id string, t0, t1 time.Time) {
+		wait := createEach(b, in, key, n, n, `{"image":"busybox"}`, func(id string, t0, t1 time.Time) {
 			mu.Lock()
 			traces[id] = &createTrace{apiStart: t0, apiDone: t1}
 			ids = append(ids, id)
 			mu.Unlock()
 		})
 		seen := 0
-		pollRunning(in, key, n, func(id string, now time.Time) bool {
+		pollRunning(in, key, n, "", func(id string, now time.Time) bool {
 			mu.Lock()
 			defer mu.Unlock()
 			tr, ok := traces[id]

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,9 @@ type Writer struct {
 
 	mu       sync.Mutex
 	accounts map[string]bool // service accounts known to exist
+	// creating makes one create call per service account however many
+	// sandbox creates of a new organization arrive at once.
+	creating singleflight.Group
 }
 
 // NewWriter returns a Writer for the sandbox namespace of opts. gatewayKey
@@ -107,19 +111,22 @@ func (w *Writer) ensureServiceAccount(ctx context.Context, orgID string) error {
 	if known {
 		return nil
 	}
-	sa := &corev1.ServiceAccount{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.opts.Namespace,
-			Labels: map[string]string{LabelOrg: orgID, LabelManagedBy: ManagedBy}},
-		AutomountServiceAccountToken: ptr.To(false),
-	}
-	_, err := w.c.Kube.CoreV1().ServiceAccounts(w.opts.Namespace).Create(ctx, sa, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create service account: %w", err)
-	}
-	w.mu.Lock()
-	w.accounts[name] = true
-	w.mu.Unlock()
-	return nil
+	_, err, _ := w.creating.Do(name, func() (any, error) {
+		sa := &corev1.ServiceAccount{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.opts.Namespace,
+				Labels: map[string]string{LabelOrg: orgID, LabelManagedBy: ManagedBy}},
+			AutomountServiceAccountToken: ptr.To(false),
+		}
+		_, err := w.c.Kube.CoreV1().ServiceAccounts(w.opts.Namespace).Create(ctx, sa, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create service account: %w", err)
+		}
+		w.mu.Lock()
+		w.accounts[name] = true
+		w.mu.Unlock()
+		return nil, nil
+	})
+	return err
 }
 
 // SetMode patches operatingMode: Suspended to stop, Running to start.

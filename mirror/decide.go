@@ -181,7 +181,9 @@ func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (st
 // receipts memoizes k8s.ParseReceipt, a pure function: the receipts of
 // thousands of sandboxes are a handful of distinct strings, and parsing two
 // on every decision was a twentieth of serve's CPU while sandboxes were being
-// created. It holds at most maxReceipts and starts over when full. Decide
+// created. It holds at most maxReceipts, each at most maxReceiptLen long (a
+// receipt is a few hundred bytes; a longer one is parsed every time, so an
+// edited annotation cannot fill memory), and starts over when full. Decide
 // never changes a receipt it is given.
 var receipts struct {
 	sync.Mutex
@@ -193,9 +195,15 @@ type parsedReceipt struct {
 	err error
 }
 
-const maxReceipts = 1024
+const (
+	maxReceipts   = 1024
+	maxReceiptLen = 4096
+)
 
 func parseReceipt(raw string) (k8s.Receipt, error) {
+	if len(raw) > maxReceiptLen {
+		return k8s.ParseReceipt(raw)
+	}
 	receipts.Lock()
 	defer receipts.Unlock()
 	if p, ok := receipts.m[raw]; ok {

@@ -93,14 +93,8 @@ func floorCreateToReady(b *testing.B, ns string, n int) (podReady, sandboxReady,
 		}
 	}
 	onPod := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Status.Phase != corev1.PodRunning {
-			return
-		}
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
-				record(p.Name, podDone, &podReady) // the pod is named after its Sandbox
-			}
+		if p, ok := obj.(*corev1.Pod); ok && p.Status.Phase == corev1.PodRunning && podIsReady(p) {
+			record(p.Name, podDone, &podReady) // the pod is named after its Sandbox
 		}
 	}
 	sbFactory := sandboxinformers.NewSharedInformerFactoryWithOptions(c.Sandbox, 0, sandboxinformers.WithNamespace(ns))
@@ -166,19 +160,15 @@ func watchPodReady(b *testing.B, ns string) *podWatch {
 	w := &podWatch{ready: map[string]time.Time{}}
 	onPod := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
-		if !ok {
+		if !ok || !podIsReady(p) {
 			return
 		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				now := time.Now()
-				w.mu.Lock()
-				if id := p.Labels[k8s.LabelSandbox]; w.ready[id].IsZero() {
-					w.ready[id] = now
-				}
-				w.mu.Unlock()
-			}
+		now := time.Now()
+		w.mu.Lock()
+		if id := p.Labels[k8s.LabelSandbox]; w.ready[id].IsZero() {
+			w.ready[id] = now
 		}
+		w.mu.Unlock()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	factory := informers.NewSharedInformerFactoryWithOptions(e2e.SharedCluster(b).Clients.Kube, 0, informers.WithNamespace(ns))
@@ -188,6 +178,16 @@ func watchPodReady(b *testing.B, ns string) *podWatch {
 	b.Cleanup(func() { cancel(); factory.Shutdown() })
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	return w
+}
+
+// podIsReady reports whether the pod's Ready condition is True.
+func podIsReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // at is when sandbox id's pod was first seen Ready; zero if not yet.

@@ -30,18 +30,6 @@ func compact(obj any) (any, error) {
 	return obj, nil
 }
 
-// trim is what the cache keeps of an object, as the typed object Decide
-// reads: compact, then rebuilt.
-func trim(obj any) any {
-	switch o := obj.(type) {
-	case *v1beta1.Sandbox:
-		return compactSandbox(o).object()
-	case *corev1.Pod:
-		return compactPod(o).object()
-	}
-	return obj
-}
-
 // view is the identity and metadata a Sandbox's or pod's view keeps:
 // hiloop's labels, the receipt, the controller reference and the deletion
 // mark. An absent label and an empty one are the same to Decide; an absent

@@ -216,6 +216,18 @@ func TestIDFromName(t *testing.T) {
 	}
 }
 
+// trim is what the cache keeps of an object, as the typed object Decide
+// reads: compact, then rebuilt.
+func trim(obj any) any {
+	switch o := obj.(type) {
+	case *v1beta1.Sandbox:
+		return compactSandbox(o).object()
+	case *corev1.Pod:
+		return compactPod(o).object()
+	}
+	return obj
+}
+
 // TestTrimKeepsWhatDecideReads: deciding on what the cache keeps (the
 // compact views, rebuilt) gives the same answer as on full objects, for the
 // cases of TestDecide's kind, with and without a session helper.

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"reflect"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -81,6 +82,35 @@ func (v *view) meta() metav1.ObjectMeta {
 		m.OwnerReferences = []metav1.OwnerReference{*v.owner}
 	}
 	return m
+}
+
+// changed reports whether an update from old to obj can change what Decide
+// says. Most of a sandbox's updates cannot: the controller's status fields,
+// the node a pod is bound to and the like are not in the view, and a view
+// that differs from the one before only in its resource version decides as
+// it did. A resync, which delivers the same version again, always counts.
+func changed(old, obj any) bool {
+	switch o := old.(type) {
+	case *sandboxView:
+		if n, ok := obj.(*sandboxView); ok {
+			return differs(*o, *n, func(v *sandboxView) *view { return &v.view })
+		}
+	case *podView:
+		if n, ok := obj.(*podView); ok {
+			return differs(*o, *n, func(v *podView) *view { return &v.view })
+		}
+	}
+	return true
+}
+
+// differs compares two views of one object but for their resource
+// versions; the same version counts as a difference (see changed).
+func differs[T any](a, b T, base func(*T) *view) bool {
+	if base(&a).resourceVersion == base(&b).resourceVersion {
+		return true
+	}
+	base(&a).resourceVersion, base(&b).resourceVersion = "", ""
+	return !reflect.DeepEqual(a, b)
 }
 
 // intern returns the one shared copy of s.

@@ -231,9 +231,11 @@ func trim(obj any) any {
 // TestTrimKeepsWhatDecideReads: deciding on what the cache keeps (the
 // compact views, rebuilt) gives the same answer as on full objects, for the
 // cases of TestDecide's kind, with and without a session helper.
-func TestTrimKeepsWhatDecideReads(t *testing.T) {
+// objectVariants are a Sandbox and variants of it, each different in a
+// field Decide reads.
+func objectVariants() []*v1beta1.Sandbox {
 	past := metav1.NewTime(now.Add(-time.Minute))
-	objs := []*v1beta1.Sandbox{object(), object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }),
+	return []*v1beta1.Sandbox{object(), object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }),
 		object(func(o *v1beta1.Sandbox) { o.Spec.OperatingMode = v1beta1.SandboxOperatingModeSuspended }),
 		object(func(o *v1beta1.Sandbox) { o.Labels[k8s.LabelOrg] = "x" }),
 		object(func(o *v1beta1.Sandbox) { delete(o.Labels, k8s.LabelSandbox) }),
@@ -241,7 +243,13 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 		object(func(o *v1beta1.Sandbox) {
 			o.Status.Conditions = []metav1.Condition{{Type: string(v1beta1.SandboxConditionReady), Status: metav1.ConditionFalse, Reason: v1beta1.SandboxReasonExpired}}
 		})}
-	pods := [][]*corev1.Pod{nil, {pod()}, {pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("runc") })},
+}
+
+// podVariants are sets of a sandbox's pods: none, one, and variants of it,
+// each different in a field Decide reads.
+func podVariants() [][]*corev1.Pod {
+	past := metav1.NewTime(now.Add(-time.Minute))
+	return [][]*corev1.Pod{nil, {pod()}, {pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("runc") })},
 		{pod(func(p *corev1.Pod) { p.Spec.RuntimeClassName = nil })},
 		{pod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })},
 		{pod(func(p *corev1.Pod) { p.Spec.HostPID = true; p.Spec.ServiceAccountName = "other" })},
@@ -265,6 +273,10 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 			p.Spec.Containers[len(p.Spec.Containers)-1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
 		})},
 		{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}}
+}
+
+func TestTrimKeepsWhatDecideReads(t *testing.T) {
+	objs, pods := objectVariants(), podVariants()
 	for _, rec := range []store.Sandbox{record(), record(withHelper)} {
 		for i, o := range objs {
 			for j, ps := range pods {
@@ -279,6 +291,66 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestChanged: an update that changes only what Decide does not read is
+// not worth a decision; one that changes what it reads is, and so is a
+// resync.
+func TestChanged(t *testing.T) {
+	version := func(rv string) func(metav1.Object) { return func(o metav1.Object) { o.SetResourceVersion(rv) } }
+	sbView := func(o *v1beta1.Sandbox, mut ...func(metav1.Object)) any {
+		o = o.DeepCopy()
+		for _, m := range mut {
+			m(o)
+		}
+		v, _ := compact(o)
+		return v
+	}
+	podView := func(p *corev1.Pod, mut ...func(metav1.Object)) any {
+		p = p.DeepCopy()
+		for _, m := range mut {
+			m(p)
+		}
+		v, _ := compact(p)
+		return v
+	}
+	base := object()
+	if changed(sbView(base, version("1")), sbView(base, version("1"))) != true {
+		t.Error("a resync of a Sandbox (same version) should count as a change")
+	}
+	quiet := object(func(o *v1beta1.Sandbox) {
+		o.Status.ServiceFQDN = "sbx.ns.svc"
+		o.Status.Conditions = append(o.Status.Conditions, metav1.Condition{Type: "Other", Status: metav1.ConditionTrue})
+		o.Spec.PodTemplate.Spec.Containers[0].Image = "other"
+	})
+	if changed(sbView(base, version("1")), sbView(quiet, version("2"))) {
+		t.Error("a Sandbox update outside the view should not count as a change")
+	}
+	for i, o := range objectVariants()[1:] {
+		if !changed(sbView(base, version("1")), sbView(o, version("2"))) {
+			t.Errorf("Sandbox variant %d: not counted as a change", i+1)
+		}
+	}
+	p := pod()
+	if changed(podView(p, version("1")), podView(p, version("1"))) != true {
+		t.Error("a resync of a pod (same version) should count as a change")
+	}
+	bound := pod(func(p *corev1.Pod) {
+		p.Spec.NodeName = "kwok-node"
+		p.Status.PodIP = "10.0.0.1"
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue})
+	})
+	if changed(podView(p, version("1")), podView(bound, version("2"))) {
+		t.Error("a pod update outside the view should not count as a change")
+	}
+	for i, ps := range podVariants()[2:] { // after none and the pod itself
+		if len(ps) == 1 && !changed(podView(p, version("1")), podView(ps[0], version("2"))) {
+			t.Errorf("pod variant %d: not counted as a change", i+2)
+		}
+	}
+	if !changed(sbView(base, version("1")), podView(p, version("2"))) {
+		t.Error("views of different kinds should count as a change")
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package mirror converges what the cluster observed into the product record.
-// It watches Sandbox objects and sandbox pods (label-selected, managedFields
-// stripped), decides each sandbox's state with the pure function Decide, and
-// writes only when that changes. It never writes to the cluster.
+// It watches Sandbox objects and sandbox pods (label-selected, cached as
+// compact views of what Decide reads), decides each sandbox's state with the
+// pure function Decide when an update changed what it reads, and writes only
+// when the decision changes. It never writes to the cluster.
 package mirror
 
 import (
@@ -19,7 +20,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
-	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/metrics"
@@ -71,7 +71,9 @@ type Mirror struct {
 	pods    cache.Indexer
 	synced  []cache.InformerSynced
 
-	sbFactory  sandboxinformers.SharedInformerFactory
+	// sbInformer watches Sandboxes through sandboxListWatch; podFactory's
+	// informer watches pods (protobuf, which client-go decodes cheaply).
+	sbInformer cache.SharedIndexInformer
 	podFactory informers.SharedInformerFactory
 
 	mu      sync.Mutex
@@ -109,32 +111,38 @@ func New(o Options) (*Mirror, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
 
 	selected := func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }
-	m.sbFactory = sandboxinformers.NewSharedInformerFactoryWithOptions(o.Clients.Sandbox, o.Resync,
-		sandboxinformers.WithNamespace(o.Namespace), sandboxinformers.WithTweakListOptions(selected),
-		sandboxinformers.WithTransform(compact))
+	m.sbInformer = cache.NewSharedIndexInformerWithOptions(
+		sandboxListWatch(o.Clients.Sandbox.AgentsV1beta1().RESTClient(), o.Namespace, k8s.Selector),
+		&v1beta1.Sandbox{}, cache.SharedIndexInformerOptions{ResyncPeriod: o.Resync})
+	if err := m.sbInformer.SetTransform(compact); err != nil {
+		return nil, err
+	}
 	m.podFactory = informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, o.Resync,
 		informers.WithNamespace(o.Namespace), informers.WithTweakListOptions(selected),
 		informers.WithTransform(compact))
 
-	sbInformer := m.sbFactory.Agents().V1beta1().Sandboxes()
 	podInformer := m.podFactory.Core().V1().Pods()
 	if err := podInformer.Informer().AddIndexers(cache.Indexers{podOwnerIndex: podSandboxIDs}); err != nil {
 		return nil, err
 	}
 	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    m.enqueueObject,
-		UpdateFunc: func(_, obj any) { m.enqueueObject(obj) },
+		AddFunc: m.enqueueObject,
+		UpdateFunc: func(old, obj any) {
+			if changed(old, obj) {
+				m.enqueueObject(obj)
+			}
+		},
 		DeleteFunc: m.enqueueObject,
 	}
-	if _, err := sbInformer.Informer().AddEventHandler(handler); err != nil {
+	if _, err := m.sbInformer.AddEventHandler(handler); err != nil {
 		return nil, err
 	}
 	if _, err := podInformer.Informer().AddEventHandler(handler); err != nil {
 		return nil, err
 	}
-	m.objects = sbInformer.Informer().GetIndexer()
+	m.objects = m.sbInformer.GetIndexer()
 	m.pods = podInformer.Informer().GetIndexer()
-	m.synced = []cache.InformerSynced{sbInformer.Informer().HasSynced, podInformer.Informer().HasSynced}
+	m.synced = []cache.InformerSynced{m.sbInformer.HasSynced, podInformer.Informer().HasSynced}
 	return m, nil
 }
 
@@ -234,15 +242,15 @@ func (m *Mirror) Run(ctx context.Context) error {
 	// the change listener stop with it), shut the queue down once (the
 	// workers stop), wait for the workers, then for the informers.
 	ctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	var wg, watching sync.WaitGroup
 	defer func() {
 		stop()
 		m.queue.ShutDown()
 		wg.Wait()
-		m.sbFactory.Shutdown()
+		watching.Wait()
 		m.podFactory.Shutdown()
 	}()
-	m.sbFactory.Start(ctx.Done())
+	watching.Go(func() { m.sbInformer.RunWithContext(ctx) })
 	m.podFactory.Start(ctx.Done())
 
 	syncCtx, cancel := context.WithTimeout(ctx, m.o.SyncTimeout)

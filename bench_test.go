@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -190,6 +192,20 @@ func podIsReady(p *corev1.Pod) bool {
 	return false
 }
 
+// waitAll waits until every sandbox of ids has had its pod seen Ready: a
+// reader of hiloop can hear of running before this process's own informer
+// sees the pod.
+func (w *podWatch) waitAll(b *testing.B, ids []string) {
+	e2e.Eventually(b, "every pod seen Ready", 30*time.Second, func() (bool, error) {
+		for _, id := range ids {
+			if w.at(id).IsZero() {
+				return false, fmt.Errorf("%s not seen Ready", id)
+			}
+		}
+		return true, nil
+	})
+}
+
 // at is when sandbox id's pod was first seen Ready; zero if not yet.
 func (w *podWatch) at(id string) time.Time {
 	w.mu.Lock()
@@ -198,80 +214,67 @@ func (w *podWatch) at(id string) time.Time {
 }
 
 // hiloopCreateToRunning creates n sandboxes concurrently through the API and
-// returns, for each, the time from its POST to the record saying running,
-// polled through the list endpoint (running only) every 50 ms (see
-// pollRunning). From
+// returns, for each, the time from its POST to the answer that says its
+// record is running, read through the long poll (see waitRunning). From
 // pods it also returns the time from the POST to the pod's Ready, as the
 // floor sees it.
-//
-// Each call labels its sandboxes with a round of their own and lists only
-// those, so the reader's list holds this round's sandboxes, not every
-// earlier round's too.
 func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int, pods *podWatch) (running, podReady, calls []time.Duration) {
 	var mu sync.Mutex
 	started := map[string]time.Time{}
-	round := strconv.FormatInt(roundSeq.Add(1), 10)
-	body := `{"image":"busybox","labels":{"round":"` + round + `"}}`
-	wait := createEach(b, in, token, n, n, body, func(id string, t0, t1 time.Time) {
-		mu.Lock()
-		started[id] = t0
-		calls = append(calls, t1.Sub(t0))
-		mu.Unlock()
-	})
-	seen := map[string]bool{}
-	pollRunning(in, token, n, "&label=round%3D"+round, func(id string, now time.Time) bool {
+	createEach(b, in, token, n, n, `{"image":"busybox"}`, func(id string, t0, t1 time.Time) {
+		at, ok := waitRunning(b, in, token, id)
 		mu.Lock()
 		defer mu.Unlock()
-		t0, ok := started[id]
-		if !ok || seen[id] {
-			return false
+		calls = append(calls, t1.Sub(t0))
+		if ok {
+			started[id] = t0
+			running = append(running, at.Sub(t0))
 		}
-		seen[id] = true
-		running = append(running, now.Sub(t0))
-		if at := pods.at(id); !at.IsZero() {
-			podReady = append(podReady, at.Sub(t0))
-		}
-		return true
-	})
-	wait()
+	})()
 	if len(running) < n {
 		b.Fatalf("hiloop: %d of %d running", len(running), n)
+	}
+	pods.waitAll(b, slices.Collect(maps.Keys(started)))
+	for id, t0 := range started {
+		podReady = append(podReady, pods.at(id).Sub(t0))
 	}
 	return running, podReady, calls
 }
 
-// pollRunning reads the running sandboxes through the list endpoint every
-// 50 ms and calls seen with each listed id and when the read came back, until
-// seen has said true n times or five minutes pass. The reader competes with
-// what it measures for the same two cores: polled every 20 ms, the list was a
-// quarter of serve's CPU while 100 sandboxes were created (perf), which
-// slowed the cluster's own work; every 50 ms costs at most 50 ms of
-// resolution on figures of seconds.
-//
-// filter is added to the list's query.
-func pollRunning(in *e2e.Instance, token string, n int, filter string, seen func(id string, at time.Time) bool) {
-	count := 0
-	deadline := time.Now().Add(5 * time.Minute)
-	for count < n && time.Now().Before(deadline) {
-		_, body := in.Call(token, "GET", "/v1/sandboxes?state=running&limit=1000"+filter, "")
-		now := time.Now()
-		var list struct{ Items []struct{ ID string } }
-		json.Unmarshal([]byte(body), &list)
-		for _, it := range list.Items {
-			if seen(it.ID, now) {
-				count++
-			}
+// waitRunning follows sandbox id through the API's long poll, GET
+// /v1/sandboxes/{id}?while=STATE, which answers when the record's state
+// changes, until the record says running, and returns when that answer came
+// back. This is the reader's side of hiloop as a pod informer is the
+// floor's: told of each change as it is written. (A poll of the list every
+// 50 ms, the reader before, was a twelfth of serve's CPU during a round, and
+// cost up to 50 ms of resolution.)
+func waitRunning(b *testing.B, in *e2e.Instance, token, id string) (time.Time, bool) {
+	state := "pending"
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); {
+		status, body := in.Call(token, "GET", "/v1/sandboxes/"+id+"?wait=1m&while="+state, "")
+		at := time.Now()
+		var sb struct{ State string }
+		if err := json.Unmarshal([]byte(body), &sb); status != 200 || err != nil {
+			b.Errorf("long poll %s: %d %s", id, status, body)
+			return time.Time{}, false
 		}
-		time.Sleep(50 * time.Millisecond)
+		switch sb.State {
+		case "running":
+			return at, true
+		case "pending", "starting":
+			state = sb.State
+		default:
+			b.Errorf("%s is %s, waiting for running", id, sb.State)
+			return time.Time{}, false
+		}
 	}
+	b.Errorf("%s not running within five minutes", id)
+	return time.Time{}, false
 }
 
-// roundSeq numbers hiloop's rounds of creates.
-var roundSeq atomic.Int64
-
 // createEach creates n sandboxes through the API, conc at a time, each with
-// the JSON body, calling
-// created with each one's id, the POST's start and its answer; wait waits
+// the JSON body, calling created (in the create's goroutine, within its turn
+// of conc) with each one's id, the POST's start and its answer; wait waits
 // for all.
 func createEach(b *testing.B, in *e2e.Instance, token string, n, conc int, body string, created func(id string, t0, t1 time.Time)) (wait func()) {
 	sem := make(chan struct{}, conc)

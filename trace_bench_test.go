@@ -28,7 +28,7 @@ type createTrace struct {
 // 100 concurrent, and reports the p50 of each step: the API call up to the
 // record write, the cluster create, the cluster's own way to a Ready pod,
 // the mirror from that pod's Ready to its write of running, and the reader
-// (polling the list every 50 ms, as BenchmarkCreateToRunning does) seeing it.
+// (the long poll, as in BenchmarkCreateToRunning) seeing it.
 // Serve's steps come from its JSON log (debug level): its clock is this
 // machine's.
 func BenchmarkCreateTrace(b *testing.B) {
@@ -43,28 +43,20 @@ func BenchmarkCreateTrace(b *testing.B) {
 
 	batch := func(b *testing.B, n int) []*createTrace {
 		var ids []string
-		wait := createEach(b, in, key, n, n, `{"image":"busybox"}`, func(id string, t0, t1 time.Time) {
+		createEach(b, in, key, n, n, `{"image":"busybox"}`, func(id string, t0, t1 time.Time) {
 			mu.Lock()
 			traces[id] = &createTrace{apiStart: t0, apiDone: t1}
 			ids = append(ids, id)
 			mu.Unlock()
-		})
-		seen := 0
-		pollRunning(in, key, n, "", func(id string, now time.Time) bool {
+			at, _ := waitRunning(b, in, key, id) // zero, and an error, when not
 			mu.Lock()
-			defer mu.Unlock()
-			tr, ok := traces[id]
-			if !ok || !tr.reader.IsZero() {
-				return false
-			}
-			tr.reader = now
-			seen++
-			return true
-		})
-		wait()
-		if seen < n {
-			b.Fatalf("%d of %d running", seen, n)
+			traces[id].reader = at
+			mu.Unlock()
+		})()
+		if b.Failed() {
+			b.FailNow()
 		}
+		pods.waitAll(b, ids)
 		out := make([]*createTrace, 0, n)
 		mu.Lock()
 		for _, id := range ids {

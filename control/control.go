@@ -463,6 +463,39 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 	return ch.After, nil
 }
 
+// MaxWait bounds how long WaitWhile holds one call.
+const MaxWait = time.Minute
+
+// WaitWhile answers with one of an organization's sandboxes once its state
+// is other than while, once d (at most MaxWait) has passed, or once hiloop
+// begins to shut down, whichever comes first: the record as it then stands.
+// A client that waits for a state gets each change as the record takes it,
+// and asks again, instead of polling.
+func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while store.State, d time.Duration) (store.Sandbox, error) {
+	timer := time.NewTimer(min(d, MaxWait))
+	defer timer.Stop()
+	for {
+		// Taken before the read, so a change between the two is not missed.
+		changed, release := c.o.Store.StateChange(id)
+		sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+		if err != nil || sb.State != while {
+			release()
+			return sb, err
+		}
+		select {
+		case <-changed:
+			release()
+			continue
+		case <-timer.C:
+		case <-c.base.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		release()
+		return sb, err
+	}
+}
+
 // SetTTL sets a sandbox's expiry to now plus ttl, restoring the record's
 // expiry when the cluster write fails.
 func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Duration) (store.Sandbox, error) {

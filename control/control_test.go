@@ -260,3 +260,43 @@ func TestRunPrunesEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitWhileEndsAtShutdown: a long poll answers, with the record as it
+// stands, when hiloop begins to shut down, so that it does not hold the
+// drain; an empty organization waits on nothing.
+func TestWaitWhileEndsAtShutdown(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	who := Caller{OrgID: org.ID}
+	sb, _, err := c.Create(context.Background(), who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitWhile(context.Background(), Caller{}, sb.ID, store.StatePending, time.Minute); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("long poll with no organization: %v, want not found", err)
+	}
+	type answer struct {
+		sb  store.Sandbox
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		got, err := c.WaitWhile(context.Background(), who, sb.ID, store.StatePending, time.Minute)
+		done <- answer{got, err}
+	}()
+	for db.Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-done:
+		if a.err != nil || a.sb.ID != sb.ID || a.sb.State != store.StatePending {
+			t.Errorf("long poll at shutdown: %+v %v", a.sb, a.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long poll held on past shutdown")
+	}
+}

@@ -20,6 +20,8 @@ type reqInfo struct {
 	org   string
 	// quiet: no access-log line (a rate-limited refusal; see rateLimited).
 	quiet bool
+	// noWait: a long poll past the key's waitsInFlight answers at once.
+	noWait bool
 }
 
 type infoKey struct{}

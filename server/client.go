@@ -102,6 +102,15 @@ func (c *Client) Sandbox(ctx context.Context, id string) (Sandbox, error) {
 	return sb, err
 }
 
+// SandboxWhile gets a sandbox once its state is other than while, or after
+// wait, whichever is first (the long poll of GET /v1/sandboxes/{id}).
+func (c *Client) SandboxWhile(ctx context.Context, id string, while store.State, wait time.Duration) (Sandbox, error) {
+	var sb Sandbox
+	q := url.Values{"while": {string(while)}, "wait": {wait.String()}}
+	err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"?"+q.Encode(), nil, nil, &sb)
+	return sb, err
+}
+
 // ListSandboxes lists one page of sandboxes.
 func (c *Client) ListSandboxes(ctx context.Context, state string, labels []string, limit int, after string) (SandboxList, error) {
 	q := url.Values{}
@@ -191,9 +200,12 @@ var FailureStates = map[store.State]bool{
 // (or, waiting for running, a stop) ends the wait first.
 func (c *Client) Wait(ctx context.Context, id string, want store.State, progress func(Sandbox)) (Sandbox, error) {
 	var last store.State
+	sb, err := c.Sandbox(ctx, id)
 	for {
-		sb, err := c.Sandbox(ctx, id)
 		if err != nil {
+			if ctx.Err() != nil && last != "" {
+				return sb, fmt.Errorf("timed out waiting for %s; sandbox is %s", want, last)
+			}
 			return sb, err
 		}
 		if sb.State != last {
@@ -208,13 +220,27 @@ func (c *Client) Wait(ctx context.Context, id string, want store.State, progress
 		if FailureStates[sb.State] || (want == store.StateRunning && sb.Desired != store.ModeRunning) {
 			return sb, &WaitError{Sandbox: sb}
 		}
-		select {
-		case <-ctx.Done():
-			return sb, fmt.Errorf("timed out waiting for %s; sandbox is %s", want, sb.State)
-		case <-time.After(200 * time.Millisecond):
+		// The server answers when the state changes. An answer in the same
+		// state before the wait is up (the server is shutting down, or the
+		// key has too many long polls waiting) is followed by a pause, not
+		// at once by the next call.
+		asked := time.Now()
+		next, nerr := c.SandboxWhile(ctx, id, sb.State, waitPoll)
+		if nerr == nil && next.State == sb.State && time.Since(asked) < waitPoll {
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
+		if nerr == nil {
+			sb = next
+		}
+		err = nerr
 	}
 }
+
+// waitPoll is how long each of Wait's calls waits at most.
+const waitPoll = 30 * time.Second
 
 // WaitError reports that a wait ended in a failure state.
 type WaitError struct{ Sandbox Sandbox }

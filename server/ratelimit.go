@@ -33,9 +33,10 @@ type limiters struct {
 
 type keyLimiter struct {
 	all, creates *rate.Limiter
-	// reads bounds the key's reads in flight (see readsInFlight).
-	reads chan struct{}
-	used  time.Time
+	// reads bounds the key's reads in flight (see readsInFlight); waits
+	// its long polls (see waitsInFlight).
+	reads, waits chan struct{}
+	used         time.Time
 	// limited counts refusals since reported, when the last summary line
 	// for this key was logged.
 	limited  int
@@ -73,6 +74,31 @@ func (l *limiters) read(ctx context.Context, keyID string) (release func(), err 
 		return func() { <-k.reads }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// waitsInFlight is how many long polls (GET /v1/sandboxes/{id}?while=) of
+// one key wait at once. A long poll holds no read slot: it would hold it for
+// up to a minute, and four of them would stall every other read of the key.
+// Waiting costs a goroutine and a connection, and no CPU until the state
+// changes; past this many, a long poll answers at once, as a plain GET does,
+// and the client asks again.
+var waitsInFlight = 1024
+
+// wait takes one of the key's long-poll slots if one is free; ok is false
+// when none is.
+func (l *limiters) wait(keyID string) (release func(), ok bool) {
+	l.mu.Lock()
+	k := l.m[keyID]
+	l.mu.Unlock()
+	if k == nil {
+		return func() {}, true // allow made it; only a test without limits gets here
+	}
+	select {
+	case k.waits <- struct{}{}:
+		return func() { <-k.waits }, true
+	default:
+		return func() {}, false
 	}
 }
 
@@ -123,7 +149,7 @@ func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, no
 			l.makeRoom(now)
 		}
 		k = &keyLimiter{all: rate.NewLimiter(lim.PerKey, lim.Burst), creates: rate.NewLimiter(lim.Creates, lim.CreateBurst),
-			reads: make(chan struct{}, readsInFlight)}
+			reads: make(chan struct{}, readsInFlight), waits: make(chan struct{}, waitsInFlight)}
 		l.m[keyID] = k
 	}
 	k.used = now

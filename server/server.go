@@ -193,7 +193,12 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			s.rateLimited(w, r, keyHash, no)
 			return
 		}
-		if r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec") {
+		switch {
+		case info(r).route == "GET /v1/sandboxes/{id}" && r.URL.Query().Has("while"):
+			release, ok := s.limiters.wait(keyHash)
+			defer release()
+			info(r).noWait = !ok
+		case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec"):
 			release, err := s.limiters.read(r.Context(), keyHash)
 			if err != nil {
 				return // the client went away while waiting its turn
@@ -426,8 +431,46 @@ func canonicalHash(req CreateSandboxRequest) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// defaultWait is how long GET /v1/sandboxes/{id}?while=STATE waits when the
+// request gives no wait.
+const defaultWait = 30 * time.Second
+
+// getSandbox answers one sandbox. With while=STATE it is a long poll: it
+// answers once the state is other than STATE, or after wait (a duration,
+// 30s by default, at most a minute), whichever comes first; at once when the
+// key has waitsInFlight long polls waiting already.
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.o.Store.Sandbox(r.Context(), caller(r).OrgID, r.PathValue("id"))
+	q := r.URL.Query()
+	for k := range q {
+		if k != "while" && k != "wait" {
+			s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}})
+			return
+		}
+	}
+	while, wait := q.Get("while"), defaultWait
+	if while != "" && !validState(while) {
+		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", truncate(while))))
+		return
+	}
+	if q.Has("wait") {
+		d, err := time.ParseDuration(q.Get("wait"))
+		switch {
+		case while == "":
+			s.writeError(w, r, fieldError("wait", "wait needs while=STATE"))
+			return
+		case err != nil || d <= 0 || d > control.MaxWait:
+			s.writeError(w, r, fieldError("wait", fmt.Sprintf("must be a duration over 0 and at most %s, such as 30s", control.MaxWait)))
+			return
+		}
+		wait = d
+	}
+	var sb store.Sandbox
+	var err error
+	if while == "" || info(r).noWait {
+		sb, err = s.o.Store.Sandbox(r.Context(), caller(r).OrgID, r.PathValue("id"))
+	} else {
+		sb, err = s.o.Control.WaitWhile(r.Context(), caller(r), r.PathValue("id"), store.State(while), wait)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

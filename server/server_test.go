@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -749,5 +750,173 @@ func TestNotHardened(t *testing.T) {
 	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
 	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("a quota not yet counted: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestLongPoll: GET /v1/sandboxes/{id}?while=STATE answers when the state
+// changes, when the wait is up (still in STATE), and at once when the state
+// is already another; its parameters are checked; and another
+// organization's key gets 404 from it, as from a plain GET.
+func TestLongPoll(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	id := ts.create(`{"image":"busybox"}`)
+	ctx := context.Background()
+
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "") }()
+	waitFor(t, "the long poll waiting", func() bool { return ts.db.Waiting() == 1 })
+	select {
+	case rec := <-done:
+		t.Fatalf("the long poll answered before any change: %d %s", rec.Code, rec.Body.String())
+	default:
+	}
+	if _, err := ts.db.Observe(ctx, id, store.Observation{State: store.StateStarting}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case rec := <-done:
+		if rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+			t.Fatalf("long poll after the change: %d %s", rec.Code, rec.Body.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the long poll did not answer the state change")
+	}
+
+	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=starting&wait=20ms", ""); rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+		t.Errorf("long poll whose wait is up: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=running", ""); rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+		t.Errorf("long poll in another state already: %d %s", rec.Code, rec.Body.String())
+	}
+	if n := ts.db.Waiting(); n != 0 {
+		t.Errorf("%d sandboxes still waited on after every long poll answered", n)
+	}
+
+	for q, code := range map[string]string{
+		"?while=nope":               CodeInvalidField,
+		"?wait=5s":                  CodeInvalidField,
+		"?while=starting&wait=0s":   CodeInvalidField,
+		"?while=starting&wait=2m":   CodeInvalidField,
+		"?while=starting&wait=soon": CodeInvalidField,
+		"?while=starting&wait=":     CodeInvalidField,
+		"?state=running":            CodeUnknownField,
+	} {
+		if rec := ts.do("GET", "/v1/sandboxes/"+id+q, ""); rec.Code != 400 || errCode(t, rec) != code {
+			t.Errorf("GET %s: %d %s, want 400 %s", q, rec.Code, rec.Body.String(), code)
+		}
+	}
+
+	org, err := ts.db.CreateOrg(ctx, "other", 10, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, secret, err := ts.db.CreateKey(ctx, org.ID, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := *ts
+	other.token = secret
+	for _, q := range []string{"", "?while=starting&wait=50ms", "?while=running"} {
+		if rec := other.do("GET", "/v1/sandboxes/"+id+q, ""); rec.Code != 404 {
+			t.Errorf("another organization's GET %q: %d %s, want 404", q, rec.Code, rec.Body.String())
+		}
+	}
+	theirs := other.create(`{"image":"busybox"}`)
+	if rec := ts.do("GET", "/v1/sandboxes/"+theirs+"?while=pending&wait=50ms", ""); rec.Code != 404 {
+		t.Errorf("a long poll on another organization's sandbox: %d %s, want 404", rec.Code, rec.Body.String())
+	}
+}
+
+// TestLongPollsHoldNoReadSlot: long polls waiting do not take the key's
+// read slots, so its other reads still answer; past waitsInFlight a long
+// poll answers at once, as a plain GET.
+func TestLongPollsHoldNoReadSlot(t *testing.T) {
+	defer func(n int) { waitsInFlight = n }(waitsInFlight)
+	waitsInFlight = readsInFlight + 2
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, _ *control.Options) {
+		so.RateLimits = RateLimits{PerKey: 1000, Burst: 2000}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	done := make(chan int, waitsInFlight)
+	for range waitsInFlight {
+		go func() { done <- ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "").Code }()
+	}
+	waitFor(t, "every long poll waiting", func() bool {
+		ts.srv.limiters.mu.Lock()
+		defer ts.srv.limiters.mu.Unlock()
+		n := 0
+		for _, k := range ts.srv.limiters.m {
+			n += len(k.waits)
+		}
+		return n == waitsInFlight && ts.db.Waiting() == 1
+	})
+	for _, path := range []string{"/v1/sandboxes/" + id, "/v1/sandboxes", "/v1/org"} {
+		got := make(chan *httptest.ResponseRecorder, 1)
+		go func() { got <- ts.do("GET", path, "") }()
+		select {
+		case rec := <-got:
+			if rec.Code != 200 {
+				t.Errorf("GET %s with long polls waiting: %d %s", path, rec.Code, rec.Body.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("GET %s stalled behind the long polls", path)
+		}
+	}
+	rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "")
+	if rec.Code != 200 || decodeSandbox(t, rec).State != store.StatePending {
+		t.Errorf("a long poll past the key's limit: %d %s, want the sandbox at once", rec.Code, rec.Body.String())
+	}
+	if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: store.StateStarting}); err != nil {
+		t.Fatal(err)
+	}
+	for range waitsInFlight {
+		if code := <-done; code != 200 {
+			t.Errorf("long poll: %d", code)
+		}
+	}
+}
+
+// TestClientWait: Client.Wait follows each state change through the long
+// poll, with progress at each, and says how far the sandbox got when its
+// time is up.
+func TestClientWait(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	hs := httptest.NewServer(ts.srv)
+	defer hs.Close()
+	c := &Client{URL: hs.URL, Token: ts.token, HTTP: hs.Client()}
+	id := ts.create(`{"image":"busybox"}`)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Wait(ctx, id, store.StateRunning, nil)
+	if err == nil || !strings.Contains(err.Error(), "timed out waiting for running; sandbox is pending") {
+		t.Errorf("wait that runs out of time: %v", err)
+	}
+
+	// The server lets go of a long poll whose client went away.
+	waitFor(t, "the timed-out long poll let go", func() bool { return ts.db.Waiting() == 0 })
+
+	var seen []store.State
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Wait(context.Background(), id, store.StateRunning, func(sb Sandbox) { seen = append(seen, sb.State) })
+		done <- err
+	}()
+	for _, st := range []store.State{store.StateStarting, store.StateRunning} {
+		waitFor(t, "a long poll waiting", func() bool { return ts.db.Waiting() == 1 })
+		if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("wait did not end at running")
+	}
+	if want := []store.State{store.StatePending, store.StateStarting, store.StateRunning}; !slices.Equal(seen, want) {
+		t.Errorf("progress %v, want %v", seen, want)
 	}
 }

@@ -475,7 +475,7 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // It reports whether it wrote. Observing a sandbox stopped or stopping while
 // its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
-	changed := false
+	changed, transition := false, false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
@@ -502,10 +502,14 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		if o.Anomaly != "" {
 			reason = strings.TrimSuffix(o.Anomaly+": "+o.Reason, ": ")
 		}
+		transition = true
 		return insertEvent(ctx, tx, id, now, sb.State, o.State, reason)
 	})
 	if err != nil {
 		return false, fmt.Errorf("observe: %w", err)
+	}
+	if transition {
+		s.changes.stateChanged(id)
 	}
 	return changed, nil
 }
@@ -524,6 +528,7 @@ func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) err
 // (the cluster refused it, or it never got it), with a reason fit to show
 // its owner. It changes nothing once the record is terminal or observed.
 func (s *Store) Fail(ctx context.Context, id, reason string) error {
+	failed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil || sb.State != StatePending {
@@ -533,10 +538,14 @@ func (s *Store) Fail(ctx context.Context, id, reason string) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ? WHERE id = ?`, StateFailed, reason, ms(now), id); err != nil {
 			return err
 		}
+		failed = true
 		return insertEvent(ctx, tx, id, now, sb.State, StateFailed, reason)
 	})
 	if err != nil {
 		return fmt.Errorf("fail sandbox: %w", err)
+	}
+	if failed {
+		s.changes.stateChanged(id)
 	}
 	return nil
 }

@@ -46,6 +46,8 @@ type Store struct {
 	write *sql.DB
 	now   func() time.Time
 	stmts stmts
+	// changes wakes those waiting for a state change (StateChange).
+	changes changes
 }
 
 // Options configure Open.

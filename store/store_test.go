@@ -272,6 +272,60 @@ func TestObserveWritesOnlyOnChange(t *testing.T) {
 	}
 }
 
+// TestStateChangeWakes: a state change wakes those waiting on its sandbox,
+// and only a state change; a change of another field or of another sandbox
+// does not; a failed create wakes too; and once every waiter is released,
+// nothing is left behind.
+func TestStateChangeWakes(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "w.db"), nil)
+	org, _ := s.CreateOrg(ctx, "o", 0, 0)
+	a, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	b, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	first, release1 := s.StateChange(a.ID)
+	second, release2 := s.StateChange(a.ID)
+	other, releaseB := s.StateChange(b.ID)
+	if _, err := s.Observe(ctx, a.ID, store.Observation{State: store.StateStarting}); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(first) || !closed(second) {
+		t.Error("a state change did not wake both waiters")
+	}
+	if closed(other) {
+		t.Error("a state change of one sandbox woke a waiter on another")
+	}
+	again, release3 := s.StateChange(a.ID)
+	if closed(again) {
+		t.Error("a waiter after the change starts woken")
+	}
+	if _, err := s.Observe(ctx, a.ID, store.Observation{State: store.StateStarting, Reason: "pulling"}); err != nil {
+		t.Fatal(err)
+	}
+	if closed(again) {
+		t.Error("a change of reason alone woke a state waiter")
+	}
+	if err := s.Fail(ctx, b.ID, "refused"); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(other) {
+		t.Error("a failed create did not wake its waiter")
+	}
+	for _, r := range []func(){release1, release2, release3, releaseB, release3} { // twice is harmless
+		r()
+	}
+	if n := s.Waiting(); n != 0 {
+		t.Errorf("%d sandboxes still waited on after every waiter released", n)
+	}
+}
+
 // TestListPagination: pages follow creation order, filters apply, and a
 // cursor stays valid while sandboxes are created behind it.
 func TestListPagination(t *testing.T) {

@@ -24,8 +24,9 @@ import (
 // whole typed Sandbox, pod template and managed fields included, only for
 // the informer's transform to keep a few fields of it. That was a quarter of
 // serve's CPU while sandboxes were being created (perf). The mirror lists
-// and watches Sandboxes itself and decodes only what its view keeps
-// (liteSandbox), into a typed Sandbox that has those fields alone.
+// and watches Sandboxes itself and decodes each event in one pass, into only
+// what its view keeps (liteSandbox), then a typed Sandbox that has those
+// fields alone.
 
 // sandboxListWatch lists and watches the Sandboxes of namespace ns that
 // match selector, through rc, the Sandbox group's REST client.
@@ -53,7 +54,11 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 			}
 			out := &v1beta1.SandboxList{ListMeta: list.Metadata, Items: make([]v1beta1.Sandbox, len(list.Items))}
 			for i := range list.Items {
-				out.Items[i] = *list.Items[i].sandbox()
+				sb, err := list.Items[i].sandbox()
+				if err != nil {
+					return nil, err
+				}
+				out.Items[i] = *sb
 			}
 			return out, nil
 		},
@@ -71,7 +76,9 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 
 // liteSandbox is what the mirror reads of a Sandbox's JSON: what
 // compactSandbox keeps, and the annotations, which also carry the mark of
-// the end of a watch's initial events.
+// the end of a watch's initial events. Its status stays raw: a watch's
+// error event has a Status for its object, whose status is a string
+// (sandboxDecoder).
 type liteSandbox struct {
 	Metadata struct {
 		Name              string                  `json:"name"`
@@ -88,23 +95,30 @@ type liteSandbox struct {
 		OperatingMode v1beta1.SandboxOperatingMode `json:"operatingMode"`
 		ShutdownTime  *metav1.Time                 `json:"shutdownTime"`
 	} `json:"spec"`
-	Status struct {
-		Conditions []metav1.Condition `json:"conditions"`
-	} `json:"status"`
+	Status json.RawMessage `json:"status"`
 }
 
-func (l *liteSandbox) sandbox() *v1beta1.Sandbox {
+func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
 	m := &l.Metadata
 	out := &v1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID,
 		ResourceVersion: m.ResourceVersion, CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
 		Labels: m.Labels, Annotations: m.Annotations, OwnerReferences: m.OwnerReferences}}
 	out.Spec.OperatingMode, out.Spec.ShutdownTime = l.Spec.OperatingMode, l.Spec.ShutdownTime
-	out.Status.Conditions = l.Status.Conditions
-	return out
+	if len(l.Status) > 0 {
+		var st struct {
+			Conditions []metav1.Condition `json:"conditions"`
+		}
+		if err := json.Unmarshal(l.Status, &st); err != nil {
+			return nil, fmt.Errorf("decode sandbox %s status: %w", m.Name, err)
+		}
+		out.Status.Conditions = st.Conditions
+	}
+	return out, nil
 }
 
 // sandboxDecoder reads a Sandbox watch's events: each a JSON object of a
-// type and an object, a Sandbox, or a Status for an error.
+// type and an object, a Sandbox, or a Status for an error. Each event is
+// decoded in one pass, into the fields of both.
 type sandboxDecoder struct {
 	body io.ReadCloser
 	dec  *json.Decoder
@@ -113,24 +127,32 @@ type sandboxDecoder struct {
 func (d *sandboxDecoder) Decode() (watch.EventType, runtime.Object, error) {
 	var ev struct {
 		Type   watch.EventType `json:"type"`
-		Object json.RawMessage `json:"object"`
+		Object struct {
+			liteSandbox
+			// A Status's own fields; its status is liteSandbox's.
+			Code    int32                 `json:"code"`
+			Reason  metav1.StatusReason   `json:"reason"`
+			Message string                `json:"message"`
+			Details *metav1.StatusDetails `json:"details"`
+		} `json:"object"`
 	}
 	if err := d.dec.Decode(&ev); err != nil {
 		return "", nil, err
 	}
 	switch ev.Type {
 	case watch.Added, watch.Modified, watch.Deleted, watch.Bookmark:
-		var sb liteSandbox
-		if err := json.Unmarshal(ev.Object, &sb); err != nil {
-			return "", nil, fmt.Errorf("decode sandbox watch event: %w", err)
+		sb, err := ev.Object.sandbox()
+		if err != nil {
+			return "", nil, err
 		}
-		return ev.Type, sb.sandbox(), nil
+		return ev.Type, sb, nil
 	case watch.Error:
-		var st metav1.Status
-		if err := json.Unmarshal(ev.Object, &st); err != nil {
+		o := &ev.Object
+		st := &metav1.Status{Code: o.Code, Reason: o.Reason, Message: o.Message, Details: o.Details}
+		if err := json.Unmarshal(o.Status, &st.Status); err != nil {
 			return "", nil, fmt.Errorf("decode sandbox watch error: %w", err)
 		}
-		return ev.Type, &st, nil
+		return ev.Type, st, nil
 	}
 	return "", nil, fmt.Errorf("sandbox watch: event of unknown type %q", ev.Type)
 }

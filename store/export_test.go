@@ -50,3 +50,7 @@ func (s *Store) CachedStmts() int {
 	defer s.stmts.mu.Unlock()
 	return len(s.stmts.m)
 }
+
+// PreparedWrites is how many of the hot write statements are prepared, and
+// how many there are.
+func (s *Store) PreparedWrites() (int, int) { return len(s.stmts.w), len(writeSQL) }

@@ -209,7 +209,7 @@ func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string, force bool) 
 	if orgID == "" {
 		return fmt.Errorf("revoke key: %w", errNoOrg)
 	}
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		var live, target int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE id = ?) FROM api_keys WHERE org_id = ? AND revoked_at IS NULL`,
 			keyID, orgID).Scan(&live, &target); err != nil {
@@ -254,7 +254,7 @@ func (s *Store) LiveKeys(ctx context.Context, ids []string) (map[string]bool, er
 func (s *Store) Bootstrap(ctx context.Context, orgName string) (Org, string, error) {
 	var org Org
 	var secret string
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM orgs) + (SELECT count(*) FROM settings WHERE key = 'bootstrapped_at')`).Scan(&n); err != nil {
 			return err

@@ -172,7 +172,7 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 	if err != nil {
 		return Sandbox{}, false, err
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *txn) error {
 		if n.IdempotencyKey != "" {
 			var id, hash string
 			err := tx.QueryRowContext(ctx, `SELECT id, request_hash FROM sandboxes WHERE org_id = ? AND idempotency_key = ?`, n.OrgID, n.IdempotencyKey).Scan(&id, &hash)
@@ -198,8 +198,7 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 			idem = sql.NullString{String: n.IdempotencyKey, Valid: true}
 			hash = sql.NullString{String: n.RequestHash, Valid: true}
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`, idempotency_key, request_hash)
-			VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?)`,
+		if _, err := tx.ExecContext(ctx, insertSandboxSQL,
 			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt, idem, hash); err != nil {
 			return err
 		}
@@ -220,9 +219,21 @@ const quotaSQL = `SELECT o.max_sandboxes, o.max_running,
 		AND state NOT IN ` + terminalSQL + ` AND state NOT IN ('exited', 'expired'))
 	FROM orgs o WHERE o.id = ?`
 
+// The statements of the hot write transactions, a create and an
+// observation, run prepared (see writeSQL).
+const (
+	anySandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`
+	orgSandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ? AND org_id = ?`
+	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxColumns + `, idempotency_key, request_hash)
+		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?)`
+	observeSQL = `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?,
+		updated_at = ? WHERE id = ?`
+	insertEventSQL = `INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)`
+)
+
 // checkQuota returns ErrQuota when the organization has no room for one more
 // sandbox (all=true) or one more running sandbox.
-func checkQuota(ctx context.Context, tx *sql.Tx, orgID string, all bool) error {
+func checkQuota(ctx context.Context, tx *txn, orgID string, all bool) error {
 	var maxAll, maxRunning, live, running int
 	err := tx.QueryRowContext(ctx, quotaSQL, orgID).Scan(&maxAll, &maxRunning, &live, &running)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -371,7 +382,7 @@ type ModeChange struct {
 // (ErrConflict otherwise), and a sandbox being deleted cannot be changed.
 func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (ModeChange, error) {
 	var ch ModeChange
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		sb, err := sandboxInTx(ctx, tx, orgID, id)
 		if err != nil {
 			return err
@@ -399,11 +410,11 @@ func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode)
 
 // sandboxInTx reads one of an organization's sandboxes inside a write
 // transaction; an empty orgID sees nothing.
-func sandboxInTx(ctx context.Context, tx *sql.Tx, orgID, id string) (Sandbox, error) {
+func sandboxInTx(ctx context.Context, tx *txn, orgID, id string) (Sandbox, error) {
 	if orgID == "" {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errNoOrg)
 	}
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ? AND org_id = ?`, id, orgID))
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, orgSandboxSQL, id, orgID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -412,8 +423,8 @@ func sandboxInTx(ctx context.Context, tx *sql.Tx, orgID, id string) (Sandbox, er
 
 // anySandboxInTx is sandboxInTx for any organization, for the mirror's and
 // the control plane's own writes.
-func anySandboxInTx(ctx context.Context, tx *sql.Tx, id string) (Sandbox, error) {
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
+func anySandboxInTx(ctx context.Context, tx *txn, id string) (Sandbox, error) {
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, anySandboxSQL, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -431,7 +442,7 @@ func stateOrDeleting(sb Sandbox) string {
 // that is terminal or being deleted.
 func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, ttlSeconds int64) (Sandbox, error) {
 	var sb Sandbox
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		var err error
 		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
 			return err
@@ -476,7 +487,7 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
 	changed, transition := false, false
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
 			return err
@@ -490,7 +501,7 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		if o.ExitCode != nil {
 			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?, updated_at = ? WHERE id = ?`,
+		if _, err := tx.ExecContext(ctx, observeSQL,
 			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(now), id); err != nil {
 			return err
 		}
@@ -529,7 +540,7 @@ func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) err
 // its owner. It changes nothing once the record is terminal or observed.
 func (s *Store) Fail(ctx context.Context, id, reason string) error {
 	failed := false
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil || sb.State != StatePending {
 			return err
@@ -557,9 +568,8 @@ func equalCode(a, b *int) bool {
 	return *a == *b
 }
 
-func insertEvent(ctx context.Context, tx *sql.Tx, id string, at time.Time, from, to State, reason string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)`,
-		id, ms(at), from, to, reason)
+func insertEvent(ctx context.Context, tx *txn, id string, at time.Time, from, to State, reason string) error {
+	_, err := tx.ExecContext(ctx, insertEventSQL, id, ms(at), from, to, reason)
 	return err
 }
 

@@ -133,7 +133,7 @@ func (s *Store) HostKey(ctx context.Context) (gossh.Signer, error) {
 // KeyPair returns the named ed25519 key pair, creating it on first use.
 func (s *Store) KeyPair(ctx context.Context, name string) (gossh.Signer, error) {
 	var pemText string
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		err := tx.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err
@@ -170,7 +170,7 @@ func (s *Store) RotateGatewayKey(ctx context.Context) (gossh.Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO settings (key, value) SELECT ?, value FROM settings WHERE key = ?`, KeyGatewayPrevious, KeyGateway); err != nil {
 			return err
 		}

@@ -16,6 +16,48 @@ import (
 type stmts struct {
 	mu sync.Mutex
 	m  map[string]*sql.Stmt
+	// w holds writeSQL prepared on the writer; it is filled at Open and
+	// only read after.
+	w map[string]*sql.Stmt
+}
+
+// writeSQL are the statements of the write transactions every create and
+// every observation runs, prepared once, at Open, on the writer's one
+// connection: a statement cannot be prepared on the writer while a
+// transaction holds its connection. txn runs them through tx.StmtContext,
+// which reuses the connection's prepared statement.
+var writeSQL = []string{anySandboxSQL, orgSandboxSQL, quotaSQL, insertSandboxSQL, observeSQL, insertEventSQL}
+
+// prepareWrites prepares writeSQL on the writer. A statement that does not
+// prepare (a test's schema without its table) runs unprepared, and fails
+// then with its error.
+func (s *Store) prepareWrites(ctx context.Context) {
+	s.stmts.w = map[string]*sql.Stmt{}
+	for _, q := range writeSQL {
+		if st, err := s.write.PrepareContext(ctx, q); err == nil {
+			s.stmts.w[q] = st
+		}
+	}
+}
+
+// txn is a write transaction whose statements of writeSQL run prepared.
+type txn struct {
+	*sql.Tx
+	prepared map[string]*sql.Stmt
+}
+
+func (t *txn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := t.prepared[q]; st != nil {
+		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return t.Tx.QueryRowContext(ctx, q, args...)
+}
+
+func (t *txn) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := t.prepared[q]; st != nil {
+		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return t.Tx.ExecContext(ctx, q, args...)
 }
 
 const maxStmts = 64
@@ -72,9 +114,11 @@ func (c *stmts) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
-	for q, st := range c.m {
-		errs = append(errs, st.Close())
-		delete(c.m, q)
+	for _, m := range []map[string]*sql.Stmt{c.m, c.w} {
+		for q, st := range m {
+			errs = append(errs, st.Close())
+			delete(m, q)
+		}
 	}
 	return errors.Join(errs...)
 }

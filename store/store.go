@@ -92,6 +92,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", opts.Path, err)
 	}
+	s.prepareWrites(ctx)
 	return s, nil
 }
 
@@ -206,13 +207,13 @@ func (s *Store) Migrations(ctx context.Context) ([]string, error) {
 }
 
 // inTx runs fn in one write transaction, committed when fn returns nil.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if err := fn(tx); err != nil {
+	if err := fn(&txn{Tx: tx, prepared: s.stmts.w}); err != nil {
 		return err
 	}
 	return tx.Commit()

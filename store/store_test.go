@@ -652,3 +652,38 @@ func TestStatementCacheBounded(t *testing.T) {
 		t.Errorf("a read past the bound: %v", err)
 	}
 }
+
+// TestWritesRunPrepared: every statement of the hot write transactions
+// prepares on the full schema (one that did not would run unprepared, and
+// silently slower), and a create, an observation and a failed create run
+// through them in one transaction after another.
+func TestWritesRunPrepared(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "p.db"), nil)
+	if got, want := s.PreparedWrites(); got != want {
+		t.Fatalf("%d of %d write statements prepared", got, want)
+	}
+	org, _ := s.CreateOrg(ctx, "p", 10, 10)
+	for range 3 {
+		a, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Observe(ctx, a.ID, store.Observation{State: store.StateRunning}); err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Fail(ctx, b.ID, "refused"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.SetDesiredMode(ctx, org.ID, a.ID, store.ModeDeleted); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Sandbox(ctx, org.ID, b.ID); got.State != store.StateFailed {
+			t.Fatalf("failed create is %s", got.State)
+		}
+	}
+}

@@ -25,7 +25,8 @@ type Writer struct {
 	c    *Clients
 	opts RenderOptions
 	// gatewayKey, when set, is asked for the gateway's current public key
-	// at every create, so a rotation reaches new sandboxes at once.
+	// at every create of a sandbox with a session helper, so a rotation
+	// reaches new sandboxes at once.
 	gatewayKey func(ctx context.Context) (string, error)
 
 	mu       sync.Mutex
@@ -50,7 +51,7 @@ func NewWriter(c *Clients, opts RenderOptions, gatewayKey func(ctx context.Conte
 // interrupted by a crash.
 func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
 	opts := w.opts
-	if w.gatewayKey != nil {
+	if w.gatewayKey != nil && NewReceipt(sb.OrgID, sb.Spec, opts).SessionPort > 0 {
 		key, err := w.gatewayKey(ctx)
 		if err != nil {
 			return err

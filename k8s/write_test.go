@@ -49,3 +49,36 @@ func TestServiceAccountOncePerBurst(t *testing.T) {
 		t.Errorf("%d sandboxes created, want 50 (%v)", len(list.Items), err)
 	}
 }
+
+// TestGatewayKeyOnlyForHelpers: a create asks for the gateway's key only
+// when the sandbox has a session helper, and puts the key it got on that
+// sandbox's pod template.
+func TestGatewayKeyOnlyForHelpers(t *testing.T) {
+	sb := sandboxfake.NewSimpleClientset()
+	asked := 0
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb},
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec", k8s.TransportForward}, AgentImage: "agent"},
+		func(context.Context) (string, error) { asked++; return "ssh-ed25519 AAAAkey", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	plain := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox", Transports: []string{"exec"}}}
+	if err := w.Create(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	if asked != 0 {
+		t.Errorf("a sandbox without a helper asked for the gateway key %d times", asked)
+	}
+	helped := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}}
+	if err := w.Create(ctx, helped); err != nil {
+		t.Fatal(err)
+	}
+	obj, err := sb.AgentsV1beta1().Sandboxes("ns").Get(ctx, k8s.ObjectName(helped.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked != 1 || obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey] != "ssh-ed25519 AAAAkey" {
+		t.Errorf("a sandbox with a helper (every backed transport): asked %d times, annotation %q", asked, obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey])
+	}
+}

@@ -131,9 +131,17 @@ func (s *Store) HostKey(ctx context.Context) (gossh.Signer, error) {
 }
 
 // KeyPair returns the named ed25519 key pair, creating it on first use.
+// Once it exists, reading it takes no write transaction.
 func (s *Store) KeyPair(ctx context.Context, name string) (gossh.Signer, error) {
 	var pemText string
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.queryRow(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
+	if err == nil {
+		return parseKeyPEM(name, pemText)
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	err = s.inTx(ctx, func(tx *txn) error {
 		err := tx.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err

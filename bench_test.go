@@ -320,10 +320,11 @@ func BenchmarkCreateToRunning(b *testing.B) {
 	hiloopCreateToRunning(b, in, key, 10, pods)
 	b.ResetTimer()
 	for range b.N {
-		// Three blocks of four rounds, floor, hiloop, hiloop, floor: neither
+		// Five blocks of four rounds, floor, hiloop, hiloop, floor: neither
 		// side always runs on the cluster the other just warmed or loaded,
-		// and each figure pools 600 sandboxes over a minute, so a noisy
-		// second on this shared machine moves it less.
+		// and each figure pools 1,000 sandboxes over a minute and a half,
+		// so a noisy second on this shared machine moves it less (with
+		// three blocks, the p50 ratio moved by a tenth from run to run).
 		var floor, sbFloor, floorCalls, hl, hlPods, hlCalls []time.Duration
 		var cpu time.Duration
 		floorRound := func() {
@@ -336,7 +337,7 @@ func BenchmarkCreateToRunning(b *testing.B) {
 			cpu += cpuTime(b, in.Cmd.Process.Pid) - cpu0
 			hl, hlPods, hlCalls = append(hl, r...), append(hlPods, p...), append(hlCalls, c...)
 		}
-		for range 3 {
+		for range 5 {
 			floorRound()
 			hiloopRound()
 			hiloopRound()

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"strings"
+	"testing"
 )
 
 // SetPruneBatch makes PruneEvents delete n events per statement, so a test
@@ -54,3 +55,18 @@ func (s *Store) CachedStmts() int {
 // PreparedWrites is how many of the hot write statements are prepared, and
 // how many there are.
 func (s *Store) PreparedWrites() (int, int) { return len(s.stmts.w), len(writeSQL) }
+
+// HoldWriter holds the writer's one connection in a transaction until
+// release, so that writes queue behind it.
+func (s *Store) HoldWriter(t testing.TB) (release func()) {
+	tx, err := s.write.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() { tx.Rollback() }
+}
+
+// BatchWaiting is how many writes wait for their batch; Batches how many
+// batches have run.
+func (s *Store) BatchWaiting() int64 { return s.batch.waiting.Load() }
+func (s *Store) Batches() int64      { return s.batch.batches.Load() }

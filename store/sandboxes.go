@@ -172,7 +172,7 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 	if err != nil {
 		return Sandbox{}, false, err
 	}
-	err = s.inTx(ctx, func(tx *txn) error {
+	err = s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		if n.IdempotencyKey != "" {
 			var id, hash string
 			err := tx.QueryRowContext(ctx, `SELECT id, request_hash FROM sandboxes WHERE org_id = ? AND idempotency_key = ?`, n.OrgID, n.IdempotencyKey).Scan(&id, &hash)
@@ -487,7 +487,7 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
 	changed, transition := false, false
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
 			return err

@@ -26,7 +26,8 @@ type stmts struct {
 // connection: a statement cannot be prepared on the writer while a
 // transaction holds its connection. txn runs them through tx.StmtContext,
 // which reuses the connection's prepared statement.
-var writeSQL = []string{anySandboxSQL, orgSandboxSQL, quotaSQL, insertSandboxSQL, observeSQL, insertEventSQL}
+var writeSQL = []string{anySandboxSQL, orgSandboxSQL, quotaSQL, insertSandboxSQL, observeSQL, insertEventSQL,
+	savepointSQL, rollbackToSQL, releaseSQL}
 
 // prepareWrites prepares writeSQL on the writer. A statement that does not
 // prepare (a test's schema without its table) runs unprepared, and fails

@@ -48,6 +48,8 @@ type Store struct {
 	stmts stmts
 	// changes wakes those waiting for a state change (StateChange).
 	changes changes
+	// batch is the group commit of creates and observations (inBatch).
+	batch batcher
 }
 
 // Options configure Open.
@@ -93,6 +95,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("migrate store %s: %w", opts.Path, err)
 	}
 	s.prepareWrites(ctx)
+	s.startBatches()
 	return s, nil
 }
 
@@ -139,6 +142,7 @@ func (s *Store) JournalMode(ctx context.Context) (string, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	s.stopBatches()
 	return errors.Join(s.stmts.close(), s.read.Close(), s.write.Close())
 }
 

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -685,5 +687,68 @@ func TestWritesRunPrepared(t *testing.T) {
 		if got, _ := s.Sandbox(ctx, org.ID, b.ID); got.State != store.StateFailed {
 			t.Fatalf("failed create is %s", got.State)
 		}
+	}
+}
+
+// TestGroupCommit: writes that queue behind the writer commit together, a
+// few transactions for a hundred; a write refused for its own reason (the
+// quota) leaves nothing behind and fails alone; a write whose caller gave up
+// is not made; and writes after Close fail instead of hanging.
+func TestGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "g.db"), nil)
+	org, _ := s.CreateOrg(ctx, "g", 1000, 60)
+	release := s.HoldWriter(t)
+	gone, cancel := context.WithCancel(ctx)
+	abandoned := make(chan error, 1)
+	go func() {
+		_, _, err := s.CreateSandbox(gone, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+		abandoned <- err
+	}()
+	var wg sync.WaitGroup
+	var created, refused atomic.Int64
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+			switch {
+			case err == nil:
+				created.Add(1)
+			case errors.Is(err, store.ErrQuota):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	for s.BatchWaiting() < 101 {
+		runtime.Gosched()
+	}
+	cancel()
+	before := s.Batches()
+	release()
+	wg.Wait()
+	if err := <-abandoned; !errors.Is(err, context.Canceled) {
+		t.Errorf("abandoned create: %v, want context.Canceled", err)
+	}
+	if created.Load() != 60 || refused.Load() != 40 {
+		t.Fatalf("created %d refused %d, want 60 and 40", created.Load(), refused.Load())
+	}
+	if n := s.Batches() - before; n > 4 {
+		t.Errorf("100 queued creates took %d transactions, want at most 4", n)
+	}
+	list, _, err := s.ListSandboxes(ctx, store.ListOptions{OrgID: org.ID, Limit: 1000})
+	if err != nil || len(list) != 60 {
+		t.Fatalf("%d records after the burst, want 60 (%v)", len(list), err)
+	}
+	for _, sb := range list {
+		if evs, _ := s.Events(ctx, org.ID, sb.ID); len(evs) != 1 {
+			t.Fatalf("%s has %d events, want 1", sb.ID, len(evs))
+		}
+	}
+	s.Close()
+	if _, err := s.Observe(ctx, list[0].ID, store.Observation{State: store.StateRunning}); err == nil {
+		t.Error("an observation after Close succeeded")
 	}
 }

@@ -309,6 +309,7 @@ func BenchmarkCreateToRunning(b *testing.B) {
 	const n = 100
 	ns := e2e.NewNamespace(b)
 	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0")
+	in.HTTP = e2e.KeepAlive()
 	key := in.NewOrg("bench", 5000, 5000)
 	// The test process watches hiloop's pods as it watches the floor's, so
 	// both sides carry the same informers, and the pod's Ready of hiloop's

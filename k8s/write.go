@@ -12,7 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/store"
 )
@@ -65,7 +67,7 @@ func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
 	if err := w.ensureServiceAccount(ctx, sb.OrgID); err != nil {
 		return err
 	}
-	_, err = w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	err = w.post(ctx, obj)
 	if apierrors.IsAlreadyExists(err) {
 		existing, gerr := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
 		if gerr == nil && existing.Labels[LabelSandbox] == sb.ID {
@@ -76,6 +78,18 @@ func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
 	return nil
+}
+
+// post creates obj. The typed client would decode the created object it is
+// answered with, all of it, as JSON, and nothing here reads it: the create
+// goes through the REST client, and only an error's body is read. (A fake
+// clientset, in unit tests, has no REST client; it gets the typed call.)
+func (w *Writer) post(ctx context.Context, obj *v1beta1.Sandbox) error {
+	if rc, ok := w.c.Sandbox.AgentsV1beta1().RESTClient().(*rest.RESTClient); ok && rc != nil {
+		return rc.Post().Namespace(w.opts.Namespace).Resource("sandboxes").Body(obj).Do(ctx).Error()
+	}
+	_, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	return err
 }
 
 // Receipt is the JSON receipt a sandbox of the organization with this spec

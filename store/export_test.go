@@ -70,3 +70,30 @@ func (s *Store) HoldWriter(t testing.TB) (release func()) {
 // batches have run.
 func (s *Store) BatchWaiting() int64 { return s.batch.waiting.Load() }
 func (s *Store) Batches() int64      { return s.batch.batches.Load() }
+
+// Counts are an organization's live and running sandboxes as the triggers
+// keep them, and as counting the rows gives (the predicates of quotas).
+func (s *Store) OrgCounts(ctx context.Context, orgID string) (kept, counted [2]int, err error) {
+	if err = s.read.QueryRowContext(ctx, `SELECT coalesce((SELECT live FROM org_counts WHERE org_id = ?), 0),
+		coalesce((SELECT running FROM org_counts WHERE org_id = ?), 0)`, orgID, orgID).Scan(&kept[0], &kept[1]); err != nil {
+		return
+	}
+	err = s.read.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM sandboxes WHERE org_id = ? AND state NOT IN `+terminalSQL+`),
+		(SELECT count(*) FROM sandboxes WHERE org_id = ? AND desired_mode = 'running' AND mode_outside = 0
+			AND state NOT IN `+terminalSQL+` AND state NOT IN ('exited', 'expired'))`, orgID, orgID).Scan(&counted[0], &counted[1])
+	return
+}
+
+// DeleteRow deletes a sandbox's row, which hiloop itself never does.
+func (s *Store) DeleteRow(ctx context.Context, id string) error {
+	_, err := s.write.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	return err
+}
+
+// ExecRaw runs a statement on the writer, for tests that build records by
+// hand.
+func (s *Store) ExecRaw(ctx context.Context, q string, args ...any) error {
+	_, err := s.write.ExecContext(ctx, q, args...)
+	return err
+}

@@ -211,13 +211,11 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 	return sb, created, nil
 }
 
-// quotaSQL reads an organization's limits and counts its live and running
-// sandboxes, from the index sandboxes_org_state alone.
-const quotaSQL = `SELECT o.max_sandboxes, o.max_running,
-	(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND state NOT IN ` + terminalSQL + `),
-	(SELECT count(*) FROM sandboxes WHERE org_id = o.id AND desired_mode = 'running' AND mode_outside = 0
-		AND state NOT IN ` + terminalSQL + ` AND state NOT IN ('exited', 'expired'))
-	FROM orgs o WHERE o.id = ?`
+// quotaSQL reads an organization's limits and its live and running
+// sandboxes, which triggers count as the rows change (migration 0006): one
+// row, however many sandboxes the organization holds.
+const quotaSQL = `SELECT o.max_sandboxes, o.max_running, coalesce(c.live, 0), coalesce(c.running, 0)
+	FROM orgs o LEFT JOIN org_counts c ON c.org_id = o.id WHERE o.id = ?`
 
 // The statements of the hot write transactions, a create and an
 // observation, run prepared (see writeSQL).

@@ -149,36 +149,48 @@ func floorCreateToReady(b *testing.B, ns string, n int) (podReady, sandboxReady,
 	return append([]time.Duration(nil), podReady...), append([]time.Duration(nil), sandboxReady...), append([]time.Duration(nil), calls...)
 }
 
-// podWatch records when each sandbox's pod in a namespace is first seen
-// Ready by a pod informer, the floor's evidence, keyed by sandbox id.
-type podWatch struct {
-	mu    sync.Mutex
-	ready map[string]time.Time
+// readyWatch records, for each sandbox of a namespace, when its pod is
+// first seen Ready by a pod informer (the floor's evidence) and when its
+// Sandbox first shows Ready=True (the controller's last write for it).
+type readyWatch struct {
+	mu      sync.Mutex
+	pod, sb map[string]time.Time
 }
 
-// watchPodReady starts a podWatch on namespace ns of the shared cluster; it
+// watchReady starts a readyWatch on namespace ns of the shared cluster; it
 // stops with the benchmark.
-func watchPodReady(b *testing.B, ns string) *podWatch {
-	w := &podWatch{ready: map[string]time.Time{}}
-	onPod := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || !podIsReady(p) {
-			return
-		}
+func watchReady(b *testing.B, ns string) *readyWatch {
+	w := &readyWatch{pod: map[string]time.Time{}, sb: map[string]time.Time{}}
+	seen := func(m map[string]time.Time, id string) {
 		now := time.Now()
 		w.mu.Lock()
-		if id := p.Labels[k8s.LabelSandbox]; w.ready[id].IsZero() {
-			w.ready[id] = now
+		if m[id].IsZero() {
+			m[id] = now
 		}
 		w.mu.Unlock()
 	}
+	onPod := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok && podIsReady(p) {
+			seen(w.pod, p.Labels[k8s.LabelSandbox])
+		}
+	}
+	onSandbox := func(obj any) {
+		if sb, ok := obj.(*v1beta1.Sandbox); ok && meta.IsStatusConditionTrue(sb.Status.Conditions, string(v1beta1.SandboxConditionReady)) {
+			seen(w.sb, sb.Labels[k8s.LabelSandbox])
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	factory := informers.NewSharedInformerFactoryWithOptions(e2e.SharedCluster(b).Clients.Kube, 0, informers.WithNamespace(ns))
-	inf := factory.Core().V1().Pods().Informer()
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
-	factory.Start(ctx.Done())
-	b.Cleanup(func() { cancel(); factory.Shutdown() })
-	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	c := e2e.SharedCluster(b).Clients
+	podFactory := informers.NewSharedInformerFactoryWithOptions(c.Kube, 0, informers.WithNamespace(ns))
+	podInf := podFactory.Core().V1().Pods().Informer()
+	podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
+	sbFactory := sandboxinformers.NewSharedInformerFactoryWithOptions(c.Sandbox, 0, sandboxinformers.WithNamespace(ns))
+	sbInf := sbFactory.Agents().V1beta1().Sandboxes().Informer()
+	sbInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onSandbox, UpdateFunc: func(_, o any) { onSandbox(o) }})
+	podFactory.Start(ctx.Done())
+	sbFactory.Start(ctx.Done())
+	b.Cleanup(func() { cancel(); podFactory.Shutdown(); sbFactory.Shutdown() })
+	cache.WaitForCacheSync(ctx.Done(), podInf.HasSynced, sbInf.HasSynced)
 	return w
 }
 
@@ -192,25 +204,34 @@ func podIsReady(p *corev1.Pod) bool {
 	return false
 }
 
-// waitAll waits until every sandbox of ids has had its pod seen Ready: a
+// waitPods waits until every sandbox of ids has had its pod seen Ready: a
 // reader of hiloop can hear of running before this process's own informer
 // sees the pod.
-func (w *podWatch) waitAll(b *testing.B, ids []string) {
-	e2e.Eventually(b, "every pod seen Ready", 30*time.Second, func() (bool, error) {
+func (w *readyWatch) waitPods(b *testing.B, ids []string) { w.waitAll(b, ids, w.pod, "pod") }
+
+// waitSandboxes waits until every sandbox of ids shows Ready=True: the
+// controller's last write of a create, so the next round starts on a
+// cluster done with this one's, as the floor's rounds do.
+func (w *readyWatch) waitSandboxes(b *testing.B, ids []string) { w.waitAll(b, ids, w.sb, "Sandbox") }
+
+func (w *readyWatch) waitAll(b *testing.B, ids []string, m map[string]time.Time, what string) {
+	e2e.Eventually(b, "every "+what+" seen Ready", time.Minute, func() (bool, error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, id := range ids {
-			if w.at(id).IsZero() {
-				return false, fmt.Errorf("%s not seen Ready", id)
+			if m[id].IsZero() {
+				return false, fmt.Errorf("%s of %s not seen Ready", what, id)
 			}
 		}
 		return true, nil
 	})
 }
 
-// at is when sandbox id's pod was first seen Ready; zero if not yet.
-func (w *podWatch) at(id string) time.Time {
+// podAt is when sandbox id's pod was first seen Ready; zero if not yet.
+func (w *readyWatch) podAt(id string) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.ready[id]
+	return w.pod[id]
 }
 
 // hiloopCreateToRunning creates n sandboxes concurrently through the API and
@@ -218,7 +239,7 @@ func (w *podWatch) at(id string) time.Time {
 // record is running, read through the long poll (see waitRunning). From
 // pods it also returns the time from the POST to the pod's Ready, as the
 // floor sees it.
-func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int, pods *podWatch) (running, podReady, calls []time.Duration) {
+func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int, ready *readyWatch) (running, podReady, calls []time.Duration) {
 	var mu sync.Mutex
 	started := map[string]time.Time{}
 	createEach(b, in, token, n, n, `{"image":"busybox"}`, func(id string, t0, t1 time.Time) {
@@ -234,10 +255,15 @@ func hiloopCreateToRunning(b *testing.B, in *e2e.Instance, token string, n int, 
 	if len(running) < n {
 		b.Fatalf("hiloop: %d of %d running", len(running), n)
 	}
-	pods.waitAll(b, slices.Collect(maps.Keys(started)))
+	ids := slices.Collect(maps.Keys(started))
+	ready.waitPods(b, ids)
 	for id, t0 := range started {
-		podReady = append(podReady, pods.at(id).Sub(t0))
+		podReady = append(podReady, ready.podAt(id).Sub(t0))
 	}
+	// The round ends, as the floor's does, once the controller is done:
+	// the next round starts on a settled cluster. (Ended at running, a
+	// round left the controller's last writes to slow the next, by half.)
+	ready.waitSandboxes(b, ids)
 	return running, podReady, calls
 }
 
@@ -311,10 +337,11 @@ func BenchmarkCreateToRunning(b *testing.B) {
 	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0")
 	in.HTTP = e2e.KeepAlive()
 	key := in.NewOrg("bench", 5000, 5000)
-	// The test process watches hiloop's pods as it watches the floor's, so
-	// both sides carry the same informers, and the pod's Ready of hiloop's
-	// sandboxes tells the cluster's part from hiloop's.
-	pods := watchPodReady(b, ns)
+	// The test process watches hiloop's pods and Sandboxes as it watches the
+	// floor's, so both sides carry the same informers; the pod's Ready of
+	// hiloop's sandboxes tells the cluster's part from hiloop's, and the
+	// Sandbox's Ready ends each round on a settled cluster.
+	pods := watchReady(b, ns)
 	// Warm both paths once so neither pays for first-use costs.
 	floorNS := floorNamespace(b)
 	floorCreateToReady(b, floorNS, 10)
@@ -330,12 +357,14 @@ func BenchmarkCreateToRunning(b *testing.B) {
 		var cpu time.Duration
 		floorRound := func() {
 			p, s, c := floorCreateToReady(b, floorNS, n)
+			b.Logf("floor round: p50 %v", percentile(p, 50).Round(time.Millisecond))
 			floor, sbFloor, floorCalls = append(floor, p...), append(sbFloor, s...), append(floorCalls, c...)
 		}
 		hiloopRound := func() {
 			cpu0 := cpuTime(b, in.Cmd.Process.Pid)
 			r, p, c := hiloopCreateToRunning(b, in, key, n, pods)
 			cpu += cpuTime(b, in.Cmd.Process.Pid) - cpu0
+			b.Logf("hiloop round: p50 %v", percentile(r, 50).Round(time.Millisecond))
 			hl, hlPods, hlCalls = append(hl, r...), append(hlPods, p...), append(hlCalls, c...)
 		}
 		for range 5 {

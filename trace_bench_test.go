@@ -40,7 +40,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 
 	var mu sync.Mutex
 	traces := map[string]*createTrace{}
-	pods := watchPodReady(b, ns)
+	pods := watchReady(b, ns)
 
 	batch := func(b *testing.B, n int) []*createTrace {
 		var ids []string
@@ -57,11 +57,12 @@ func BenchmarkCreateTrace(b *testing.B) {
 		if b.Failed() {
 			b.FailNow()
 		}
-		pods.waitAll(b, ids)
+		pods.waitPods(b, ids)
+		pods.waitSandboxes(b, ids) // settled, before the next batch
 		out := make([]*createTrace, 0, n)
 		mu.Lock()
 		for _, id := range ids {
-			traces[id].podReady = pods.at(id)
+			traces[id].podReady = pods.podAt(id)
 			out = append(out, traces[id])
 		}
 		mu.Unlock()

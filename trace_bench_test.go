@@ -40,7 +40,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 
 	var mu sync.Mutex
 	traces := map[string]*createTrace{}
-	pods := watchReady(b, ns)
+	pods := watchReady(b, ns, true)
 
 	batch := func(b *testing.B, n int) []*createTrace {
 		var ids []string

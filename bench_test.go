@@ -59,104 +59,57 @@ var floorSeq atomic.Int64
 // floorCreateToReady creates n Sandbox objects directly with client-go, with
 // the service account hiloop gives an organization's sandboxes, and returns
 // for each the time from its create call to its pod's Ready condition seen
-// by a pod informer (the evidence hiloop's mirror waits for), and to the
+// by ready's pod informer (the evidence hiloop's mirror waits for), to the
 // Sandbox's own Ready=True (which the controller writes after the pod is
-// Ready: a later event, kept as a second reference).
-// Rounds share ns (see floorNamespace), as hiloop's rounds share its
-// namespace.
-func floorCreateToReady(b *testing.B, ns string, n int) (podReady, sandboxReady, calls, afterCreate []time.Duration) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := e2e.SharedCluster(b).Clients
-	client := c.Sandbox.AgentsV1beta1().Sandboxes(ns)
+// Ready: a later event, kept as a second reference), the create call's own
+// time, and the time from its answer to the pod's Ready. The round ends
+// once every Sandbox is Ready. Rounds share ns and its readyWatch (see
+// floorNamespace), as hiloop's rounds share theirs.
+func floorCreateToReady(b *testing.B, ns string, n int, ready *readyWatch) (podReady, sandboxReady, calls, afterCreate []time.Duration) {
+	client := e2e.SharedCluster(b).Clients.Sandbox.AgentsV1beta1().Sandboxes(ns)
 	var mu sync.Mutex
-	started, created, podAt := map[string]time.Time{}, map[string]time.Time{}, map[string]time.Time{}
-	podDone, sbDone := map[string]bool{}, map[string]bool{}
-	all := make(chan struct{})
-	record := func(name string, done map[string]bool, out *[]time.Duration) {
-		now := time.Now()
-		mu.Lock()
-		defer mu.Unlock()
-		t0, ok := started[name]
-		if !ok || done[name] {
-			return
-		}
-		done[name] = true
-		*out = append(*out, now.Sub(t0))
-		if len(podReady) == n && len(sandboxReady) == n {
-			close(all)
-		}
-	}
-	onSandbox := func(obj any) {
-		if sb, ok := obj.(*v1beta1.Sandbox); ok && meta.IsStatusConditionTrue(sb.Status.Conditions, string(v1beta1.SandboxConditionReady)) {
-			record(sb.Name, sbDone, &sandboxReady)
-		}
-	}
-	onPod := func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok && p.Status.Phase == corev1.PodRunning && podIsReady(p) {
-			now := time.Now()
-			mu.Lock()
-			if podAt[p.Name].IsZero() {
-				podAt[p.Name] = now
-			}
-			mu.Unlock()
-			record(p.Name, podDone, &podReady) // the pod is named after its Sandbox
-		}
-	}
-	sbFactory := sandboxinformers.NewSharedInformerFactoryWithOptions(c.Sandbox, 0, sandboxinformers.WithNamespace(ns))
-	sbInf := sbFactory.Agents().V1beta1().Sandboxes().Informer()
-	sbInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onSandbox, UpdateFunc: func(_, o any) { onSandbox(o) }})
-	podFactory := informers.NewSharedInformerFactoryWithOptions(c.Kube, 0, informers.WithNamespace(ns))
-	podInf := podFactory.Core().V1().Pods().Informer()
-	podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
-	sbFactory.Start(ctx.Done())
-	podFactory.Start(ctx.Done())
-	defer func() {
-		cancel() // Shutdown waits for the informers, which stop with ctx
-		sbFactory.Shutdown()
-		podFactory.Shutdown()
-	}()
-	cache.WaitForCacheSync(ctx.Done(), sbInf.HasSynced, podInf.HasSynced)
+	started, created := map[string]time.Time{}, map[string]time.Time{}
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := k8s.Render(store.Sandbox{ID: fmt.Sprintf("sbx_floor%05d", floorSeq.Add(1)), OrgID: "org_floor", DesiredMode: store.ModeRunning,
-				Spec: store.Spec{Image: "busybox"}}, k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []string{"exec"}})
+			id := fmt.Sprintf("sbx_floor%05d", floorSeq.Add(1))
+			sb, err := k8s.Render(store.Sandbox{ID: id, OrgID: "org_floor", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
+				k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []string{"exec"}})
 			if err != nil {
 				b.Error(err)
 				return
 			}
 			t0 := time.Now()
-			mu.Lock()
-			started[sb.Name] = t0
-			mu.Unlock()
-			if _, err := client.Create(ctx, sb, metav1.CreateOptions{}); err != nil {
+			_, err = client.Create(context.Background(), sb, metav1.CreateOptions{})
+			t1 := time.Now()
+			if err != nil {
 				b.Error(err)
+				return
 			}
 			mu.Lock()
-			created[sb.Name] = time.Now()
-			calls = append(calls, created[sb.Name].Sub(t0))
+			started[id], created[id] = t0, t1
+			calls = append(calls, t1.Sub(t0))
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		mu.Lock()
-		defer mu.Unlock()
-		b.Fatalf("floor: %d pods and %d Sandboxes of %d ready", len(podReady), len(sandboxReady), n)
+	if len(started) < n {
+		b.Fatalf("floor: %d of %d created", len(started), n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for name, at := range podAt {
-		if c, ok := created[name]; ok { // not an earlier round's pod
-			afterCreate = append(afterCreate, at.Sub(c))
-		}
+	ids := make([]string, 0, n)
+	for id := range started {
+		ids = append(ids, id)
 	}
-	return append([]time.Duration(nil), podReady...), append([]time.Duration(nil), sandboxReady...), append([]time.Duration(nil), calls...), afterCreate
+	ready.waitPods(b, ids)
+	ready.waitSandboxes(b, ids)
+	for id, t0 := range started {
+		podReady = append(podReady, ready.podAt(id).Sub(t0))
+		sandboxReady = append(sandboxReady, ready.sandboxAt(id).Sub(t0))
+		afterCreate = append(afterCreate, ready.podAt(id).Sub(created[id]))
+	}
+	return podReady, sandboxReady, calls, afterCreate
 }
 
 // readyWatch records, for each sandbox of a namespace, when its pod is
@@ -248,6 +201,14 @@ func (w *readyWatch) podAt(id string) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.pod[id]
+}
+
+// sandboxAt is when sandbox id's Sandbox was first seen Ready; zero if not
+// yet.
+func (w *readyWatch) sandboxAt(id string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sb[id]
 }
 
 // hiloopCreateToRunning creates n sandboxes concurrently through the API and
@@ -359,7 +320,8 @@ func BenchmarkCreateToRunning(b *testing.B) {
 	pods := watchReady(b, ns, false)
 	// Warm both paths once so neither pays for first-use costs.
 	floorNS := floorNamespace(b)
-	floorCreateToReady(b, floorNS, 10)
+	floorReady := watchReady(b, floorNS, true)
+	floorCreateToReady(b, floorNS, 10, floorReady)
 	hiloopCreateToRunning(b, in, key, 10, pods)
 	b.ResetTimer()
 	for range b.N {
@@ -371,7 +333,7 @@ func BenchmarkCreateToRunning(b *testing.B) {
 		var floor, sbFloor, floorCalls, floorAfter, hl, hlCalls, hlAfter []time.Duration
 		var cpu time.Duration
 		floorRound := func() {
-			p, s, c, a := floorCreateToReady(b, floorNS, n)
+			p, s, c, a := floorCreateToReady(b, floorNS, n, floorReady)
 			b.Logf("floor round: p50 %v", percentile(p, 50).Round(time.Millisecond))
 			floor, sbFloor, floorCalls, floorAfter = append(floor, p...), append(sbFloor, s...), append(floorCalls, c...), append(floorAfter, a...)
 		}

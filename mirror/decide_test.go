@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
@@ -299,22 +300,16 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 // resync.
 func TestChanged(t *testing.T) {
 	version := func(rv string) func(metav1.Object) { return func(o metav1.Object) { o.SetResourceVersion(rv) } }
-	sbView := func(o *v1beta1.Sandbox, mut ...func(metav1.Object)) any {
-		o = o.DeepCopy()
+	viewOf := func(o runtime.Object, mut ...func(metav1.Object)) any {
+		o = o.DeepCopyObject()
 		for _, m := range mut {
-			m(o)
+			m(o.(metav1.Object))
 		}
 		v, _ := compact(o)
 		return v
 	}
-	podView := func(p *corev1.Pod, mut ...func(metav1.Object)) any {
-		p = p.DeepCopy()
-		for _, m := range mut {
-			m(p)
-		}
-		v, _ := compact(p)
-		return v
-	}
+	sbView := func(o *v1beta1.Sandbox, mut ...func(metav1.Object)) any { return viewOf(o, mut...) }
+	podView := func(p *corev1.Pod, mut ...func(metav1.Object)) any { return viewOf(p, mut...) }
 	base := object()
 	if changed(sbView(base, version("1")), sbView(base, version("1"))) != true {
 		t.Error("a resync of a Sandbox (same version) should count as a change")

@@ -63,11 +63,9 @@ const readsInFlight = 4
 // read waits for one of the key's read slots, or for ctx; release gives it
 // back.
 func (l *limiters) read(ctx context.Context, keyID string) (release func(), err error) {
-	l.mu.Lock()
-	k := l.m[keyID]
-	l.mu.Unlock()
+	k := l.get(keyID)
 	if k == nil {
-		return func() {}, nil // allow made it; only a test without limits gets here
+		return func() {}, nil
 	}
 	select {
 	case k.reads <- struct{}{}:
@@ -75,6 +73,14 @@ func (l *limiters) read(ctx context.Context, keyID string) (release func(), err 
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// get is the key's limiter; allow made it, so it is nil only in a test
+// without limits.
+func (l *limiters) get(keyID string) *keyLimiter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m[keyID]
 }
 
 // waitsInFlight is how many long polls (GET /v1/sandboxes/{id}?while=) of
@@ -88,11 +94,9 @@ var waitsInFlight = 1024
 // wait takes one of the key's long-poll slots if one is free; ok is false
 // when none is.
 func (l *limiters) wait(keyID string) (release func(), ok bool) {
-	l.mu.Lock()
-	k := l.m[keyID]
-	l.mu.Unlock()
+	k := l.get(keyID)
 	if k == nil {
-		return func() {}, true // allow made it; only a test without limits gets here
+		return func() {}, true
 	}
 	select {
 	case k.waits <- struct{}{}:

@@ -120,10 +120,12 @@ func (s *Store) commitBatch(reqs []*batchReq) {
 			if _, err := tx.ExecContext(bg, savepointSQL); err != nil {
 				return err
 			}
+			woken := len(tx.transitions)
 			if errs[i] = r.fn(context.WithoutCancel(r.ctx), tx); errs[i] != nil {
 				if _, err := tx.ExecContext(bg, rollbackToSQL); err != nil {
 					return err
 				}
+				tx.transitions = tx.transitions[:woken] // rolled back: no change to wake
 			}
 			if _, err := tx.ExecContext(bg, releaseSQL); err != nil {
 				return err

@@ -5,9 +5,9 @@ import "sync"
 // changes wakes whoever waits for a sandbox's state to change: the API's
 // long poll (GET /v1/sandboxes/{id}?while=STATE), so that a client learns of
 // running when the mirror writes it, not at its next poll. Every state
-// change is a transition the store records (insertEvent), and each of the
-// store's methods that records one wakes the sandbox's waiters once its
-// transaction commits.
+// change is a transition the store records (insertEvent), and the
+// transaction that records one wakes the sandbox's waiters once it commits
+// (inTx).
 type changes struct {
 	mu      sync.Mutex
 	waiting map[string]*waiters

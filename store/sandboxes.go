@@ -484,7 +484,7 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // It reports whether it wrote. Observing a sandbox stopped or stopping while
 // its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
-	changed, transition := false, false
+	changed := false
 	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
@@ -511,14 +511,10 @@ func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, er
 		if o.Anomaly != "" {
 			reason = strings.TrimSuffix(o.Anomaly+": "+o.Reason, ": ")
 		}
-		transition = true
 		return insertEvent(ctx, tx, id, now, sb.State, o.State, reason)
 	})
 	if err != nil {
 		return false, fmt.Errorf("observe: %w", err)
-	}
-	if transition {
-		s.changes.stateChanged(id)
 	}
 	return changed, nil
 }
@@ -537,7 +533,6 @@ func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) err
 // (the cluster refused it, or it never got it), with a reason fit to show
 // its owner. It changes nothing once the record is terminal or observed.
 func (s *Store) Fail(ctx context.Context, id, reason string) error {
-	failed := false
 	err := s.inTx(ctx, func(tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil || sb.State != StatePending {
@@ -547,14 +542,10 @@ func (s *Store) Fail(ctx context.Context, id, reason string) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ? WHERE id = ?`, StateFailed, reason, ms(now), id); err != nil {
 			return err
 		}
-		failed = true
 		return insertEvent(ctx, tx, id, now, sb.State, StateFailed, reason)
 	})
 	if err != nil {
 		return fmt.Errorf("fail sandbox: %w", err)
-	}
-	if failed {
-		s.changes.stateChanged(id)
 	}
 	return nil
 }
@@ -566,7 +557,10 @@ func equalCode(a, b *int) bool {
 	return *a == *b
 }
 
+// insertEvent records a state transition. Every change of a sandbox's state
+// is one; the transaction wakes those waiting for it once it commits.
 func insertEvent(ctx context.Context, tx *txn, id string, at time.Time, from, to State, reason string) error {
+	tx.transitions = append(tx.transitions, id)
 	_, err := tx.ExecContext(ctx, insertEventSQL, id, ms(at), from, to, reason)
 	return err
 }

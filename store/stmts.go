@@ -45,6 +45,9 @@ func (s *Store) prepareWrites(ctx context.Context) {
 type txn struct {
 	*sql.Tx
 	prepared map[string]*sql.Stmt
+	// transitions are the sandboxes whose state it changed (insertEvent),
+	// woken once it commits.
+	transitions []string
 }
 
 func (t *txn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {

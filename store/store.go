@@ -217,10 +217,17 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 		return err
 	}
 	defer tx.Rollback()
-	if err := fn(&txn{Tx: tx, prepared: s.stmts.w}); err != nil {
+	t := &txn{Tx: tx, prepared: s.stmts.w}
+	if err := fn(t); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	for _, id := range t.transitions {
+		s.changes.stateChanged(id)
+	}
+	return nil
 }
 
 // NewID returns a random opaque id with the given prefix, such as "sbx".

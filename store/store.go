@@ -63,6 +63,9 @@ type Options struct {
 	Migrations fs.FS
 }
 
+// readConns is how many connections read at once.
+const readConns = 8
+
 // Open opens (creating if needed) and migrates the database at opts.Path.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Path == "" {
@@ -83,8 +86,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		read.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	// database/sql keeps two idle connections unless told otherwise: under
+	// a burst the other readers would close after each query and reopen,
+	// with the files, the pragmas and the schema parse each time.
 	write.SetMaxOpenConns(1)
-	read.SetMaxOpenConns(8)
+	read.SetMaxOpenConns(readConns)
+	read.SetMaxIdleConns(readConns)
 	s := &Store{read: read, write: write, now: opts.Now}
 	if err := s.check(ctx); err != nil {
 		s.Close()

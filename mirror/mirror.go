@@ -318,7 +318,13 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 				continue
 			}
 		}
-		if _, err := m.reconcile(ctx, rec.ID, time.Time{}); err != nil {
+		// The record just read decides first: only a sandbox whose record
+		// is behind the cluster takes a turn on the writer.
+		_, behind, err := m.decide(rec)
+		if err == nil && behind {
+			_, err = m.reconcile(ctx, rec.ID, time.Time{})
+		}
+		if err != nil {
 			m.log.Error("startup reconcile", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -391,36 +397,22 @@ func (m *Mirror) wakeAt(id string, at, now time.Time) {
 	}
 }
 
-// reconcile decides one sandbox from the cache and records the result,
-// reporting whether it wrote. since is when the oldest cluster event behind
-// it arrived (zero when none did); the log line gives the lag from it.
+// reconcile decides one sandbox from the cache against its record and
+// records the result, reporting whether it wrote. It decides in the store's
+// write transaction (see store.ObserveWith), so a decision is never made
+// from a record another write has changed since. since is when the oldest
+// cluster event behind it arrived (zero when none did); the log line gives
+// the lag from it.
 func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (bool, error) {
-	rec, err := m.o.Store.SandboxAnyOrg(ctx, id)
+	var obs store.Observation
+	changed, err := m.o.Store.ObserveWith(ctx, id, func(rec store.Sandbox) (store.Observation, error) {
+		var err error
+		obs, _, err = m.decide(rec)
+		return obs, err
+	})
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil // an orphan: reported at start-up, otherwise ignored
 	}
-	if err != nil {
-		return false, err
-	}
-	if rec.State.Terminal() {
-		return false, nil
-	}
-	obj := m.sandbox(id)
-	items, err := m.pods.ByIndex(podOwnerIndex, id)
-	if err != nil {
-		return false, err
-	}
-	pods := make([]*corev1.Pod, 0, len(items))
-	for _, it := range items {
-		pods = append(pods, it.(*podView).object())
-	}
-	now := m.o.Now()
-	obs := Decide(obj, pods, rec, now)
-	m.wakeAt(id, deadline(obj, rec), now)
-	if obs.Unchanged(rec) {
-		return false, nil
-	}
-	changed, err := m.o.Store.Observe(ctx, id, obs)
 	if err != nil {
 		return false, err
 	}
@@ -432,4 +424,26 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 		m.log.Info("observed", attrs...)
 	}
 	return changed, nil
+}
+
+// decide says what the cache shows of the sandbox of rec, and whether that
+// differs from the record; it queues the sandbox again for its next
+// deadline. It reads only the cache: it runs on the store's writer.
+func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
+	if rec.State.Terminal() {
+		return store.Observation{}, false, nil
+	}
+	obj := m.sandbox(rec.ID)
+	items, err := m.pods.ByIndex(podOwnerIndex, rec.ID)
+	if err != nil {
+		return store.Observation{}, false, err
+	}
+	pods := make([]*corev1.Pod, 0, len(items))
+	for _, it := range items {
+		pods = append(pods, it.(*podView).object())
+	}
+	now := m.o.Now()
+	obs := Decide(obj, pods, rec, now)
+	m.wakeAt(rec.ID, deadline(obj, rec), now)
+	return obs, !obs.Unchanged(rec), nil
 }

@@ -471,9 +471,7 @@ func (o Observation) outside(sb Sandbox) bool {
 
 // Unchanged reports whether recording the observation would change nothing
 // in the record: it equals what the record holds, or the record is terminal
-// (a terminal state is final: nothing observed later can revive it). The
-// mirror asks it of the record it read, to spare the single writer a
-// transaction for every cluster event that changes nothing.
+// (a terminal state is final: nothing observed later can revive it).
 func (o Observation) Unchanged(sb Sandbox) bool {
 	return sb.State.Terminal() || (sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason &&
 		equalCode(sb.ExitCode, o.ExitCode) && sb.PodUID == o.PodUID && sb.ModeOutside == o.outside(sb))
@@ -484,14 +482,28 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // It reports whether it wrote. Observing a sandbox stopped or stopping while
 // its desired mode is running marks its mode as changed outside hiloop.
 func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
+	return s.ObserveWith(ctx, id, func(Sandbox) (Observation, error) { return o, nil })
+}
+
+// ObserveWith is Observe of the observation that decide makes of the record
+// as it stands in the write transaction. The mirror decides there: its
+// decision and its write see one record, and a cluster event that changes
+// nothing costs a statement in a shared transaction (see inBatch) rather
+// than a read transaction of its own. decide runs on the store's writer, so
+// it must be quick and must not call the store.
+func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox) (Observation, error)) (bool, error) {
 	changed := false
 	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		sb, err := anySandboxInTx(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if o.Unchanged(sb) {
+		if sb.State.Terminal() {
 			return nil
+		}
+		o, err := decide(sb)
+		if err != nil || o.Unchanged(sb) {
+			return err
 		}
 		outside := o.outside(sb)
 		now := s.now().UTC().Truncate(time.Millisecond)

@@ -275,6 +275,76 @@ func TestObserveWritesOnlyOnChange(t *testing.T) {
 	}
 }
 
+// TestObserveWith: the decision is made of the record as the write
+// transaction holds it, including a write committed in the same batch just
+// before; a decision that fails fails alone, and writes nothing; a
+// terminal record is not decided at all.
+func TestObserveWith(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "d.db"), nil)
+	org, _ := s.CreateOrg(ctx, "o", 0, 0)
+	a, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	b, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	next := map[store.State]store.State{store.StatePending: store.StateStarting, store.StateStarting: store.StateRunning}
+	advance := func(rec store.Sandbox) (store.Observation, error) {
+		return store.Observation{State: next[rec.State]}, nil
+	}
+	c, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	refused := errors.New("refused")
+	// With the writer held, the first write is taken alone and waits; the
+	// next three queue, in order, for the batch after it.
+	release := s.HoldWriter(t)
+	var wg sync.WaitGroup
+	results := make([]error, 4)
+	for i, write := range []func() error{
+		func() error {
+			_, err := s.Observe(ctx, c.ID, store.Observation{State: store.StateStarting})
+			return err
+		},
+		func() error { _, err := s.ObserveWith(ctx, a.ID, advance); return err },
+		func() error { _, err := s.ObserveWith(ctx, a.ID, advance); return err },
+		func() error {
+			_, err := s.ObserveWith(ctx, b.ID, func(store.Sandbox) (store.Observation, error) {
+				return store.Observation{State: store.StateRunning}, refused
+			})
+			return err
+		},
+	} {
+		wg.Go(func() { results[i] = write() })
+		for s.BatchWaiting() < int64(i+1) {
+			runtime.Gosched()
+		}
+	}
+	before := s.Batches()
+	release()
+	wg.Wait()
+	if results[0] != nil || results[1] != nil || results[2] != nil || !errors.Is(results[3], refused) {
+		t.Fatalf("results %v, want nil, nil, nil, refused", results)
+	}
+	if n := s.Batches() - before; n != 1 {
+		t.Errorf("the three writes queued behind the first took %d transactions, want 1", n)
+	}
+	if got, _ := s.SandboxAnyOrg(ctx, a.ID); got.State != store.StateRunning {
+		t.Errorf("a is %s after two advances in one batch, want running", got.State)
+	}
+	if got, _ := s.SandboxAnyOrg(ctx, b.ID); got.State != store.StatePending {
+		t.Errorf("b is %s after a failed decision, want pending", got.State)
+	}
+	if _, err := s.Observe(ctx, b.ID, store.Observation{State: store.StateLost}); err != nil {
+		t.Fatal(err)
+	}
+	wrote, err := s.ObserveWith(ctx, b.ID, func(store.Sandbox) (store.Observation, error) {
+		t.Error("a terminal record was decided")
+		return store.Observation{State: store.StateRunning}, nil
+	})
+	if wrote || err != nil {
+		t.Errorf("observing a terminal record: wrote %v, err %v", wrote, err)
+	}
+	if _, err := s.ObserveWith(ctx, "sbx_none", advance); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("observing no record: %v, want ErrNotFound", err)
+	}
+}
+
 // TestStateChangeWakes: a state change wakes those waiting on its sandbox,
 // and only a state change; a change of another field or of another sandbox
 // does not; a failed create wakes too; and once every waiter is released,

@@ -16,7 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
@@ -67,14 +66,15 @@ type Mirror struct {
 	o       Options
 	log     *slog.Logger
 	queue   workqueue.TypedRateLimitingInterface[string]
-	objects cache.Indexer
+	objects cache.Store
 	pods    cache.Indexer
 	synced  []cache.InformerSynced
 
-	// sbInformer watches Sandboxes through sandboxListWatch; podFactory's
-	// informer watches pods (protobuf, which client-go decodes cheaply).
-	sbInformer cache.SharedIndexInformer
-	podFactory informers.SharedInformerFactory
+	// informers watch Sandboxes (through sandboxListWatch) and pods
+	// (protobuf, which client-go decodes cheaply). Each calls the handler on
+	// its own delivery goroutine: a shared informer would hand every event
+	// on through two goroutines more, and nothing here shares them.
+	informers []cache.Controller
 
 	mu      sync.Mutex
 	ready   bool
@@ -110,21 +110,6 @@ func New(o Options) (*Mirror, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
 
-	selected := func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }
-	m.sbInformer = cache.NewSharedIndexInformerWithOptions(
-		sandboxListWatch(o.Clients.Sandbox.AgentsV1beta1().RESTClient(), o.Namespace, k8s.Selector),
-		&v1beta1.Sandbox{}, cache.SharedIndexInformerOptions{ResyncPeriod: o.Resync})
-	if err := m.sbInformer.SetTransform(compact); err != nil {
-		return nil, err
-	}
-	m.podFactory = informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, o.Resync,
-		informers.WithNamespace(o.Namespace), informers.WithTweakListOptions(selected),
-		informers.WithTransform(compact))
-
-	podInformer := m.podFactory.Core().V1().Pods()
-	if err := podInformer.Informer().AddIndexers(cache.Indexers{podOwnerIndex: podSandboxIDs}); err != nil {
-		return nil, err
-	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc: m.enqueueObject,
 		UpdateFunc: func(old, obj any) {
@@ -134,15 +119,17 @@ func New(o Options) (*Mirror, error) {
 		},
 		DeleteFunc: m.enqueueObject,
 	}
-	if _, err := m.sbInformer.AddEventHandler(handler); err != nil {
-		return nil, err
-	}
-	if _, err := podInformer.Informer().AddEventHandler(handler); err != nil {
-		return nil, err
-	}
-	m.objects = m.sbInformer.GetIndexer()
-	m.pods = podInformer.Informer().GetIndexer()
-	m.synced = []cache.InformerSynced{m.sbInformer.HasSynced, podInformer.Informer().HasSynced}
+	objects, sbInformer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: sandboxListWatch(o.Clients.Sandbox.AgentsV1beta1().RESTClient(), o.Namespace, k8s.Selector),
+		ObjectType:    &v1beta1.Sandbox{}, Handler: handler, ResyncPeriod: o.Resync, Transform: compact})
+	pods, podInformer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: cache.NewFilteredListWatchFromClient(o.Clients.Kube.CoreV1().RESTClient(), "pods", o.Namespace,
+			func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }),
+		ObjectType: &corev1.Pod{}, Handler: handler, ResyncPeriod: o.Resync, Transform: compact,
+		Indexers: cache.Indexers{podOwnerIndex: podSandboxIDs}})
+	m.objects, m.pods = objects, pods.(cache.Indexer)
+	m.informers = []cache.Controller{sbInformer, podInformer}
+	m.synced = []cache.InformerSynced{sbInformer.HasSynced, podInformer.HasSynced}
 	return m, nil
 }
 
@@ -248,10 +235,10 @@ func (m *Mirror) Run(ctx context.Context) error {
 		m.queue.ShutDown()
 		wg.Wait()
 		watching.Wait()
-		m.podFactory.Shutdown()
 	}()
-	watching.Go(func() { m.sbInformer.RunWithContext(ctx) })
-	m.podFactory.Start(ctx.Done())
+	for _, inf := range m.informers {
+		watching.Go(func() { inf.RunWithContext(ctx) })
+	}
 
 	syncCtx, cancel := context.WithTimeout(ctx, m.o.SyncTimeout)
 	ok := cache.WaitForCacheSync(syncCtx.Done(), m.synced...)

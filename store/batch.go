@@ -8,9 +8,10 @@ import (
 
 // The writes every create and every observation make go through a group
 // commit: one goroutine takes whatever writes are waiting, up to maxBatch,
-// and runs them in one transaction, each in a savepoint of its own. A
-// write that fails (a quota, a conflict) rolls back to its savepoint and
-// fails alone; the others commit together. A burst of 100 creates, or the
+// and runs them in one transaction, each in a savepoint of its own (opened
+// by its first statement that writes). A write that fails (a quota, a
+// conflict) rolls back to its savepoint and fails alone; the others commit
+// together. A burst of 100 creates, or the
 // mirror's observations of 100 pods turning Ready, then costs a few
 // transactions instead of 100 queued one behind the other on SQLite's one
 // writer. A write alone runs at once, in a transaction of its own.
@@ -113,21 +114,26 @@ func (s *Store) commitBatch(reqs []*batchReq) {
 			}
 			return errs[0]
 		}
+		defer func() { tx.savepoint = false }()
 		for i, r := range reqs {
 			if errs[i] = r.ctx.Err(); errs[i] != nil {
 				continue
 			}
-			if _, err := tx.ExecContext(bg, savepointSQL); err != nil {
-				return err
-			}
+			// The write's savepoint opens with its first statement that
+			// writes (txn.ExecContext); one that wrote nothing has none.
+			tx.savepoint, tx.opened = true, false
 			woken := len(tx.transitions)
-			if errs[i] = r.fn(context.WithoutCancel(r.ctx), tx); errs[i] != nil {
-				if _, err := tx.ExecContext(bg, rollbackToSQL); err != nil {
+			errs[i] = r.fn(context.WithoutCancel(r.ctx), tx)
+			if !tx.opened {
+				continue
+			}
+			if errs[i] != nil {
+				if _, err := tx.exec(bg, rollbackToSQL); err != nil {
 					return err
 				}
 				tx.transitions = tx.transitions[:woken] // rolled back: no change to wake
 			}
-			if _, err := tx.ExecContext(bg, releaseSQL); err != nil {
+			if _, err := tx.exec(bg, releaseSQL); err != nil {
 				return err
 			}
 		}

@@ -97,3 +97,14 @@ func (s *Store) ExecRaw(ctx context.Context, q string, args ...any) error {
 	_, err := s.write.ExecContext(ctx, q, args...)
 	return err
 }
+
+// InBatch runs fn as a write of the group commit; exec runs a statement of
+// it that writes.
+func (s *Store) InBatch(ctx context.Context, fn func(exec func(q string, args ...any) error) error) error {
+	return s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
+		return fn(func(q string, args ...any) error {
+			_, err := tx.ExecContext(ctx, q, args...)
+			return err
+		})
+	})
+}

@@ -48,6 +48,11 @@ type txn struct {
 	// transitions are the sandboxes whose state it changed (insertEvent),
 	// woken once it commits.
 	transitions []string
+	// savepoint is set while a write of a batch runs: its first statement
+	// that writes opens the write's savepoint, and opened says it did. A
+	// write that only reads (the mirror's decision that nothing changed)
+	// then costs no savepoint (see commitBatch).
+	savepoint, opened bool
 }
 
 func (t *txn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
@@ -58,6 +63,16 @@ func (t *txn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.R
 }
 
 func (t *txn) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if t.savepoint && !t.opened {
+		if _, err := t.exec(ctx, savepointSQL); err != nil {
+			return nil, err
+		}
+		t.opened = true
+	}
+	return t.exec(ctx, q, args...)
+}
+
+func (t *txn) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	if st := t.prepared[q]; st != nil {
 		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 	}

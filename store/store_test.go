@@ -808,6 +808,58 @@ func TestGroupCommit(t *testing.T) {
 	}
 }
 
+// TestBatchRollsBackAWriteAlone: in one batch, a write that fails after it
+// has written leaves nothing behind, whatever comes before and after it;
+// a write that only reads, and the writes around it, commit.
+func TestBatchRollsBackAWriteAlone(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "r.db"), nil)
+	var orgs []store.Org
+	for _, name := range []string{"a", "b", "c"} {
+		o, err := s.CreateOrg(ctx, name, 1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		orgs = append(orgs, o)
+	}
+	rename := func(o store.Org, name string) func(exec func(string, ...any) error) error {
+		return func(exec func(string, ...any) error) error {
+			return exec(`UPDATE orgs SET name = ? WHERE id = ?`, name, o.ID)
+		}
+	}
+	failed := errors.New("failed after writing")
+	writes := []func(exec func(string, ...any) error) error{
+		rename(orgs[0], "a2"),
+		func(exec func(string, ...any) error) error {
+			if err := rename(orgs[1], "b2")(exec); err != nil {
+				return err
+			}
+			return failed
+		},
+		func(func(string, ...any) error) error { return nil }, // reads only
+		rename(orgs[2], "c2"),
+	}
+	release := s.HoldWriter(t)
+	var wg sync.WaitGroup
+	results := make([]error, len(writes))
+	for i, w := range writes {
+		wg.Go(func() { results[i] = s.InBatch(ctx, w) })
+	}
+	for s.BatchWaiting() < int64(len(writes)) {
+		runtime.Gosched()
+	}
+	release()
+	wg.Wait()
+	if results[0] != nil || !errors.Is(results[1], failed) || results[2] != nil || results[3] != nil {
+		t.Fatalf("results %v, want nil, failed, nil, nil", results)
+	}
+	for i, want := range []string{"a2", "b", "c2"} {
+		if o, err := s.Org(ctx, orgs[i].ID); err != nil || o.Name != want {
+			t.Errorf("org %d is named %q (%v), want %q", i, o.Name, err, want)
+		}
+	}
+}
+
 // TestOrgCounts: the counts the triggers keep equal counting the rows with
 // the quotas' predicates, after every kind of write, for both of two
 // organizations: creates, observations of every state (stopped outside

@@ -275,16 +275,32 @@ func TestObserveWritesOnlyOnChange(t *testing.T) {
 	}
 }
 
+// twoSandboxes opens a new store with one organization and two pending
+// sandboxes of it.
+func twoSandboxes(t *testing.T) (s *store.Store, a, b store.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	s = open(t, filepath.Join(t.TempDir(), "two.db"), nil)
+	org, err := s.CreateOrg(ctx, "o", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sbs [2]store.Sandbox
+	for i := range sbs {
+		if sbs[i], _, err = s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, sbs[0], sbs[1]
+}
+
 // TestObserveWith: the decision is made of the record as the write
 // transaction holds it: two decisions queued together, before either is
 // made, see each other's write; a decision that fails fails alone, and
 // writes nothing; a terminal record is not decided at all.
 func TestObserveWith(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, filepath.Join(t.TempDir(), "d.db"), nil)
-	org, _ := s.CreateOrg(ctx, "o", 0, 0)
-	a, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
-	b, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	s, a, b := twoSandboxes(t)
 	next := map[store.State]store.State{store.StatePending: store.StateStarting, store.StateStarting: store.StateRunning}
 	advance := func(rec store.Sandbox) (store.Observation, error) {
 		return store.Observation{State: next[rec.State]}, nil
@@ -335,10 +351,7 @@ func TestObserveWith(t *testing.T) {
 // nothing is left behind.
 func TestStateChangeWakes(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, filepath.Join(t.TempDir(), "w.db"), nil)
-	org, _ := s.CreateOrg(ctx, "o", 0, 0)
-	a, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
-	b, _, _ := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	s, a, b := twoSandboxes(t)
 	closed := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:

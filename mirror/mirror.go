@@ -413,13 +413,11 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 	return changed, nil
 }
 
-// decide says what the cache shows of the sandbox of rec, and whether that
-// differs from the record; it queues the sandbox again for its next
-// deadline. It reads only the cache: it runs on the store's writer.
+// decide says what the cache shows of the sandbox of rec, a record not yet
+// terminal, and whether that differs from the record; it queues the sandbox
+// again for its next deadline. It reads only the cache: it runs on the
+// store's writer.
 func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
-	if rec.State.Terminal() {
-		return store.Observation{}, false, nil
-	}
 	obj := m.sandbox(rec.ID)
 	items, err := m.pods.ByIndex(podOwnerIndex, rec.ID)
 	if err != nil {

@@ -11,10 +11,10 @@ import (
 // and runs them in one transaction, each in a savepoint of its own (opened
 // by its first statement that writes). A write that fails (a quota, a
 // conflict) rolls back to its savepoint and fails alone; the others commit
-// together. A burst of 100 creates, or the
-// mirror's observations of 100 pods turning Ready, then costs a few
-// transactions instead of 100 queued one behind the other on SQLite's one
-// writer. A write alone runs at once, in a transaction of its own.
+// together. A burst of 100 creates, or the mirror's observations of 100
+// pods turning Ready, then costs a few transactions instead of 100 queued
+// one behind the other on SQLite's one writer. A write alone runs at once,
+// in a transaction of its own.
 
 // Each write of a batch runs in a savepoint.
 const (

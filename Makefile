@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 45m
 .PHONY: run test cluster build bench vet fuzz fuzz-short soak chart image
 
 # FUZZ lists the fuzz targets as package:target.
-FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./k8s:FuzzParseReceipt
+FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./sandbox:FuzzParseReceipt
 
 # cluster builds the pinned control-plane binaries into the cache (only the
 # missing ones) and prints their directory.
@@ -71,7 +71,7 @@ vet:
 KILLS ?= 200
 soak:
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
-	  HILOOP_CLUSTER_BIN=$$bin HILOOP_CRASH_KILLS=$(KILLS) $(GO) test -count=1 -run '^TestCrashSafety$$' -v -timeout 60m . | grep -E 'kills survived|^(--- |ok|FAIL)'
+	  HILOOP_CLUSTER_BIN=$$bin HILOOP_CRASH_KILLS=$(KILLS) $(GO) test -count=1 -run '^TestCrashSafety$$' -v -timeout 60m ./e2e | grep -E 'kills survived|^(--- |ok|FAIL)'
 
 # bench runs the benchmarks against the local cluster; see docs/benchmarks.md.
 # The -L throughput benchmark compares with OpenSSH's sshd (Debian's

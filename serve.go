@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,19 +16,9 @@ import (
 	"strings"
 	"time"
 
-	gossh "golang.org/x/crypto/ssh"
-	"golang.org/x/sync/errgroup"
-	"golang.org/x/time/rate"
-	"k8s.io/klog/v2"
-
-	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
-	"github.com/hiloop/hiloop/metrics"
-	"github.com/hiloop/hiloop/mirror"
-	"github.com/hiloop/hiloop/server"
-	"github.com/hiloop/hiloop/sshd"
-	"github.com/hiloop/hiloop/store"
+	"github.com/hiloop/hiloop/sandbox"
 )
 
 // tuneGC: every packet of an SSH session or forward allocates in x/crypto,
@@ -121,31 +110,28 @@ func (f *ClusterFlags) clients(ctx context.Context) (*k8s.Clients, error) {
 // ServeCmd runs the control plane.
 type ServeCmd struct {
 	ClusterFlags    `embed:""`
-	Listen          string        `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
-	MetricsListen   string        `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
-	SSHListen       string        `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
-	SSHKeepAlive    time.Duration `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
-	SSHIdleTimeout  time.Duration `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
-	DB              string        `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
-	StorageClasses  []string      `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
-	Transports      []string      `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
-	AgentImage      string        `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
-	RateLimit       float64       `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
-	CreateRateLimit float64       `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
-	ExecPerSandbox  int           `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
-	ExecPerOrg      int           `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
-	AdminOrg        string        `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
-	ShutdownTimeout time.Duration `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
-	LogLevel        string        `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
-	LogFormat       string        `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
-	EventRetention  time.Duration `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
-	SelfCheck       time.Duration `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
+	Listen          string              `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	MetricsListen   string              `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
+	SSHListen       string              `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
+	SSHKeepAlive    time.Duration       `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
+	SSHIdleTimeout  time.Duration       `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
+	DB              string              `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+	StorageClasses  []string            `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
+	Transports      []sandbox.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
+	AgentImage      string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
+	RateLimit       float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
+	CreateRateLimit float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
+	ExecPerSandbox  int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
+	ExecPerOrg      int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	AdminOrg        string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
+	ShutdownTimeout time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
+	LogLevel        string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
+	LogFormat       string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
+	EventRetention  time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
+	SelfCheck       time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
-// knownTransports are the transports hiloop can back at all.
-var knownTransports = []string{"exec", "ssh", k8s.TransportForward}
 
 // Validate checks the flags; kong reports a failure naming the flag, exit 2.
 func (s *ServeCmd) Validate() error {
@@ -178,14 +164,14 @@ func (s *ServeCmd) Validate() error {
 		return fmt.Errorf("--admin-org: %q is not a lower-case DNS label", s.AdminOrg)
 	}
 	for _, t := range s.Transports {
-		if !slices.Contains(knownTransports, t) {
-			return fmt.Errorf("--transports: unknown transport %q (known: %s)", t, strings.Join(knownTransports, ", "))
+		if !t.Known() {
+			return fmt.Errorf("--transports: unknown transport %q (known: exec, ssh, forward)", t)
 		}
 	}
-	if slices.Contains(s.Transports, k8s.TransportForward) && s.AgentImage == "" {
+	if slices.Contains(s.Transports, sandbox.TransportForward) && s.AgentImage == "" {
 		return errors.New("--agent-image: the forward transport needs the session helper's image")
 	}
-	if slices.Contains(s.Transports, "ssh") && s.SSHListen == "" {
+	if slices.Contains(s.Transports, sandbox.TransportSSH) && s.SSHListen == "" {
 		return errors.New("--transports: ssh needs the gateway (--ssh-listen)")
 	}
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
@@ -211,191 +197,12 @@ func (s *ServeCmd) Validate() error {
 
 // Run serves until ctx (SIGINT or SIGTERM) ends.
 func (s *ServeCmd) Run(ctx context.Context, stdout io.Writer) error {
-	return s.run(ctx, stdout)
-}
-
-func (s *ServeCmd) run(ctx context.Context, stdout io.Writer) error {
 	tuneGC()
-	var level slog.Level
-	level.UnmarshalText([]byte(s.LogLevel))
-	handler := func(l slog.Level) slog.Handler {
-		if s.LogFormat == "json" {
-			return slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l})
-		}
-		return slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})
-	}
-	log := slog.New(handler(level))
-	// client-go's own logging goes through slog, at one level less chatty.
-	klog.SetSlogLogger(slog.New(handler(max(level, slog.LevelWarn))).With("component", "client-go"))
-
-	// The listeners are bound first: a port in use fails before anything
-	// starts.
-	ln, err := net.Listen("tcp", s.Listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	defer ln.Close()
-	var metricsLn net.Listener
-	if s.MetricsListen != "" {
-		if metricsLn, err = net.Listen("tcp", s.MetricsListen); err != nil {
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
-		defer metricsLn.Close()
-	}
-	var sshLn net.Listener
-	if s.SSHListen != "" {
-		if sshLn, err = net.Listen("tcp", s.SSHListen); err != nil {
-			return fmt.Errorf("--ssh-listen: %w", err)
-		}
-		defer sshLn.Close()
-	}
-	clients, err := s.clients(ctx)
+	a, err := newApp(ctx, s, stdout, nil)
 	if err != nil {
 		return err
 	}
-	cfg := clients.Config
-	checkCtx, cancel := context.WithTimeout(ctx, s.ClusterTimeout)
-	err = clients.CheckSandboxAPI(checkCtx)
-	cancel()
-	if err != nil {
-		return err
-	}
-
-	db, err := store.Open(ctx, store.Options{Path: s.DB})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	org, secret, err := db.Bootstrap(ctx, s.AdminOrg)
-	if err != nil {
-		return err
-	}
-	if secret != "" {
-		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
-	}
-
-	if s.NoGVisor {
-		log.Warn("INSECURE: --insecure-no-gvisor: sandboxes run WITHOUT gVisor and share the node's kernel; for development clusters only")
-		fmt.Fprintln(stdout, "WARNING: --insecure-no-gvisor: sandboxes run without gVisor and share the node's kernel. Development only.")
-	}
-	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: s.Namespace, RuntimeClass: s.RuntimeClass, NoGVisor: s.NoGVisor,
-		Transports: s.Transports, AgentImage: s.AgentImage, SessionPort: s.SessionPort}, func(ctx context.Context) (string, error) {
-		key, err := db.KeyPair(ctx, store.KeyGateway)
-		if err != nil {
-			return "", err
-		}
-		return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey()))), nil
-	})
-	if err != nil {
-		return err
-	}
-	met := metrics.New()
-	core, err := control.New(control.Options{
-		Store: db, Cluster: writer, Log: log, ClusterTimeout: s.ClusterTimeout, Metrics: met,
-		Exec:   &k8s.Execer{Clients: clients, Namespace: s.Namespace, ConnectTimeout: s.ClusterTimeout},
-		Caps:   control.Capabilities{StorageClasses: s.StorageClasses, Transports: s.Transports},
-		Limits: control.Limits{PerSandbox: s.ExecPerSandbox, PerOrg: s.ExecPerOrg},
-		Boundary: func(ctx context.Context) []k8s.Check {
-			return clients.CheckBoundary(ctx, s.boundaryOptions())
-		},
-		BoundaryInterval: s.SelfCheck,
-		EventRetention:   s.EventRetention,
-	})
-	if err != nil {
-		return err
-	}
-	met.Watch(core)
-	// The first self-check runs before traffic; until it passes, creates
-	// and starts are refused (and /readyz says why).
-	core.CheckBoundary(ctx)
-	mir, err := mirror.New(mirror.Options{Clients: clients, Store: db, Namespace: s.Namespace, Log: log, Control: core, Metrics: met})
-	if err != nil {
-		return err
-	}
-	var gateway *sshd.Gateway
-	var hostPub gossh.PublicKey
-	sshPort := 0
-	if sshLn != nil {
-		hostKey, err := db.HostKey(ctx)
-		if err != nil {
-			return err
-		}
-		gateway, err = sshd.New(sshd.Options{Control: core, HostKey: hostKey, Log: log, KeepAlive: s.SSHKeepAlive, IdleTimeout: s.SSHIdleTimeout, Metrics: met})
-		if err != nil {
-			return err
-		}
-		hostPub, sshPort = hostKey.PublicKey(), sshLn.Addr().(*net.TCPAddr).Port
-		fmt.Fprintf(stdout, "hiloop ssh gateway on %s (host key %s)\n", sshLn.Addr(), gossh.FingerprintSHA256(hostKey.PublicKey()))
-	}
-	api, err := server.New(server.Options{
-		Store: db, Control: core, Log: log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
-		RateLimits: server.RateLimits{PerKey: rate.Limit(s.RateLimit), Burst: int(2 * s.RateLimit),
-			Creates: rate.Limit(s.CreateRateLimit), CreateBurst: int(5 * s.CreateRateLimit)},
-		Ready: func(ctx context.Context) error {
-			if !mir.Ready() {
-				return errors.New("status mirror has not synced yet")
-			}
-			if err := db.Probe(ctx); err != nil {
-				return err
-			}
-			if err := clients.CheckSandboxAPI(ctx); err != nil {
-				return err
-			}
-			return core.Hardened()
-		},
-	})
-	if err != nil {
-		return err
-	}
-	httpSrv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	if metricsLn != nil {
-		fmt.Fprintf(stdout, "hiloop metrics on http://%s/metrics\n", metricsLn.Addr())
-	}
-	log.Info("serving", "addr", ln.Addr().String(), "namespace", s.Namespace, "db", s.DB, "cluster", cfg.Host)
-	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, ln.Addr(), cfg.Host, s.Namespace)
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	if gateway != nil {
-		g.Go(func() error { return gateway.Serve(sshLn) })
-	}
-	var metricsSrv *http.Server
-	if metricsLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", met.Handler())
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-	}
-	g.Go(func() error { return mir.Run(gctx) })
-	g.Go(func() error { return core.Run(gctx) })
-	g.Go(func() error {
-		<-gctx.Done()
-		log.Info("shutting down", "sessions", core.Sessions())
-		sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
-		defer cancel()
-		// Live sessions (hijacked connections Shutdown does not see) get a
-		// final frame saying why, then the server drains.
-		cerr := core.Close(sctx)
-		var gerr, merr error
-		if gateway != nil {
-			gerr = gateway.Shutdown(sctx)
-		}
-		if metricsSrv != nil {
-			merr = metricsSrv.Shutdown(sctx)
-		}
-		return errors.Join(cerr, gerr, merr, httpSrv.Shutdown(sctx))
-	})
-	return g.Wait()
+	return a.Run(ctx)
 }
 
 // DevCmd runs hiloop against a local simulated cluster.
@@ -427,10 +234,16 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if d.AgentImage == "" {
 		d.AgentImage = "hiloop-agent:local"
 	}
-	if !slices.Contains(d.Transports, k8s.TransportForward) {
-		d.Transports = append(d.Transports, k8s.TransportForward)
+	if !slices.Contains(d.Transports, sandbox.TransportForward) {
+		d.Transports = append(d.Transports, sandbox.TransportForward)
 	}
-	go localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: exe, Dir: c.Workdir, Log: slog.Default()})
 	fmt.Fprintf(stdout, "Local cluster up. Inspect it with:\n\n    kubectl --kubeconfig %s get sandboxes,pods -n %s\n\n", c.Kubeconfig, c.Namespace)
-	return d.ServeCmd.run(ctx, stdout)
+	tuneGC()
+	a, err := newApp(ctx, &d.ServeCmd, stdout, func(ctx context.Context, log *slog.Logger) error {
+		return localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: exe, Dir: c.Workdir, Log: log})
+	})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
 }

@@ -216,7 +216,7 @@ func (c *SSHRotateCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass}, nil)
+	w, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hiloop/hiloop/forward"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -89,7 +90,7 @@ func TestAgent(t *testing.T) {
 	_, port, _ := net.SplitHostPort(echo.Addr().String())
 	p, _ := strconv.Atoi(port)
 	open := func(host string, port uint32) (gossh.Channel, error) {
-		ch, reqs, err := c.OpenChannel("direct-tcpip", gossh.Marshal(DirectTCPIP{Host: host, Port: port, OriginHost: "127.0.0.1", OriginPort: 1}))
+		ch, reqs, err := c.OpenChannel("direct-tcpip", gossh.Marshal(forward.DirectTCPIP{Host: host, Port: port, OriginHost: "127.0.0.1", OriginPort: 1}))
 		if err == nil {
 			go gossh.DiscardRequests(reqs)
 		}

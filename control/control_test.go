@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -24,7 +25,7 @@ func newControl(t *testing.T, fc *controltest.Cluster) (*Control, *store.Store, 
 	t.Cleanup(func() { db.Close() })
 	c, err := New(Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, ClusterTimeout: time.Second,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Limits: Limits{PerSandbox: 2, PerOrg: 3},
-		Caps: Capabilities{Transports: []string{"exec"}}})
+		Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}})
 	if err != nil {
 		t.Fatal(err)
 	}

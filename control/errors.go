@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -48,7 +49,33 @@ var (
 	ErrShuttingDown   = errors.New("hiloop is shutting down")
 	ErrKeyRevoked     = errors.New("the key this session authenticated with was revoked")
 	ErrSandboxChanged = errors.New("the sandbox stopped, was deleted or was quarantined")
+
+	// ErrExecTimeout: a command ran past the timeout its caller gave it.
+	ErrExecTimeout = errors.New("the command ran past its timeout")
+	// ErrCallerGone: the caller of an exec went away before it ended.
+	ErrCallerGone = errors.New("the caller went away")
+	// ErrStreamBroken: the stream to the sandbox broke before the command's
+	// exit status arrived (see StreamError).
+	ErrStreamBroken = errors.New("the stream to the sandbox broke before the command's exit status arrived")
 )
+
+// EndedError: a session was ended from outside while a command ran. Cause
+// is ErrShuttingDown, ErrKeyRevoked or ErrSandboxChanged; Err is what the
+// exec stream returned, for the log.
+type EndedError struct {
+	Cause error
+	Err   error
+}
+
+func (e *EndedError) Error() string { return "the session ended: " + e.Cause.Error() }
+func (e *EndedError) Unwrap() error { return e.Cause }
+
+// StreamError is ErrStreamBroken with what broke it, which is logged and
+// never sent (it can name the pod or the node).
+type StreamError struct{ Err error }
+
+func (e *StreamError) Error() string   { return ErrStreamBroken.Error() + ": " + e.Err.Error() }
+func (e *StreamError) Unwrap() []error { return []error{ErrStreamBroken, e.Err} }
 
 // FieldError is a request field the deployment cannot honour. Err is the
 // sentinel it wraps (ErrUnsupported).
@@ -75,10 +102,10 @@ func (e *StateError) Unwrap() error { return ErrNotRunning }
 
 // TransportError: the sandbox was not created with the transport a way in
 // needs (its receipt does not list it).
-type TransportError struct{ Transport string }
+type TransportError struct{ Transport sandbox.Transport }
 
 func (e *TransportError) Error() string {
-	if e.Transport == "forward" {
+	if e.Transport == sandbox.TransportForward {
 		return "the sandbox has no session helper: port forwarding needs the forward transport, asked for at create (--transport forward) and backed by the deployment"
 	}
 	return fmt.Sprintf("the sandbox was not created with the %s transport", e.Transport)
@@ -162,4 +189,21 @@ func ambiguous(err error) bool {
 		return false
 	}
 	return true
+}
+
+// clusterFailed classifies a failed cluster call and counts it by verb and
+// kind.
+func (c *Control) clusterFailed(verb string, err error) error {
+	err = classify(err)
+	kind := "unavailable"
+	switch {
+	case errors.Is(err, ErrClusterRejected):
+		kind = "rejected"
+	case errors.Is(err, ErrClusterForbidden):
+		kind = "forbidden"
+	case errors.Is(err, ErrClusterQuota):
+		kind = "quota"
+	}
+	c.o.Metrics.ClusterError(verb, kind)
+	return err
 }

@@ -2,9 +2,12 @@ package control
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -21,6 +24,21 @@ func (c *Control) GatewayKeys(ctx context.Context) ([]gossh.Signer, error) {
 		return []gossh.Signer{cur}, err
 	}
 	return []gossh.Signer{cur, prev}, nil
+}
+
+// helperKey is the gateway's current public key, authorized_keys form, for
+// the object of a record whose receipt has a session helper; "" for any
+// other. Reading it at every such create means a rotation reaches new
+// sandboxes at once.
+func (c *Control) helperKey(ctx context.Context, rec store.Sandbox) (string, error) {
+	if sandbox.RecordReceipt(rec.Receipt).SessionPort == 0 {
+		return "", nil
+	}
+	key, err := c.o.Store.KeyPair(ctx, store.KeyGateway)
+	if err != nil {
+		return "", fmt.Errorf("read the gateway key: %w", err)
+	}
+	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey()))), nil
 }
 
 // HelperKeyChanged records that the session's sandbox's helper, in pod

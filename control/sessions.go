@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
-	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -21,31 +23,105 @@ type Session struct {
 	SandboxID string
 	OrgID     string
 	KeyID     string
-	// Transport is the way in: exec, ssh or forward.
-	Transport string
+	// Transport is the way in.
+	Transport sandbox.Transport
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	c      *Control
 	once   sync.Once
+	// in and out count the bytes moved through In and Out, reported to the
+	// metrics when the session ends.
+	in, out atomic.Int64
+}
+
+// In wraps the stream into the sandbox, so the bytes read through it count
+// as the session's, in.
+func (s *Session) In(r io.Reader) io.Reader { return &countingReader{r: r, n: &s.in} }
+
+// Out wraps the stream out of the sandbox, so the bytes written through it
+// count as the session's, out.
+func (s *Session) Out(w io.Writer) io.Writer { return &countingWriter{w: w, n: &s.out} }
+
+// Moved reports bytes the session moved other than through In and Out (a
+// forwarded channel that ended, a one-shot command's buffers).
+func (s *Session) Moved(in, out int64) {
+	s.c.o.Metrics.SessionBytes(string(s.Transport), "in", in)
+	s.c.o.Metrics.SessionBytes(string(s.Transport), "out", out)
+}
+
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // Context ends with the session; context.Cause(ctx) tells why.
 func (s *Session) Context() context.Context { return s.ctx }
 
-// Exec runs a command in the session's sandbox. ctx should derive from
-// Context.
+// Exec runs a command in the session's sandbox and classifies how it ended,
+// once for every way in: nil with the command's exit status, or
+//   - an *EndedError when the session was ended from outside (its key
+//     revoked, its sandbox stopped, deleted or quarantined, shutdown);
+//   - a *ClusterError when the stream to the sandbox could not be opened;
+//   - ErrExecTimeout when ctx's deadline passed (the caller's timeout);
+//   - ErrCallerGone when ctx was cancelled by the caller;
+//   - a *StreamError when the stream broke before the exit status arrived.
+//
+// ctx should derive from Context.
 func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
 	if s.c.o.Exec == nil {
 		return k8s.ExitStatus{}, ErrNoExec
 	}
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
-	var ce *k8s.ConnectError
-	if errors.As(err, &ce) {
-		s.c.o.Metrics.ClusterError("exec", "unavailable")
-		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
+	if err == nil {
+		return st, nil
 	}
-	return st, err
+	var ce *k8s.ConnectError
+	connect := errors.As(err, &ce)
+	if connect {
+		s.c.o.Metrics.ClusterError("exec", "unavailable")
+	}
+	switch cause := s.Ended(); {
+	case cause != nil:
+		return st, &EndedError{Cause: cause, Err: err}
+	case connect:
+		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return st, ErrExecTimeout
+	case ctx.Err() != nil:
+		return st, ErrCallerGone
+	}
+	return st, &StreamError{Err: err}
+}
+
+// Ended reports why the session was ended from outside: ErrShuttingDown,
+// ErrKeyRevoked or ErrSandboxChanged; nil while it is live or when only
+// its caller's own context ended.
+func (s *Session) Ended() error {
+	cause := context.Cause(s.ctx)
+	for _, c := range []error{ErrShuttingDown, ErrKeyRevoked, ErrSandboxChanged} {
+		if errors.Is(cause, c) {
+			return c
+		}
+	}
+	return nil
 }
 
 // End releases the session's slot. It is safe to call more than once.
@@ -53,6 +129,7 @@ func (s *Session) End() {
 	s.once.Do(func() {
 		s.cancel(context.Canceled)
 		s.c.sessions.remove(s)
+		s.Moved(s.in.Load(), s.out.Load())
 	})
 }
 
@@ -60,8 +137,8 @@ func (s *Session) End() {
 // caller's organization's, not quarantined, and running) and takes a
 // session slot within the per-sandbox and per-organization limits. The
 // session's context derives from ctx. The caller must End it.
-func (c *Control) Admit(ctx context.Context, who Caller, id, transport string) (*Session, error) {
-	if c.o.Exec == nil && transport != k8s.TransportForward {
+func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sandbox.Transport) (*Session, error) {
+	if c.o.Exec == nil && transport != sandbox.TransportForward {
 		return nil, ErrNoExec
 	}
 	if err := c.Reachable(ctx, who, id, transport); err != nil {
@@ -80,10 +157,10 @@ func (c *Control) Admit(ctx context.Context, who Caller, id, transport string) (
 }
 
 // Reachable reports whether the caller may reach into a sandbox now through
-// transport ("exec", "ssh", "forward"), as Admit checks it, without taking a
-// session slot: store.ErrNotFound, ErrQuarantined, a *StateError, a
-// *TransportError, or nil.
-func (c *Control) Reachable(ctx context.Context, who Caller, id, transport string) error {
+// transport, as Admit checks it, without taking a session slot:
+// store.ErrNotFound, ErrQuarantined, a *StateError, a *TransportError, or
+// nil.
+func (c *Control) Reachable(ctx context.Context, who Caller, id string, transport sandbox.Transport) error {
 	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
 	if err != nil {
 		return err
@@ -91,20 +168,10 @@ func (c *Control) Reachable(ctx context.Context, who Caller, id, transport strin
 	if err := reachable(sb); err != nil {
 		return err
 	}
-	if !slices.Contains(receiptOf(sb).Transports, transport) {
+	if !sandbox.RecordReceipt(sb.Receipt).Has(transport) {
 		return &TransportError{Transport: transport}
 	}
 	return nil
-}
-
-// receiptOf is what the sandbox was promised. A record older than stored
-// receipts was made when exec was the only transport.
-func receiptOf(sb store.Sandbox) k8s.Receipt {
-	r, err := k8s.ParseReceipt(sb.Receipt)
-	if err != nil {
-		return k8s.Receipt{Transports: []string{"exec"}}
-	}
-	return r
 }
 
 // HelperAddr is where the session's sandbox's helper listens and the uid of
@@ -114,9 +181,9 @@ func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID stri
 	if err != nil {
 		return "", "", err
 	}
-	port := receiptOf(sb).SessionPort
+	port := sandbox.RecordReceipt(sb.Receipt).SessionPort
 	if port == 0 {
-		return "", "", &TransportError{Transport: k8s.TransportForward}
+		return "", "", &TransportError{Transport: sandbox.TransportForward}
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -32,8 +32,6 @@ const (
 	// HelperContainer is the session helper (`hiloop agent`), rendered for
 	// sandboxes that have the forward transport.
 	HelperContainer = "session-helper"
-	// TransportForward is the transport the session helper backs (ssh -L).
-	TransportForward = "forward"
 	// DefaultSessionPort is the port the session helper listens on.
 	DefaultSessionPort = 2223
 	// HelperUser is the uid the session helper runs as.
@@ -53,54 +51,6 @@ const (
 // Selector selects every object hiloop made.
 const Selector = LabelManagedBy + "=" + ManagedBy
 
-// Receipt is what the control plane promised for one sandbox. It is written
-// as a pod-template annotation, so the mirror can hold the live pod to it.
-type Receipt struct {
-	Version        int      `json:"v"`
-	RuntimeClass   string   `json:"runtime_class"`
-	ServiceAccount string   `json:"service_account"`
-	Storage        []string `json:"storage"`
-	Transports     []string `json:"transports"`
-	// SessionPort is the session helper's port, set only for sandboxes
-	// that have the helper (transport forward).
-	SessionPort int `json:"session_port,omitempty"`
-	// Insecure is InsecureNoGVisor for a sandbox made by a development
-	// deployment without gVisor; RuntimeClass is then empty.
-	Insecure string `json:"insecure,omitempty"`
-}
-
-// InsecureNoGVisor marks a receipt of a sandbox that runs without gVisor
-// (serve --insecure-no-gvisor, for clusters like kind).
-const InsecureNoGVisor = "no-gvisor"
-
-// Isolation says how the sandbox is isolated, as the API shows it: the
-// runtime class, or "insecure-no-gvisor".
-func (r Receipt) Isolation() string {
-	if r.Insecure == InsecureNoGVisor {
-		return "insecure-" + InsecureNoGVisor
-	}
-	return r.RuntimeClass
-}
-
-// ReceiptVersion is the receipt format this binary writes and reads.
-const ReceiptVersion = 1
-
-// ParseReceipt reads a receipt annotation, refusing anything it does not
-// fully understand.
-func ParseReceipt(s string) (Receipt, error) {
-	var r Receipt
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return Receipt{}, fmt.Errorf("receipt: %w", err)
-	}
-	if r.Version != ReceiptVersion || (r.RuntimeClass == "") != (r.Insecure == InsecureNoGVisor) ||
-		(r.Insecure != "" && r.Insecure != InsecureNoGVisor) {
-		return Receipt{}, fmt.Errorf("receipt: version %d, runtime class %q, insecure %q", r.Version, r.RuntimeClass, r.Insecure)
-	}
-	return r, nil
-}
-
 // RenderOptions are the deployment's choices that shape every sandbox.
 type RenderOptions struct {
 	Namespace    string
@@ -108,8 +58,8 @@ type RenderOptions struct {
 	// NoGVisor renders sandboxes without a runtime class, and says so in
 	// their receipts (serve --insecure-no-gvisor).
 	NoGVisor bool
-	// Transports are the ways in that this deployment backs ("exec", ...).
-	Transports []string
+	// Transports are the ways in that this deployment backs.
+	Transports []sandbox.Transport
 	// AgentImage runs the session helper of sandboxes that have the forward
 	// transport; the binary is /hiloop in it.
 	AgentImage string
@@ -128,8 +78,18 @@ func (o RenderOptions) sessionPort() int {
 }
 
 // ObjectName is the Kubernetes name of a sandbox: its id with the underscore
-// made a dash, since ids are not DNS labels.
+// made a dash, since ids are not DNS labels. IDFromName is its inverse.
 func ObjectName(id string) string { return strings.ReplaceAll(id, "_", "-") }
+
+// IDFromName maps a Kubernetes object name back to a sandbox id, reporting
+// whether the name is one ObjectName makes.
+func IDFromName(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "sbx-")
+	if !ok || rest == "" {
+		return "", false
+	}
+	return "sbx_" + rest, true
+}
 
 // ServiceAccountName is the organization's own service account.
 func ServiceAccountName(orgID string) string { return "hiloop-" + strings.ReplaceAll(orgID, "_", "-") }
@@ -138,16 +98,16 @@ func ServiceAccountName(orgID string) string { return "hiloop-" + strings.Replac
 // promised under the options: the runtime class, the org's service account,
 // its volumes with their storage classes, and the transports it asked for
 // (every backed one when it asked for none).
-func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
-	r := Receipt{Version: ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
-		Storage: []string{}, Transports: append([]string{}, o.Transports...)}
+func NewReceipt(orgID string, spec store.Spec, o RenderOptions) sandbox.Receipt {
+	r := sandbox.Receipt{Version: sandbox.ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
+		Storage: []string{}, Transports: append([]sandbox.Transport{}, o.Transports...)}
 	if o.NoGVisor {
-		r.RuntimeClass, r.Insecure = "", InsecureNoGVisor
+		r.RuntimeClass, r.Insecure = "", sandbox.InsecureNoGVisor
 	}
 	if len(spec.Transports) > 0 {
-		r.Transports = append([]string{}, spec.Transports...)
+		r.Transports = append([]sandbox.Transport{}, spec.Transports...)
 	}
-	if slices.Contains(r.Transports, TransportForward) {
+	if r.Has(sandbox.TransportForward) {
 		r.SessionPort = o.sessionPort()
 	}
 	for _, v := range spec.Volumes {
@@ -167,18 +127,17 @@ func NewReceipt(orgID string, spec store.Spec, o RenderOptions) Receipt {
 func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	labels := map[string]string{LabelOrg: sb.OrgID, LabelSandbox: sb.ID, LabelManagedBy: ManagedBy}
 	receipt := NewReceipt(sb.OrgID, sb.Spec, o)
-	rj, err := json.Marshal(receipt)
-	if err != nil {
-		return nil, err
-	}
+	rj := receipt.Encode()
 	if sb.Receipt != "" {
-		rj = []byte(sb.Receipt)
-		if receipt, err = ParseReceipt(sb.Receipt); err != nil {
+		var err error
+		rj = sb.Receipt
+		if receipt, err = sandbox.ParseReceipt(sb.Receipt); err != nil {
 			return nil, err
 		}
 	}
 
 	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image}
+	var err error
 	if container.Resources, err = resources(sb.Spec); err != nil {
 		return nil, err
 	}
@@ -201,7 +160,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		claims = append(claims, claim)
 		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: v.MountPath})
 	}
-	annotations := map[string]string{AnnotationReceipt: string(rj)}
+	annotations := map[string]string{AnnotationReceipt: rj}
 	containers := []corev1.Container{container}
 	var volumes []corev1.Volume
 	if receipt.SessionPort > 0 {
@@ -251,7 +210,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 
 // runtimeClassName is the receipt's runtime class; none when the receipt
 // says the sandbox runs without gVisor.
-func runtimeClassName(r Receipt) *string {
+func runtimeClassName(r sandbox.Receipt) *string {
 	if r.RuntimeClass == "" {
 		return nil
 	}

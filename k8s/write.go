@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -26,10 +27,6 @@ import (
 type Writer struct {
 	c    *Clients
 	opts RenderOptions
-	// gatewayKey, when set, is asked for the gateway's current public key
-	// at every create of a sandbox with a session helper, so a rotation
-	// reaches new sandboxes at once.
-	gatewayKey func(ctx context.Context) (string, error)
 
 	mu       sync.Mutex
 	accounts map[string]bool // service accounts known to exist
@@ -38,28 +35,22 @@ type Writer struct {
 	creating singleflight.Group
 }
 
-// NewWriter returns a Writer for the sandbox namespace of opts. gatewayKey
-// gives the gateway's current public key for session helpers; it may be nil
-// when the deployment does not back the forward transport.
-func NewWriter(c *Clients, opts RenderOptions, gatewayKey func(ctx context.Context) (string, error)) (*Writer, error) {
+// NewWriter returns a Writer for the sandbox namespace of opts.
+func NewWriter(c *Clients, opts RenderOptions) (*Writer, error) {
 	if c == nil || opts.Namespace == "" || opts.RuntimeClass == "" {
 		return nil, fmt.Errorf("k8s writer: clients, namespace and runtime class are required")
 	}
-	return &Writer{c: c, opts: opts, gatewayKey: gatewayKey, accounts: map[string]bool{}}, nil
+	return &Writer{c: c, opts: opts, accounts: map[string]bool{}}, nil
 }
 
-// Create renders and creates the Sandbox of a record. A Sandbox that already
-// exists for the same id counts as created, so start-up can finish a create
-// interrupted by a crash.
-func (w *Writer) Create(ctx context.Context, sb store.Sandbox) error {
+// Create renders and creates the Sandbox of a record. gatewayKey is the
+// gateway's current public key (authorized_keys form), which a session
+// helper accepts; it is needed only when the record's receipt has one. A
+// Sandbox that already exists for the same id counts as created, so
+// start-up can finish a create interrupted by a crash.
+func (w *Writer) Create(ctx context.Context, sb store.Sandbox, gatewayKey string) error {
 	opts := w.opts
-	if w.gatewayKey != nil && NewReceipt(sb.OrgID, sb.Spec, opts).SessionPort > 0 {
-		key, err := w.gatewayKey(ctx)
-		if err != nil {
-			return err
-		}
-		opts.GatewayKey = key
-	}
+	opts.GatewayKey = gatewayKey
 	obj, err := Render(sb, opts)
 	if err != nil {
 		return err
@@ -92,11 +83,11 @@ func (w *Writer) post(ctx context.Context, obj *v1beta1.Sandbox) error {
 	return err
 }
 
-// Receipt is the JSON receipt a sandbox of the organization with this spec
-// is promised; the control plane stores it in the record at create time.
-func (w *Writer) Receipt(orgID string, spec store.Spec) (string, error) {
-	b, err := json.Marshal(NewReceipt(orgID, spec, w.opts))
-	return string(b), err
+// Receipt is what a sandbox of the organization with this spec is promised
+// under this deployment's options; the control plane stores it in the
+// record at create time.
+func (w *Writer) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
+	return NewReceipt(orgID, spec, w.opts)
 }
 
 // Exists asks the API server whether a sandbox's object exists and carries

@@ -10,6 +10,7 @@ import (
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestServiceAccountOncePerBurst(t *testing.T) {
 	kube := kubefake.NewClientset()
 	sb := sandboxfake.NewSimpleClientset()
-	w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sb}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec"}}, nil)
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sb}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func TestServiceAccountOncePerBurst(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			rec := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_new", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}}
-			if err := w.Create(context.Background(), rec); err != nil {
+			if err := w.Create(context.Background(), rec, ""); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -50,35 +51,41 @@ func TestServiceAccountOncePerBurst(t *testing.T) {
 	}
 }
 
-// TestGatewayKeyOnlyForHelpers: a create asks for the gateway's key only
-// when the sandbox has a session helper, and puts the key it got on that
-// sandbox's pod template.
+// TestGatewayKeyOnlyForHelpers: the gateway's key goes on the pod template
+// of a sandbox with a session helper, and nowhere else; a helper without a
+// key is refused rather than rendered unreachable.
 func TestGatewayKeyOnlyForHelpers(t *testing.T) {
 	sb := sandboxfake.NewSimpleClientset()
-	asked := 0
 	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb},
-		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec", k8s.TransportForward}, AgentImage: "agent"},
-		func(context.Context) (string, error) { asked++; return "ssh-ed25519 AAAAkey", nil })
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, AgentImage: "agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	plain := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox", Transports: []string{"exec"}}}
-	if err := w.Create(ctx, plain); err != nil {
+	annotation := func(id string) (string, bool) {
+		obj, err := sb.AgentsV1beta1().Sandboxes("ns").Get(ctx, k8s.ObjectName(id), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey]
+		return v, ok
+	}
+	plain := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning,
+		Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportExec}}}
+	if err := w.Create(ctx, plain, "ssh-ed25519 AAAAkey"); err != nil {
 		t.Fatal(err)
 	}
-	if asked != 0 {
-		t.Errorf("a sandbox without a helper asked for the gateway key %d times", asked)
+	if v, ok := annotation(plain.ID); ok {
+		t.Errorf("a sandbox without a helper carries the gateway key %q", v)
 	}
 	helped := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}}
-	if err := w.Create(ctx, helped); err != nil {
+	if err := w.Create(ctx, helped, ""); err == nil {
+		t.Error("a sandbox with a helper was created without the gateway's key")
+	}
+	if err := w.Create(ctx, helped, "ssh-ed25519 AAAAkey"); err != nil {
 		t.Fatal(err)
 	}
-	obj, err := sb.AgentsV1beta1().Sandboxes("ns").Get(ctx, k8s.ObjectName(helped.ID), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if asked != 1 || obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey] != "ssh-ed25519 AAAAkey" {
-		t.Errorf("a sandbox with a helper (every backed transport): asked %d times, annotation %q", asked, obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey])
+	if v, _ := annotation(helped.ID); v != "ssh-ed25519 AAAAkey" {
+		t.Errorf("a sandbox with a helper (every backed transport): annotation %q", v)
 	}
 }

@@ -7,12 +7,11 @@ package metrics
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,7 +36,7 @@ type Source interface {
 	// SandboxesByState counts sandboxes by state, and organizations.
 	SandboxesByState(ctx context.Context) (map[string]int, int, error)
 	// Sessions counts live sessions by transport.
-	SessionsByTransport() map[string]int
+	SessionsByTransport() map[sandbox.Transport]int
 }
 
 // New makes the registry with Go and process collectors.
@@ -97,7 +96,7 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.orgs, prometheus.GaugeValue, float64(orgs))
 	}
 	for t, n := range c.src.SessionsByTransport() {
-		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), t)
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), string(t))
 	}
 }
 
@@ -170,26 +169,3 @@ func (m *Metrics) SessionBytes(transport, direction string, n int64) {
 	}
 	m.sessionBytes.WithLabelValues(transport, direction).Add(float64(n))
 }
-
-// Counter counts the bytes read through R or written through W, for
-// SessionBytes.
-type Counter struct {
-	R io.Reader
-	W io.Writer
-	n atomic.Int64
-}
-
-func (c *Counter) Read(p []byte) (int, error) {
-	n, err := c.R.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-func (c *Counter) Write(p []byte) (int, error) {
-	n, err := c.W.Write(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-// N is the bytes counted so far.
-func (c *Counter) N() int64 { return c.n.Load() }

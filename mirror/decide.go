@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -63,9 +64,10 @@ var orgIDPattern = regexp.MustCompile(`^org_[A-Za-z0-9]+$`)
 
 // Decide maps what the cluster shows for one sandbox to the state the record
 // should hold. obj is nil when no Sandbox object is observed; pods are the
-// live pods that belong to it. It is a pure function of its arguments and
-// implements the state table of docs/states.md.
-func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now time.Time) store.Observation {
+// live pods that belong to it; parse reads a receipt (sandbox.ParseReceipt, or
+// the mirror's memo of it, receiptCache). With a pure parse it is a pure
+// function of its arguments. It implements the state table of docs/states.md.
+func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now time.Time, parse func(string) (sandbox.Receipt, error)) store.Observation {
 	if obj == nil {
 		switch {
 		case rec.DesiredMode == store.ModeDeleted:
@@ -90,7 +92,7 @@ func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now tim
 	}
 	podUID := ""
 	if len(live) == 1 {
-		if o, bad := checkPod(live[0], rec); bad {
+		if o, bad := checkPod(live[0], rec, parse); bad {
 			return o
 		}
 		podUID = string(live[0].UID)
@@ -178,20 +180,21 @@ func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (st
 	}
 }
 
-// receipts memoizes k8s.ParseReceipt, a pure function: the receipts of
-// thousands of sandboxes are a handful of distinct strings, and parsing two
-// on every decision was a twentieth of serve's CPU while sandboxes were being
-// created. It holds at most maxReceipts, each at most maxReceiptLen long (a
-// receipt is a few hundred bytes; a longer one is parsed every time, so an
-// edited annotation cannot fill memory), and starts over when full. Decide
-// never changes a receipt it is given.
-var receipts struct {
-	sync.Mutex
-	m map[string]parsedReceipt
+// receiptCache memoizes sandbox.ParseReceipt, a pure function, for the
+// decisions of one Mirror: the receipts of thousands of sandboxes are a
+// handful of distinct strings, and parsing two on every decision was a
+// twentieth of serve's CPU while sandboxes were being created. It holds at
+// most maxReceipts, each at most maxReceiptLen long (a receipt is a few
+// hundred bytes; a longer one is parsed every time, so an edited annotation
+// cannot fill memory), and starts over when full. Decide never changes a
+// receipt it is given. The zero value is an empty cache.
+type receiptCache struct {
+	mu sync.Mutex
+	m  map[string]parsedReceipt
 }
 
 type parsedReceipt struct {
-	r   k8s.Receipt
+	r   sandbox.Receipt
 	err error
 }
 
@@ -200,20 +203,21 @@ const (
 	maxReceiptLen = 4096
 )
 
-func parseReceipt(raw string) (k8s.Receipt, error) {
+// parse is sandbox.ParseReceipt through the cache.
+func (c *receiptCache) parse(raw string) (sandbox.Receipt, error) {
 	if len(raw) > maxReceiptLen {
-		return k8s.ParseReceipt(raw)
+		return sandbox.ParseReceipt(raw)
 	}
-	receipts.Lock()
-	defer receipts.Unlock()
-	if p, ok := receipts.m[raw]; ok {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.m[raw]; ok {
 		return p.r, p.err
 	}
-	if len(receipts.m) >= maxReceipts || receipts.m == nil {
-		receipts.m = map[string]parsedReceipt{}
+	if len(c.m) >= maxReceipts || c.m == nil {
+		c.m = map[string]parsedReceipt{}
 	}
-	r, err := k8s.ParseReceipt(raw)
-	receipts.m[raw] = parsedReceipt{r, err}
+	r, err := sandbox.ParseReceipt(raw)
+	c.m[raw] = parsedReceipt{r, err}
 	return r, err
 }
 
@@ -236,7 +240,7 @@ func livePods(pods []*corev1.Pod) []*corev1.Pod {
 // says was promised. The pod's receipt annotation must be there, readable,
 // and the same promise: someone who edits both the runtime class and the
 // annotation does not escape quarantine.
-func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
+func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Receipt, error)) (store.Observation, bool) {
 	if o, bad := checkIdentity("pod ", p.Labels, rec); bad {
 		return o, true
 	}
@@ -244,14 +248,14 @@ func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
 	if !ok {
 		return attention(AnomalyReceiptUnreadable, "pod carries no runtime receipt"), true
 	}
-	annotated, err := parseReceipt(raw)
+	annotated, err := parse(raw)
 	if err != nil {
 		return attention(AnomalyReceiptUnreadable, err.Error()), true
 	}
 	promised := annotated
 	var contradictions, reasons []string
 	if rec.Receipt != "" {
-		if promised, err = parseReceipt(rec.Receipt); err != nil {
+		if promised, err = parse(rec.Receipt); err != nil {
 			return attention(AnomalyReceiptUnreadable, "record: "+err.Error()), true
 		}
 		if !reflect.DeepEqual(promised, annotated) {
@@ -291,7 +295,7 @@ func checkPod(p *corev1.Pod, rec store.Sandbox) (store.Observation, bool) {
 
 // helperMismatch says how the pod's session helper breaks the promise, or ""
 // when it keeps it (or none was promised).
-func helperMismatch(p *corev1.Pod, promised k8s.Receipt) string {
+func helperMismatch(p *corev1.Pod, promised sandbox.Receipt) string {
 	if promised.SessionPort == 0 {
 		return ""
 	}
@@ -307,7 +311,7 @@ func helperMismatch(p *corev1.Pod, promised k8s.Receipt) string {
 // the promised storage ("name:class" entries), or "" when they match. The
 // controller mounts claim template NAME of Sandbox S as volume NAME backed by
 // claim NAME-S; the class is the claim's, which the pod does not show.
-func storageMismatch(p *corev1.Pod, promised k8s.Receipt) string {
+func storageMismatch(p *corev1.Pod, promised sandbox.Receipt) string {
 	want := map[string]bool{}
 	for _, s := range promised.Storage {
 		name, _, _ := strings.Cut(s, ":")

@@ -2,6 +2,8 @@ package mirror
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,16 +15,17 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
 var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []string{"exec"}}
+var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}}
 
 // withHelper is a record that has the forward transport, and so a helper.
 func withHelper(s *store.Sandbox) {
-	s.Spec.Transports = []string{"forward"}
+	s.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
 	b, _ := json.Marshal(k8s.NewReceipt("org_a", s.Spec, renderOpts))
 	s.Receipt = string(b)
 }
@@ -150,7 +153,7 @@ func TestDecide(t *testing.T) {
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionServiceAccount, Reason: `service account "default", receipt promised "hiloop-org-a"`}},
 		{"receipt and runtime class edited together", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.RuntimeClassName = ptr.To("runc")
-			r := k8s.NewReceipt("org_a", store.Spec{}, k8s.RenderOptions{RuntimeClass: "runc", Transports: []string{"exec"}})
+			r := k8s.NewReceipt("org_a", store.Spec{}, k8s.RenderOptions{RuntimeClass: "runc", Transports: []sandbox.Transport{sandbox.TransportExec}})
 			b, _ := json.Marshal(r)
 			p.Annotations = map[string]string{k8s.AnnotationReceipt: string(b)}
 		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionReceipt + "," + ContradictionRuntimeClass,
@@ -198,22 +201,14 @@ func TestDecide(t *testing.T) {
 		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionRuntimeClass + "," + ContradictionHostNamespaces,
 			Reason: `runtime class "", receipt promised "gvisor"; pod shares a host namespace`}},
 	}
+	var receipts receiptCache
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Decide(tc.obj, tc.pods, tc.rec, now)
+			got := Decide(tc.obj, tc.pods, tc.rec, now, receipts.parse)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Decide (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-func TestIDFromName(t *testing.T) {
-	for name, want := range map[string]string{"sbx-abc": "sbx_abc", "other": "", "sbx-": ""} {
-		got, _ := IDFromName(name)
-		if got != want {
-			t.Errorf("IDFromName(%q) = %q, want %q", name, got, want)
-		}
 	}
 }
 
@@ -278,6 +273,7 @@ func podVariants() [][]*corev1.Pod {
 
 func TestTrimKeepsWhatDecideReads(t *testing.T) {
 	objs, pods := objectVariants(), podVariants()
+	var receipts receiptCache
 	for _, rec := range []store.Sandbox{record(), record(withHelper)} {
 		for i, o := range objs {
 			for j, ps := range pods {
@@ -285,8 +281,8 @@ func TestTrimKeepsWhatDecideReads(t *testing.T) {
 				for _, p := range ps {
 					trimmed = append(trimmed, trim(p.DeepCopy()).(*corev1.Pod))
 				}
-				want := Decide(o, ps, rec, now)
-				got := Decide(trim(o.DeepCopy()).(*v1beta1.Sandbox), trimmed, rec, now)
+				want := Decide(o, ps, rec, now, receipts.parse)
+				got := Decide(trim(o.DeepCopy()).(*v1beta1.Sandbox), trimmed, rec, now, receipts.parse)
 				if diff := cmp.Diff(want, got); diff != "" {
 					t.Errorf("record %v, object %d, pods %d: trimmed decision differs (-full +trimmed):\n%s", rec.Spec.Transports, i, j, diff)
 				}
@@ -369,5 +365,32 @@ func TestDeadline(t *testing.T) {
 		if got := deadline(c.obj, c.rec); !got.Equal(c.want) {
 			t.Errorf("deadline = %v, want %v", got, c.want)
 		}
+	}
+}
+
+// TestReceiptCache: the memo answers what the parser answers, a receipt or
+// an error, and stays bounded: a receipt too long to keep is parsed and not
+// kept, and a full memo starts over.
+func TestReceiptCache(t *testing.T) {
+	var c receiptCache
+	raws := []string{record().Receipt, record(withHelper).Receipt, `{"v":99}`, "not json",
+		strings.Repeat(" ", maxReceiptLen) + record().Receipt}
+	for _, raw := range raws {
+		want, wantErr := sandbox.ParseReceipt(raw)
+		for range 2 { // parsed, then remembered
+			got, err := c.parse(raw)
+			if diff := cmp.Diff(want, got); diff != "" || fmt.Sprint(err) != fmt.Sprint(wantErr) {
+				t.Errorf("parse(%.40q): error %v, want %v; receipt (-want +got):\n%s", raw, err, wantErr, diff)
+			}
+		}
+	}
+	if len(c.m) != len(raws)-1 {
+		t.Errorf("the memo holds %d receipts, want %d: all but the long one", len(c.m), len(raws)-1)
+	}
+	for i := range maxReceipts {
+		c.parse(fmt.Sprintf(`{"v":%d}`, i))
+	}
+	if len(c.m) > maxReceipts {
+		t.Errorf("the memo holds %d receipts, more than %d", len(c.m), maxReceipts)
 	}
 }

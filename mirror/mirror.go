@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -76,9 +75,11 @@ type Mirror struct {
 	// on through two goroutines more, and nothing here shares them.
 	informers []cache.Controller
 
-	mu      sync.Mutex
-	ready   bool
-	orphans map[string]bool
+	// receipts memoizes the receipts Decide reads (see receiptCache).
+	receipts receiptCache
+
+	mu    sync.Mutex
+	ready bool
 	// seen is when the oldest unhandled event of each queued sandbox came.
 	seen map[string]time.Time
 }
@@ -106,7 +107,7 @@ func New(o Options) (*Mirror, error) {
 	if o.Workers == 0 {
 		o.Workers = 4
 	}
-	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), orphans: map[string]bool{}, seen: map[string]time.Time{},
+	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), seen: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
 
@@ -133,15 +134,6 @@ func New(o Options) (*Mirror, error) {
 	return m, nil
 }
 
-// IDFromName maps a Kubernetes object name back to a sandbox id.
-func IDFromName(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, "sbx-")
-	if !ok || rest == "" {
-		return "", false
-	}
-	return "sbx_" + rest, true
-}
-
 // podSandboxIDs indexes a pod under the sandbox its controller reference
 // names, else under its sandbox label.
 func podSandboxIDs(obj any) ([]string, error) {
@@ -157,7 +149,7 @@ func podSandboxID(obj any) string {
 		return ""
 	}
 	if ref := pod.owner; ref != nil && ref.Kind == "Sandbox" {
-		if id, ok := IDFromName(ref.Name); ok {
+		if id, ok := k8s.IDFromName(ref.Name); ok {
 			return id
 		}
 	}
@@ -171,7 +163,7 @@ func (m *Mirror) enqueueObject(obj any) {
 	obj, _ = compact(obj)
 	switch o := obj.(type) {
 	case *sandboxView:
-		if id, ok := IDFromName(o.name); ok {
+		if id, ok := k8s.IDFromName(o.name); ok {
 			m.add(id)
 		}
 	case *podView:
@@ -208,18 +200,6 @@ func (m *Mirror) Ready() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.ready
-}
-
-// Orphans lists the names of Sandbox objects that carry hiloop's labels but
-// that no record knows. They are reported, never adopted or deleted.
-func (m *Mirror) Orphans() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for n := range m.orphans {
-		out = append(out, n)
-	}
-	return out
 }
 
 // Run starts the informers, waits for their sync, reconciles every unsettled
@@ -317,7 +297,7 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 	}
 	for _, item := range m.objects.List() {
 		o := item.(*sandboxView)
-		id, ok := IDFromName(o.name)
+		id, ok := k8s.IDFromName(o.name)
 		if ok && known[id] {
 			continue
 		}
@@ -326,9 +306,6 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 				continue
 			}
 		}
-		m.mu.Lock()
-		m.orphans[o.name] = true
-		m.mu.Unlock()
 		m.log.Warn("sandbox object with hiloop labels that no record knows; leaving it alone", "object", o.name, "namespace", o.namespace)
 	}
 	return nil
@@ -428,7 +405,7 @@ func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 		pods = append(pods, it.(*podView).object())
 	}
 	now := m.o.Now()
-	obs := Decide(obj, pods, rec, now)
+	obs := Decide(obj, pods, rec, now, m.receipts.parse)
 	m.wakeAt(rec.ID, deadline(obj, rec), now)
 	return obs, !obs.Unchanged(rec), nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/mirror"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -47,7 +48,7 @@ func BenchmarkMirrorScale(b *testing.B) {
 	}
 	defer db.Close()
 	org, _ := db.CreateOrg(ctx, "scale", 20000, 20000)
-	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []string{"exec"}}, nil)
+	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func BenchmarkMirrorScale(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				if err := w.Create(ctx, sb); err != nil {
+				if err := w.Create(ctx, sb, ""); err != nil {
 					b.Error(err)
 				}
 			}()

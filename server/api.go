@@ -3,7 +3,7 @@ package server
 import (
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -122,10 +122,10 @@ func toAPI(sb store.Sandbox) Sandbox {
 		Resources: Resources{CPURequest: sb.Spec.CPURequest, CPULimit: sb.Spec.CPULimit,
 			MemoryRequest: sb.Spec.MemoryRequest, MemoryLimit: sb.Spec.MemoryLimit},
 		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
-		Volumes: []VolumeRequest{}, Labels: map[string]string{}, Transports: append([]string{}, sb.Spec.Transports...),
+		Volumes: []VolumeRequest{}, Labels: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 	}
-	if r, err := k8s.ParseReceipt(sb.Receipt); err == nil {
+	if r, err := sandbox.ParseReceipt(sb.Receipt); err == nil {
 		out.Isolation = r.Isolation()
 	}
 	if sb.Spec.TTLSeconds > 0 {
@@ -136,6 +136,15 @@ func toAPI(sb store.Sandbox) Sandbox {
 	}
 	for k, v := range sb.Spec.Labels {
 		out.Labels[k] = v
+	}
+	return out
+}
+
+// transportNames are the transports as the API names them.
+func transportNames(ts []sandbox.Transport) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = string(t)
 	}
 	return out
 }

@@ -189,10 +189,15 @@ func (c *Client) RevokeKey(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/keys/"+url.PathEscape(id), nil, nil, nil)
 }
 
-// FailureStates are the states in which waiting for running stops, failed.
-var FailureStates = map[store.State]bool{
-	store.StateExited: true, store.StateExpired: true, store.StateDeleted: true, store.StateLost: true,
-	store.StateAttention: true, store.StateQuarantined: true, store.StateFailed: true,
+// failedWaiting reports whether waiting for a state stops, failed, once a
+// sandbox is in state st.
+func failedWaiting(st store.State) bool {
+	switch st {
+	case store.StateExited, store.StateExpired, store.StateDeleted, store.StateLost,
+		store.StateAttention, store.StateQuarantined, store.StateFailed:
+		return true
+	}
+	return false
 }
 
 // Wait polls a sandbox until it reaches state want, calling progress on each
@@ -217,7 +222,7 @@ func (c *Client) Wait(ctx context.Context, id string, want store.State, progress
 		if sb.State == want {
 			return sb, nil
 		}
-		if FailureStates[sb.State] || (want == store.StateRunning && sb.Desired != store.ModeRunning) {
+		if failedWaiting(sb.State) || (want == store.StateRunning && sb.Desired != store.ModeRunning) {
 			return sb, &WaitError{Sandbox: sb}
 		}
 		// The server answers when the state changes. An answer in the same
@@ -258,13 +263,6 @@ func (e *WaitError) Error() string {
 		msg += ": " + sb.Reason
 	}
 	return msg
-}
-
-// ExecRun runs a one-shot command.
-func (c *Client) ExecRun(ctx context.Context, id string, req ExecRunRequest) (ExecRunResponse, error) {
-	var out ExecRunResponse
-	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec/run", nil, req, &out)
-	return out, err
 }
 
 // StreamOptions describe a streaming exec session.

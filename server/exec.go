@@ -15,7 +15,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/metrics"
+	"github.com/hiloop/hiloop/sandbox"
 )
 
 // Exec limits and defaults.
@@ -127,14 +127,23 @@ func parseTimeout(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// execError maps a failed exec to the API's answer. What broke is logged by
-// writeError, never sent: it can name the pod or the node.
-func execError(err error) error {
-	var ce *control.ClusterError
-	if errors.As(err, &ce) || errors.Is(err, control.ErrNoExec) {
-		return err
+// execFailed maps how the core says an exec ended, other than with an exit
+// status, to the API's answer. What broke is logged by writeError, never
+// sent: it can name the pod or the node.
+func execFailed(err error) error {
+	var ee *control.EndedError
+	var se *control.StreamError
+	switch {
+	case errors.As(err, &ee):
+		status := http.StatusConflict
+		if errors.Is(ee.Cause, control.ErrShuttingDown) {
+			status = http.StatusServiceUnavailable
+		}
+		return &wrappedAPIError{apiError: newError(status, CodeSessionEnded, ee.Error()), err: err}
+	case errors.As(err, &se):
+		return &wrappedAPIError{apiError: newError(http.StatusBadGateway, CodeExecFailed, control.ErrStreamBroken.Error()), err: err}
 	}
-	return &wrappedAPIError{apiError: newError(http.StatusBadGateway, CodeExecFailed, "the stream to the sandbox broke before the command's exit status arrived"), err: err}
+	return err
 }
 
 // wrappedAPIError is an apiError that keeps the error behind it for the log.
@@ -145,28 +154,6 @@ type wrappedAPIError struct {
 
 func (e *wrappedAPIError) Error() string { return e.apiError.Error() + ": " + e.err.Error() }
 func (e *wrappedAPIError) Unwrap() error { return e.apiError }
-
-// sessionEnded is the answer for a command whose session was ended from the
-// outside, by cause.
-func sessionEnded(cause error) *apiError {
-	status := http.StatusConflict
-	if errors.Is(cause, control.ErrShuttingDown) {
-		status = http.StatusServiceUnavailable
-	}
-	return newError(status, CodeSessionEnded, "the session ended: "+cause.Error())
-}
-
-// endedBy reports why a session's context ended from the outside, or nil
-// when it did not (or only the caller's own context ended).
-func endedBy(sess *control.Session) error {
-	cause := context.Cause(sess.Context())
-	for _, c := range []error{control.ErrShuttingDown, control.ErrKeyRevoked, control.ErrSandboxChanged} {
-		if errors.Is(cause, c) {
-			return c
-		}
-	}
-	return nil
-}
 
 // capWriter keeps the first max bytes and counts what it drops.
 type capWriter struct {
@@ -204,7 +191,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, "exec")
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -220,24 +207,18 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	st, err := sess.Exec(ctx, ereq)
-	s.o.Metrics.SessionBytes("exec", "out", int64(len(stdout.buf)+len(stderr.buf)))
+	in := 0
 	if req.Stdin != nil {
-		s.o.Metrics.SessionBytes("exec", "in", int64(len(*req.Stdin)))
+		in = len(*req.Stdin)
 	}
+	sess.Moved(int64(in), int64(len(stdout.buf)+len(stderr.buf)))
 	resp := ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
 		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
-	var ce *control.ClusterError
 	switch {
-	case err != nil && errors.As(err, &ce):
-		s.writeError(w, r, err)
-		return
-	case err != nil && endedBy(sess) != nil:
-		s.writeError(w, r, sessionEnded(endedBy(sess)))
-		return
-	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(err, control.ErrExecTimeout):
 		resp.TimedOut = true
 	case err != nil:
-		s.writeError(w, r, execError(err))
+		s.writeError(w, r, execFailed(err))
 		return
 	default:
 		resp.ExitCode, resp.Signal = &st.Code, st.Signal
@@ -301,7 +282,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusBadRequest, CodeWebSocketRequired, "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, "exec")
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -334,22 +315,13 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	stdout, stderr := &metrics.Counter{W: cc.Writer(ChanStdout)}, &metrics.Counter{W: cc.Writer(ChanStderr)}
-	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: stdout, Stderr: stderr}
+	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(ChanStdout)), Stderr: sess.Out(cc.Writer(ChanStderr))}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
-	var stdinN *metrics.Counter
 	if flags["stdin"] {
 		stdinR, stdinW = io.Pipe()
-		stdinN = &metrics.Counter{R: stdinR}
-		ereq.Stdin = stdinN
+		ereq.Stdin = sess.In(stdinR)
 	}
-	defer func() {
-		s.o.Metrics.SessionBytes("exec", "out", stdout.N()+stderr.N())
-		if stdinN != nil {
-			s.o.Metrics.SessionBytes("exec", "in", stdinN.N())
-		}
-	}()
 	resize := make(chan k8s.TerminalSize, 4)
 	if ereq.TTY {
 		ereq.Resize = resize
@@ -388,26 +360,17 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	frameMu.Lock()
 	ferr := frameErr
 	frameMu.Unlock()
-	var ce *control.ClusterError
 	switch {
 	case ferr != nil:
 		log.Info("exec session refused a frame", "err", ferr)
 		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeInvalidFrame, Message: ferr.Error()}})
-	case err != nil && errors.As(err, &ce):
-		log.Warn("exec could not reach the sandbox", "err", err)
-		d := toAPIError(err).detail
-		sendExit(ExitFrame{Error: &d})
-	case err != nil && endedBy(sess) != nil:
-		log.Info("exec session ended", "cause", endedBy(sess))
-		d := sessionEnded(endedBy(sess)).detail
-		sendExit(ExitFrame{Error: &d})
-	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(err, control.ErrExecTimeout):
 		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}})
-	case err != nil && ctx.Err() != nil:
+	case errors.Is(err, control.ErrCallerGone):
 		// The client left; nobody is listening for the exit.
 	case err != nil:
-		log.Warn("exec failed", "err", err)
-		d := toAPIError(execError(err)).detail
+		log.Warn("exec ended without an exit status", "err", err)
+		d := toAPIError(execFailed(err)).detail
 		sendExit(ExitFrame{Error: &d})
 	default:
 		sendExit(ExitFrame{ExitCode: &st.Code, Signal: st.Signal})

@@ -1,6 +1,7 @@
-// Package server is hiloop's HTTP API. Every read is answered from the
-// product record; writes go to the record first and then, through the k8s
-// write vocabulary, to the cluster.
+// Package server is hiloop's HTTP API. It only translates: every read is
+// answered from the product record, and everything a caller may do to a
+// sandbox, a key or a session is asked of the core (package control), whose
+// answers and errors it maps to HTTP in one place.
 package server
 
 import (
@@ -260,6 +261,11 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 	return nil
 }
 
+// errEmptyBody answers a request whose JSON body is empty; action endpoints
+// accept it.
+var errEmptyBody = newError(http.StatusBadRequest, CodeInvalidJSON, "empty body")
+
+// jsonError maps a JSON decoding error to the answer that names the field.
 func jsonError(err error) *apiError {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
@@ -274,7 +280,7 @@ func jsonError(err error) *apiError {
 	case errors.As(err, &se):
 		return newError(http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err))
 	case errors.Is(err, io.EOF):
-		return newError(http.StatusBadRequest, CodeInvalidJSON, "empty body")
+		return errEmptyBody
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: f, Message: "unknown field " + f}}
@@ -364,7 +370,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fieldError("name", "at most 64 characters"))
 		return
 	}
-	k, secret, err := s.o.Store.CreateKey(r.Context(), caller(r).OrgID, req.Name)
+	k, secret, err := s.o.Control.CreateKey(r.Context(), caller(r), req.Name)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -394,13 +400,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
 		return
 	}
-	spec, expires, err := validateCreate(req, time.Now())
+	spec, err := validateCreate(req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
-		Spec: spec, ExpiresAt: expires, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
+		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
 	if errors.Is(err, store.ErrConflict) && idem != "" {
 		err = newError(http.StatusConflict, CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
@@ -571,11 +577,10 @@ func emptyBody(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	var v struct{}
-	err := decode(w, r, &v)
-	if ae, ok := err.(*apiError); ok && ae.detail.Message == "empty body" {
-		return nil
+	if err := decode(w, r, &v); err != errEmptyBody {
+		return err
 	}
-	return err
+	return nil
 }
 
 func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {

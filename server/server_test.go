@@ -26,6 +26,7 @@ import (
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -54,7 +55,7 @@ func newTestServer(t testing.TB, fc *controltest.Cluster, opts ...func(*Options,
 	t.Cleanup(func() { db.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	co := control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, Log: log, ClusterTimeout: time.Second,
-		Caps: control.Capabilities{Transports: []string{"exec"}, StorageClasses: []string{"fast"}}}
+		Caps: control.Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}, StorageClasses: []string{"fast"}}}
 	so := Options{Store: db, Log: log}
 	for _, o := range opts {
 		o(&so, &co)

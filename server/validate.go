@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -47,87 +48,84 @@ var (
 )
 
 // validateCreate checks every field of a create request and returns the
-// spec to record and the expiry, or an error naming the field. Whether the
-// deployment backs what the spec asks for is control's admission.
-func validateCreate(req CreateSandboxRequest, now time.Time) (store.Spec, *time.Time, error) {
+// spec to record, or an error naming the field. Whether the deployment
+// backs what the spec asks for is control's admission.
+func validateCreate(req CreateSandboxRequest) (store.Spec, error) {
 	spec := store.Spec{Image: req.Image, ShutdownPolicy: "retain", Labels: req.Labels}
 	switch {
 	case req.Image == "":
-		return spec, nil, fieldError("image", "is required")
+		return spec, fieldError("image", "is required")
 	case len(req.Image) > MaxImageLen || !imageRef.MatchString(req.Image):
-		return spec, nil, fieldError("image", fmt.Sprintf("%q is not a valid image reference", truncate(req.Image)))
+		return spec, fieldError("image", fmt.Sprintf("%q is not a valid image reference", truncate(req.Image)))
 	}
 	if r := req.Resources; r != nil {
 		spec.CPURequest, spec.CPULimit, spec.MemoryRequest, spec.MemoryLimit = r.CPURequest, r.CPULimit, r.MemoryRequest, r.MemoryLimit
 		if err := validatePair("resources.cpu", r.CPURequest, r.CPULimit, minCPU, maxCPU); err != nil {
-			return spec, nil, err
+			return spec, err
 		}
 		if err := validatePair("resources.memory", r.MemoryRequest, r.MemoryLimit, minMemory, maxMemory); err != nil {
-			return spec, nil, err
+			return spec, err
 		}
 	}
-	var expires *time.Time
 	if req.TTL != "" {
 		ttl, err := parseTTL("ttl", req.TTL)
 		if err != nil {
-			return spec, nil, err
+			return spec, err
 		}
 		spec.TTLSeconds = int64(ttl / time.Second)
-		at := now.Add(ttl).UTC().Truncate(time.Second)
-		expires = &at
 	}
 	switch req.ShutdownPolicy {
 	case "", "retain":
 	case "delete":
 		spec.ShutdownPolicy = "delete"
 	default:
-		return spec, nil, fieldError("shutdown_policy", fmt.Sprintf("%q is not retain or delete", truncate(req.ShutdownPolicy)))
+		return spec, fieldError("shutdown_policy", fmt.Sprintf("%q is not retain or delete", truncate(req.ShutdownPolicy)))
 	}
 	if len(req.Volumes) > MaxVolumes {
-		return spec, nil, fieldError("volumes", fmt.Sprintf("at most %d volumes", MaxVolumes))
+		return spec, fieldError("volumes", fmt.Sprintf("at most %d volumes", MaxVolumes))
 	}
 	names, mounts := map[string]bool{}, map[string]bool{}
 	for i, v := range req.Volumes {
 		f := fmt.Sprintf("volumes[%d]", i)
 		if !dnsLabel.MatchString(v.Name) {
-			return spec, nil, fieldError(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", truncate(v.Name)))
+			return spec, fieldError(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", truncate(v.Name)))
 		}
 		if names[v.Name] {
-			return spec, nil, fieldError(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
+			return spec, fieldError(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
 		}
 		names[v.Name] = true
 		if err := validateQuantity(f+".size", v.Size, minVolumeSize, maxVolumeSize, true); err != nil {
-			return spec, nil, err
+			return spec, err
 		}
 		if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" || strings.ContainsAny(v.MountPath, "\x00:") {
-			return spec, nil, fieldError(f+".mount_path", fmt.Sprintf("%q must be a clean absolute path other than /", truncate(v.MountPath)))
+			return spec, fieldError(f+".mount_path", fmt.Sprintf("%q must be a clean absolute path other than /", truncate(v.MountPath)))
 		}
 		if mounts[v.MountPath] {
-			return spec, nil, fieldError(f+".mount_path", fmt.Sprintf("duplicate mount path %q", v.MountPath))
+			return spec, fieldError(f+".mount_path", fmt.Sprintf("duplicate mount path %q", v.MountPath))
 		}
 		mounts[v.MountPath] = true
 		if v.StorageClass != "" {
 			if !dnsLabel.MatchString(v.StorageClass) && !labelKey.MatchString(v.StorageClass) {
-				return spec, nil, fieldError(f+".storage_class", fmt.Sprintf("%q is not a storage class name", truncate(v.StorageClass)))
+				return spec, fieldError(f+".storage_class", fmt.Sprintf("%q is not a storage class name", truncate(v.StorageClass)))
 			}
 		}
 		spec.Volumes = append(spec.Volumes, store.Volume{Name: v.Name, Size: v.Size, MountPath: v.MountPath, StorageClass: v.StorageClass})
 	}
 	if len(req.Transports) > MaxTransports {
-		return spec, nil, fieldError("transports", fmt.Sprintf("at most %d transports", MaxTransports))
+		return spec, fieldError("transports", fmt.Sprintf("at most %d transports", MaxTransports))
 	}
 	for i, t := range req.Transports {
 		if !transportName.MatchString(t) {
-			return spec, nil, fieldError(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", truncate(t)))
+			return spec, fieldError(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", truncate(t)))
 		}
-		if !slices.Contains(spec.Transports, t) {
-			spec.Transports = append(spec.Transports, t)
+		if !slices.Contains(spec.Transports, sandbox.Transport(t)) {
+			spec.Transports = append(spec.Transports, sandbox.Transport(t))
 		}
 	}
 	if err := validateLabels("labels", req.Labels); err != nil {
-		return spec, nil, err
+		return spec, err
 	}
-	return spec, expires, nil
+	return spec, nil
 }
 
 func parseTTL(field, s string) (time.Duration, error) {

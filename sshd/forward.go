@@ -12,9 +12,9 @@ import (
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/hiloop/hiloop/agent"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/sandbox"
 )
 
 // upstream is the one SSH connection to a sandbox's session helper that a
@@ -24,7 +24,9 @@ import (
 type upstream struct {
 	once   sync.Once
 	client *gossh.Client
-	err    error
+	// sess is the forward session the upstream belongs to.
+	sess *control.Session
+	err  error
 }
 
 // directTCPIP handles -L: the destination must be loopback inside the
@@ -37,24 +39,24 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		nc.Reject(gossh.Prohibited, "not authenticated")
 		return
 	}
-	var p agent.DirectTCPIP
+	var p forward.DirectTCPIP
 	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
 		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
 		return
 	}
 	log := g.log.With("sandbox", conn.User(), "org", who.OrgID, "key", who.KeyID)
-	if reason := agent.Loopback(p.Host, p.Port); reason != "" {
+	if reason := forward.Loopback(p.Host, p.Port); reason != "" {
 		log.Info("ssh forward refused", "host", p.Host, "port", p.Port)
 		nc.Reject(gossh.Prohibited, reason)
 		return
 	}
-	if err := g.o.Control.Reachable(ctx, who, conn.User(), k8s.TransportForward); err != nil {
+	if err := g.o.Control.Reachable(ctx, who, conn.User(), sandbox.TransportForward); err != nil {
 		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
 		return
 	}
 	v, _ := g.upstreams.LoadOrStore(conn, &upstream{})
 	up := v.(*upstream)
-	up.once.Do(func() { up.client, up.err = g.dialHelper(ctx, conn, who, log) })
+	up.once.Do(func() { up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log) })
 	if up.err != nil {
 		// A later channel may try again.
 		g.upstreams.CompareAndDelete(conn, up)
@@ -78,24 +80,22 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		return
 	}
 	go gossh.DiscardRequests(creqs)
-	in, out := agent.Pipe(cch, ch)
-	g.o.Metrics.SessionBytes(k8s.TransportForward, "in", in)
-	g.o.Metrics.SessionBytes(k8s.TransportForward, "out", out)
+	up.sess.Moved(forward.Pipe(cch, ch))
 }
 
 // dialHelper admits a forward session for the connection and dials the
 // sandbox's helper, pinning its host key to the pod. The session and the
 // upstream end together, with the client connection or when control ends
 // the session.
-func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*gossh.Client, error) {
-	sess, err := g.o.Control.Admit(ctx, who, conn.User(), k8s.TransportForward)
+func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*gossh.Client, *control.Session, error) {
+	sess, err := g.o.Control.Admit(ctx, who, conn.User(), sandbox.TransportForward)
 	if err != nil {
-		return nil, errors.New(refusal(conn.User(), err))
+		return nil, nil, errors.New(refusal(conn.User(), err))
 	}
-	fail := func(msg string, err error) (*gossh.Client, error) {
+	fail := func(msg string, err error) (*gossh.Client, *control.Session, error) {
 		sess.End()
 		g.log.Warn(msg, "sandbox", conn.User(), "err", err)
-		return nil, errors.New(msg)
+		return nil, nil, errors.New(msg)
 	}
 	addr, podUID, err := g.o.Control.HelperAddr(ctx, sess)
 	if err != nil {
@@ -108,7 +108,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	client, err := gossh.Dial("tcp", addr, &gossh.ClientConfig{
 		User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
 		HostKeyCallback: g.pinned(ctx, sess, podUID), Timeout: 10 * time.Second,
-		Config: gossh.Config{Ciphers: Ciphers},
+		Config: gossh.Config{Ciphers: forward.Ciphers()},
 	})
 	if err != nil {
 		return fail("the sandbox's session helper did not answer", err)
@@ -126,7 +126,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		sess.End()
 		g.upstreams.Delete(conn)
 	}()
-	return client, nil
+	return client, sess, nil
 }
 
 // pinned accepts the first host key a pod's helper shows and only that key

@@ -13,7 +13,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/metrics"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -159,7 +159,7 @@ func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) bool
 // run runs the session and returns the exit status to send, or -1 when an
 // exit-signal was sent instead.
 func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bool, term string) int {
-	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id, "ssh")
+	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id, sandbox.TransportSSH)
 	if err != nil {
 		fmt.Fprintf(s.ch.Stderr(), "hiloop: %s\r\n", refusal(s.id, err))
 		log.Info("ssh session refused", "err", err)
@@ -173,27 +173,14 @@ func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bo
 	if !tty {
 		argv[3] = "sh" // no terminal, no TERM
 	}
-	in, out := &metrics.Counter{R: s.ch}, &metrics.Counter{W: s.ch}
-	defer func() {
-		s.g.o.Metrics.SessionBytes("ssh", "in", in.N())
-		s.g.o.Metrics.SessionBytes("ssh", "out", out.N())
-	}()
-	req := k8s.ExecRequest{Command: argv, Stdin: in, Stdout: out, Stderr: s.ch.Stderr(), TTY: tty}
+	req := k8s.ExecRequest{Command: argv, Stdin: sess.In(s.ch), Stdout: sess.Out(s.ch), Stderr: s.ch.Stderr(), TTY: tty}
 	if tty {
 		req.Resize = s.resize
 	}
 	st, err := sess.Exec(sess.Context(), req)
 	if err != nil {
-		msg := "the stream to the sandbox broke before the command's exit status arrived"
-		var ce *control.ClusterError
-		switch cause := context.Cause(sess.Context()); {
-		case errors.Is(cause, control.ErrShuttingDown), errors.Is(cause, control.ErrKeyRevoked), errors.Is(cause, control.ErrSandboxChanged):
-			msg = "session ended: " + cause.Error()
-		case errors.As(err, &ce):
-			msg = "the cluster did not answer; try again"
-		}
-		log.Warn("ssh session ended without an exit status", "err", err, "cause", context.Cause(sess.Context()))
-		fmt.Fprintf(s.ch.Stderr(), "\r\nhiloop: %s\r\n", msg)
+		log.Warn("ssh session ended without an exit status", "err", err)
+		fmt.Fprintf(s.ch.Stderr(), "\r\nhiloop: %s\r\n", ended(err))
 		return 255
 	}
 	if name, ok := signalNames[st.Code-128]; ok && st.Signal != "" {
@@ -230,6 +217,22 @@ func refusal(id string, err error) string {
 	default:
 		return "the session could not start"
 	}
+}
+
+// ended is the line a session whose command did not exit prints, from how
+// the core classified it.
+func ended(err error) string {
+	var ee *control.EndedError
+	var ce *control.ClusterError
+	switch {
+	case errors.As(err, &ee):
+		return "session ended: " + ee.Cause.Error()
+	case errors.As(err, &ce):
+		return "the cluster did not answer; try again"
+	case errors.Is(err, control.ErrCallerGone):
+		return "the connection went away"
+	}
+	return control.ErrStreamBroken.Error()
 }
 
 // signalNames are the SSH names (RFC 4254) of the signals a command can die

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/hiloop/hiloop/sandbox"
 )
 
 // State is a sandbox's observed state. Only the status mirror (and the
@@ -68,7 +70,7 @@ type Spec struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	// Transports are the ways in the sandbox asked for; empty means every
 	// transport the deployment backed at create time.
-	Transports []string `json:"transports,omitempty"`
+	Transports []sandbox.Transport `json:"transports,omitempty"`
 }
 
 // Volume is a persistent volume that lives as long as its sandbox.
@@ -93,7 +95,7 @@ type Sandbox struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	// Receipt is what the control plane promised at create time (JSON, see
-	// k8s.Receipt); "" for records older than the column.
+	// sandbox.Receipt); "" for records older than the column.
 	Receipt string
 	// ModeOutside reports that the sandbox is observed stopped or stopping
 	// while the API last asked it to run.
@@ -103,25 +105,6 @@ type Sandbox struct {
 	// HelperKeyChangedPod is the pod whose session helper changed its
 	// host key within the pod's life, as the gateway saw it.
 	HelperKeyChangedPod string
-}
-
-// Observation is what the mirror concluded from the cluster.
-type Observation struct {
-	State    State
-	Anomaly  string
-	ExitCode *int
-	Reason   string
-	// PodUID is the live pod observed, "" when there is none.
-	PodUID string
-}
-
-// Event is one recorded state transition.
-type Event struct {
-	Seq    int64     `json:"seq"`
-	At     time.Time `json:"at"`
-	From   State     `json:"from"`
-	To     State     `json:"to"`
-	Reason string    `json:"reason,omitempty"`
 }
 
 // NewSandbox is what CreateSandbox needs.
@@ -217,16 +200,13 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 const quotaSQL = `SELECT o.max_sandboxes, o.max_running, coalesce(c.live, 0), coalesce(c.running, 0)
 	FROM orgs o LEFT JOIN org_counts c ON c.org_id = o.id WHERE o.id = ?`
 
-// The statements of the hot write transactions, a create and an
-// observation, run prepared (see writeSQL).
+// The statements of a create's write transaction, and the reads of the
+// record that every write transaction makes, run prepared (see writeSQL).
 const (
 	anySandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`
 	orgSandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ? AND org_id = ?`
 	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxColumns + `, idempotency_key, request_hash)
 		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?)`
-	observeSQL = `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?,
-		updated_at = ? WHERE id = ?`
-	insertEventSQL = `INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)`
 )
 
 // checkQuota returns ErrQuota when the organization has no room for one more
@@ -343,12 +323,6 @@ func (s *Store) ListSandboxes(ctx context.Context, o ListOptions) (list []Sandbo
 	return list, next, nil
 }
 
-// Unsettled lists, across organizations, every sandbox that still has (or
-// should have) a cluster object: the ones the mirror must reconcile.
-func (s *Store) Unsettled(ctx context.Context) ([]Sandbox, error) {
-	return s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE state NOT IN `+terminalSQL+` ORDER BY rowid`)
-}
-
 func (s *Store) querySandboxes(ctx context.Context, q string, args ...any) ([]Sandbox, error) {
 	rows, err := s.query(ctx, q, args...)
 	if err != nil {
@@ -364,46 +338,6 @@ func (s *Store) querySandboxes(ctx context.Context, q string, args ...any) ([]Sa
 		out = append(out, sb)
 	}
 	return out, rows.Err()
-}
-
-// ModeChange is a desired-mode change and what the record held before it,
-// so that a failed cluster write can be undone exactly.
-type ModeChange struct {
-	Before, After Sandbox
-}
-
-// SetDesiredMode records what the API asked for, whatever the record's
-// desired mode already was: a sandbox stopped outside hiloop still has desired
-// running, and starting it must still make the cluster run it. Asking a
-// sandbox to run checks the running quota in the same transaction unless it
-// already counts against it. A terminal sandbox can only be deleted
-// (ErrConflict otherwise), and a sandbox being deleted cannot be changed.
-func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (ModeChange, error) {
-	var ch ModeChange
-	err := s.inTx(ctx, func(tx *txn) error {
-		sb, err := sandboxInTx(ctx, tx, orgID, id)
-		if err != nil {
-			return err
-		}
-		ch.Before = sb
-		switch {
-		case mode == ModeDeleted:
-		case sb.State.Terminal() || sb.DesiredMode == ModeDeleted:
-			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
-		case mode == ModeRunning && (sb.DesiredMode != ModeRunning || sb.ModeOutside):
-			if err := checkQuota(ctx, tx, orgID, false); err != nil {
-				return err
-			}
-		}
-		sb.DesiredMode, sb.ModeOutside, sb.UpdatedAt = mode, false, s.now().UTC().Truncate(time.Millisecond)
-		ch.After = sb
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = 0, updated_at = ? WHERE id = ?`, mode, ms(sb.UpdatedAt), id)
-		return err
-	})
-	if err != nil {
-		return ModeChange{}, fmt.Errorf("set mode %s: %w", mode, err)
-	}
-	return ch, nil
 }
 
 // sandboxInTx reads one of an organization's sandboxes inside a write
@@ -427,235 +361,6 @@ func anySandboxInTx(ctx context.Context, tx *txn, id string) (Sandbox, error) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
 	return sb, err
-}
-
-func stateOrDeleting(sb Sandbox) string {
-	if sb.DesiredMode == ModeDeleted && !sb.State.Terminal() {
-		return "being deleted"
-	}
-	return string(sb.State)
-}
-
-// SetExpiry records a new expiry. It is refused (ErrConflict) for a sandbox
-// that is terminal or being deleted.
-func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, ttlSeconds int64) (Sandbox, error) {
-	var sb Sandbox
-	err := s.inTx(ctx, func(tx *txn) error {
-		var err error
-		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
-			return err
-		}
-		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted || sb.State == StateExpired {
-			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
-		}
-		at = at.UTC().Truncate(time.Millisecond)
-		sb.ExpiresAt, sb.Spec.TTLSeconds, sb.UpdatedAt = &at, ttlSeconds, s.now().UTC().Truncate(time.Millisecond)
-		spec, err := json.Marshal(sb.Spec)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = ?, updated_at = ? WHERE id = ?`, ms(at), string(spec), ms(sb.UpdatedAt), id)
-		return err
-	})
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("set expiry: %w", err)
-	}
-	return sb, nil
-}
-
-// outside reports whether the observation means the sandbox's mode was
-// changed outside hiloop: stopped or stopping while it should run.
-func (o Observation) outside(sb Sandbox) bool {
-	return sb.DesiredMode == ModeRunning && (o.State == StateStopped || o.State == StateStopping)
-}
-
-// Unchanged reports whether recording the observation would change nothing
-// in the record: it equals what the record holds, or the record is terminal
-// (a terminal state is final: nothing observed later can revive it).
-func (o Observation) Unchanged(sb Sandbox) bool {
-	return sb.State.Terminal() || (sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason &&
-		equalCode(sb.ExitCode, o.ExitCode) && sb.PodUID == o.PodUID && sb.ModeOutside == o.outside(sb))
-}
-
-// Observe records what the mirror observed. It writes nothing when the
-// observation equals the record, and records an event when the state changes.
-// It reports whether it wrote. Observing a sandbox stopped or stopping while
-// its desired mode is running marks its mode as changed outside hiloop.
-func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
-	return s.ObserveWith(ctx, id, func(Sandbox) (Observation, error) { return o, nil })
-}
-
-// ObserveWith is Observe of the observation that decide makes of the record
-// as it stands in the write transaction. The mirror decides there: its
-// decision and its write see one record, and a cluster event that changes
-// nothing costs a statement in a shared transaction (see inBatch) rather
-// than a read transaction of its own. decide runs on the store's writer, so
-// it must be quick and must not call the store.
-func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox) (Observation, error)) (bool, error) {
-	changed := false
-	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
-		sb, err := anySandboxInTx(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if sb.State.Terminal() {
-			return nil
-		}
-		o, err := decide(sb)
-		if err != nil || o.Unchanged(sb) {
-			return err
-		}
-		outside := o.outside(sb)
-		now := s.now().UTC().Truncate(time.Millisecond)
-		var exit sql.NullInt64
-		if o.ExitCode != nil {
-			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
-		}
-		if _, err := tx.ExecContext(ctx, observeSQL,
-			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(now), id); err != nil {
-			return err
-		}
-		changed = true
-		if sb.State == o.State {
-			return nil
-		}
-		reason := o.Reason
-		if o.Anomaly != "" {
-			reason = strings.TrimSuffix(o.Anomaly+": "+o.Reason, ": ")
-		}
-		return insertEvent(ctx, tx, id, now, sb.State, o.State, reason)
-	})
-	if err != nil {
-		return false, fmt.Errorf("observe: %w", err)
-	}
-	return changed, nil
-}
-
-// MarkHelperKeyChanged records that the session helper of pod podUID showed
-// another host key within the pod's life.
-func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
-	if err != nil {
-		return fmt.Errorf("mark helper key changed: %w", err)
-	}
-	return nil
-}
-
-// Fail records that a sandbox's create definitely did not reach the cluster
-// (the cluster refused it, or it never got it), with a reason fit to show
-// its owner. It changes nothing once the record is terminal or observed.
-func (s *Store) Fail(ctx context.Context, id, reason string) error {
-	err := s.inTx(ctx, func(tx *txn) error {
-		sb, err := anySandboxInTx(ctx, tx, id)
-		if err != nil || sb.State != StatePending {
-			return err
-		}
-		now := s.now().UTC().Truncate(time.Millisecond)
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ? WHERE id = ?`, StateFailed, reason, ms(now), id); err != nil {
-			return err
-		}
-		return insertEvent(ctx, tx, id, now, sb.State, StateFailed, reason)
-	})
-	if err != nil {
-		return fmt.Errorf("fail sandbox: %w", err)
-	}
-	return nil
-}
-
-func equalCode(a, b *int) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-// insertEvent records a state transition. Every change of a sandbox's state
-// is one; the transaction wakes those waiting for it once it commits.
-func insertEvent(ctx context.Context, tx *txn, id string, at time.Time, from, to State, reason string) error {
-	tx.transitions = append(tx.transitions, id)
-	_, err := tx.ExecContext(ctx, insertEventSQL, id, ms(at), from, to, reason)
-	return err
-}
-
-// pruneBatch is how many events PruneEvents deletes per statement.
-var pruneBatch = 1000
-
-// PruneEvents deletes state transitions recorded before the cutoff,
-// pruneBatch at a time so no write waits long behind it, and says how many
-// went. The sandbox rows keep their current state; only history goes.
-func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error) {
-	var total int64
-	for {
-		res, err := s.write.ExecContext(ctx, `DELETE FROM sandbox_events WHERE seq IN
-			(SELECT seq FROM sandbox_events WHERE at < ? ORDER BY seq LIMIT ?)`, ms(before), pruneBatch)
-		if err != nil {
-			return total, fmt.Errorf("prune events: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < int64(pruneBatch) {
-			return total, nil
-		}
-	}
-}
-
-// Events returns one of an organization's sandboxes' state transitions in
-// order.
-func (s *Store) Events(ctx context.Context, orgID, id string) ([]Event, error) {
-	if _, err := s.Sandbox(ctx, orgID, id); err != nil {
-		return nil, err
-	}
-	rows, err := s.read.QueryContext(ctx, `SELECT seq, at, from_state, to_state, reason FROM sandbox_events WHERE sandbox_id = ? ORDER BY seq`, id)
-	if err != nil {
-		return nil, fmt.Errorf("events: %w", err)
-	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		var e Event
-		var at int64
-		if err := rows.Scan(&e.Seq, &at, &e.From, &e.To, &e.Reason); err != nil {
-			return nil, err
-		}
-		e.At = fromMS(at)
-		out = append(out, e)
-	}
-	return out, rows.Err()
-}
-
-// RestoreMode puts back the desired mode (and the outside-mode mark) that a
-// failed cluster write was meant to change. It checks nothing: it undoes, it
-// does not ask.
-func (s *Store) RestoreMode(ctx context.Context, before Sandbox) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = ?, updated_at = ? WHERE id = ?`,
-		before.DesiredMode, before.ModeOutside, ms(s.now()), before.ID)
-	if err != nil {
-		return fmt.Errorf("restore desired mode: %w", err)
-	}
-	return nil
-}
-
-// RestoreExpiry puts back the expiry a failed cluster write was meant to
-// change.
-func (s *Store) RestoreExpiry(ctx context.Context, before Sandbox) error {
-	if before.ExpiresAt == nil {
-		return s.ClearExpiry(ctx, before.ID)
-	}
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = json_set(spec, '$.ttl_seconds', ?), updated_at = ? WHERE id = ?`,
-		ms(*before.ExpiresAt), before.Spec.TTLSeconds, ms(s.now()), before.ID)
-	if err != nil {
-		return fmt.Errorf("restore expiry: %w", err)
-	}
-	return nil
-}
-
-// ClearExpiry removes a sandbox's expiry (undoing a failed TTL change).
-func (s *Store) ClearExpiry(ctx context.Context, id string) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = NULL, spec = json_remove(spec, '$.ttl_seconds'), updated_at = ? WHERE id = ?`, ms(s.now()), id)
-	if err != nil {
-		return fmt.Errorf("clear expiry: %w", err)
-	}
-	return nil
 }
 
 // Counts counts sandboxes by state, across organizations, and the

@@ -5,11 +5,11 @@ package controltest
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -29,6 +29,10 @@ type Cluster struct {
 	// Hang makes Exists and Create wait for their context to end, as
 	// against a hung API server.
 	Hang bool
+	// SessionPort is the session helper's port that receipts of sandboxes
+	// with the forward transport promise (a helper a test runs on
+	// 127.0.0.1:0); k8s.DefaultSessionPort when zero.
+	SessionPort int
 }
 
 // hang waits for ctx when Hang is set, with the lock released.
@@ -68,15 +72,18 @@ func (f *Cluster) Has(id string) bool {
 	return f.objects[id]
 }
 
-// Receipt makes the receipt of a gvisor deployment backing exec.
-func (f *Cluster) Receipt(orgID string, spec store.Spec) (string, error) {
-	b, err := json.Marshal(k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec"}}))
-	return string(b), err
+// Receipt makes the receipt of a gvisor deployment backing exec, with the
+// helper on SessionPort.
+func (f *Cluster) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
+	f.mu.Lock()
+	port := f.SessionPort
+	f.mu.Unlock()
+	return k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}, SessionPort: port})
 }
 
 // Create records the object unless CreateErr is set (and CreateWrites is
 // not).
-func (f *Cluster) Create(ctx context.Context, sb store.Sandbox) error {
+func (f *Cluster) Create(ctx context.Context, sb store.Sandbox, gatewayKey string) error {
 	if err := f.hang(ctx); err != nil {
 		return err
 	}

@@ -8,6 +8,22 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
+// CreateKey makes a new API key for the caller's organization and returns
+// it with its secret, which is shown only this once.
+func (c *Control) CreateKey(ctx context.Context, who Caller, name string) (store.APIKey, string, error) {
+	return c.o.Store.CreateKey(ctx, who.OrgID, name)
+}
+
+// RevokeKey revokes one of the caller's organization's keys (never its last
+// live one) and ends every live session opened with it.
+func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error {
+	if err := c.o.Store.RevokeKey(ctx, who.OrgID, keyID, false); err != nil {
+		return err
+	}
+	c.endSessionsIf(func(s *Session) bool { return s.KeyID == keyID }, ErrKeyRevoked)
+	return nil
+}
+
 // AddSSHKey registers an SSH public key for the caller's organization. A key
 // registered anywhere already is store.ErrKeyRegistered, whichever
 // organization holds it.

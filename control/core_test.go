@@ -1,0 +1,196 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/store"
+	gossh "golang.org/x/crypto/ssh"
+)
+
+// runningSandbox creates a sandbox through the core and records it running.
+func runningSandbox(t *testing.T, c *Control, db *store.Store, who Caller) store.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	sb, _, err := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning}); err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+// TestExecOutcome: how an exec ended is classified once, in the core, for
+// every way in.
+func TestExecOutcome(t *testing.T) {
+	broken := errors.New("websocket: close 1006 (abnormal closure): pod-7f node-3")
+	for _, tc := range []struct {
+		name string
+		run  func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
+		// timeout bounds the caller's context; left cancels it first; end
+		// ends the session from outside first.
+		timeout time.Duration
+		left    bool
+		end     error
+		want    func(k8s.ExitStatus, error) bool
+	}{
+		{name: "exited", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+			return k8s.ExitStatus{Code: 3}, nil
+		}, want: func(st k8s.ExitStatus, err error) bool { return err == nil && st.Code == 3 }},
+		{name: "stream broke", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+			return k8s.ExitStatus{}, broken
+		}, want: func(_ k8s.ExitStatus, err error) bool {
+			var se *StreamError
+			return errors.As(err, &se) && errors.Is(err, ErrStreamBroken) && errors.Is(err, broken)
+		}},
+		{name: "never connected", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+			return k8s.ExitStatus{}, &k8s.ConnectError{Err: broken}
+		}, want: func(_ k8s.ExitStatus, err error) bool {
+			var ce *ClusterError
+			return errors.As(err, &ce) && errors.Is(err, ErrClusterUnavailable)
+		}},
+		{name: "timed out", timeout: time.Millisecond,
+			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrExecTimeout) }},
+		{name: "caller left", left: true,
+			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
+		{name: "key revoked", end: ErrKeyRevoked, want: func(_ k8s.ExitStatus, err error) bool {
+			var ee *EndedError
+			return errors.As(err, &ee) && errors.Is(err, ErrKeyRevoked) && strings.Contains(err.Error(), "revoked")
+		}},
+		{name: "revoked beats a failed connect", end: ErrKeyRevoked, run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+			return k8s.ExitStatus{}, &k8s.ConnectError{Err: broken}
+		}, want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrKeyRevoked) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "c.db")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			c, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Exec: controltest.Exec{Run: tc.run},
+				Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			org, _ := db.CreateOrg(context.Background(), "o", 10, 10)
+			who := Caller{OrgID: org.ID, KeyID: "key_x"}
+			sb := runningSandbox(t, c, db, who)
+			sess, err := c.Admit(context.Background(), who, sb.ID, sandbox.TransportExec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sess.End()
+			ctx, cancel := context.WithCancel(sess.Context())
+			if tc.timeout > 0 {
+				ctx, cancel = context.WithTimeout(sess.Context(), tc.timeout)
+			}
+			defer cancel()
+			if tc.left {
+				cancel()
+			}
+			if tc.end != nil {
+				c.endSessionsIf(func(*Session) bool { return true }, tc.end)
+			}
+			st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"true"}})
+			if !tc.want(st, err) {
+				t.Errorf("Exec = %+v, %v (%T)", st, err, err)
+			}
+			if got := sess.Ended(); (got != nil) != (tc.end != nil) || (tc.end != nil && !errors.Is(got, tc.end)) {
+				t.Errorf("Ended() = %v, want %v", got, tc.end)
+			}
+		})
+	}
+}
+
+// TestCreateExpiryByCoreClock: a create's expiry is the core's clock plus
+// the TTL, not the caller's.
+func TestCreateExpiryByCoreClock(t *testing.T) {
+	db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "c.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 600, time.UTC)
+	c, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Now: func() time.Time { return now },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	org, _ := db.CreateOrg(context.Background(), "o", 10, 10)
+	sb, _, err := c.Create(context.Background(), Caller{OrgID: org.ID, KeyID: "key_x"},
+		CreateRequest{Spec: store.Spec{Image: "busybox", TTLSeconds: 7200}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := time.Date(2030, 1, 2, 5, 4, 5, 0, time.UTC)
+	if sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(want) {
+		t.Errorf("expires at %v, want %v", sb.ExpiresAt, want)
+	}
+	plain, _, err := c.Create(context.Background(), Caller{OrgID: org.ID, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	if err != nil || plain.ExpiresAt != nil {
+		t.Errorf("a create without a TTL expires at %v (%v)", plain.ExpiresAt, err)
+	}
+}
+
+// TestHelperKeyOnlyForHelpers: the core hands the cluster writer the
+// gateway's current key for a sandbox with a session helper, and none for
+// any other.
+func TestHelperKeyOnlyForHelpers(t *testing.T) {
+	c, db, _ := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	plain := store.Sandbox{Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}}.Encode()}
+	if key, err := c.helperKey(ctx, plain); err != nil || key != "" {
+		t.Errorf("a sandbox without a helper got key %q (%v)", key, err)
+	}
+	helped := store.Sandbox{Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", SessionPort: 2223,
+		Transports: []sandbox.Transport{sandbox.TransportForward}}.Encode()}
+	key, err := c.helperKey(ctx, helped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signers, err := c.GatewayKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(signers[0].PublicKey()))); key != want {
+		t.Errorf("helper key %q, want the gateway's current key %q", key, want)
+	}
+	if _, err := db.RotateGatewayKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := c.helperKey(ctx, helped); again == key {
+		t.Error("after a rotation the helper key is still the old one")
+	}
+}
+
+// TestCreateKeyThroughCore: API keys are made by the core, for the caller's
+// organization, and authenticate.
+func TestCreateKeyThroughCore(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	k, secret, err := c.CreateKey(ctx, Caller{OrgID: org.ID, KeyID: "key_x"}, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Authenticate(ctx, secret)
+	if err != nil || got.ID != k.ID || got.OrgID != org.ID {
+		t.Errorf("the new key authenticates as %+v (%v), want %s of %s", got, err, k.ID, org.ID)
+	}
+	if _, _, err := c.CreateKey(ctx, Caller{}, "nobody"); err == nil {
+		t.Error("a key was made for an empty organization")
+	}
+}

@@ -1,0 +1,110 @@
+package control
+
+import (
+	"context"
+	"time"
+
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// SetMode stops (ModeStopped), starts (ModeRunning) or deletes (ModeDeleted)
+// a sandbox. The cluster is made to match whatever the record's desired mode
+// was, so a sandbox stopped or started outside hiloop can be started or
+// stopped again. Deleting a terminal sandbox deletes whatever object still
+// carries its name. When the cluster write fails the record is restored.
+func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store.Mode) (store.Sandbox, error) {
+	if mode == store.ModeRunning {
+		if err := c.Hardened(); err != nil {
+			return store.Sandbox{}, err
+		}
+	}
+	unlock := c.locks.lock(id)
+	defer unlock()
+	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	cctx, cancel := c.clusterCtx()
+	defer cancel()
+	if mode == store.ModeDeleted {
+		err = c.o.Cluster.Delete(cctx, id)
+	} else {
+		err = c.o.Cluster.SetMode(cctx, id, mode)
+	}
+	if err != nil && !k8s.IsNotFound(err) {
+		if rerr := c.o.Store.RestoreMode(context.WithoutCancel(c.base), ch.Before); rerr != nil {
+			c.log.Error("restore desired mode", "sandbox", id, "err", rerr)
+		}
+		verb := "patch"
+		if mode == store.ModeDeleted {
+			verb = "delete"
+		}
+		return store.Sandbox{}, c.clusterFailed(verb, err)
+	}
+	// A pending record's object may not exist yet (NotFound above): its
+	// create renders the mode now recorded.
+	if mode != store.ModeRunning {
+		c.endSessionsIf(func(s *Session) bool { return s.SandboxID == id }, ErrSandboxChanged)
+	}
+	c.touch(id)
+	return ch.After, nil
+}
+
+// MaxWait bounds how long WaitWhile holds one call.
+const MaxWait = time.Minute
+
+// WaitWhile answers with one of an organization's sandboxes once its state
+// is other than while, once d (at most MaxWait) has passed, or once hiloop
+// begins to shut down, whichever comes first: the record as it then stands.
+// A client that waits for a state gets each change as the record takes it,
+// and asks again, instead of polling.
+func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while store.State, d time.Duration) (store.Sandbox, error) {
+	timer := time.NewTimer(min(d, MaxWait))
+	defer timer.Stop()
+	for {
+		// Taken before the read, so a change between the two is not missed.
+		changed, release := c.o.Store.StateChange(id)
+		sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+		if err != nil || sb.State != while {
+			release()
+			return sb, err
+		}
+		select {
+		case <-changed:
+			release()
+			continue
+		case <-timer.C:
+		case <-c.base.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		release()
+		return sb, err
+	}
+}
+
+// SetTTL sets a sandbox's expiry to now plus ttl, restoring the record's
+// expiry when the cluster write fails.
+func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Duration) (store.Sandbox, error) {
+	unlock := c.locks.lock(id)
+	defer unlock()
+	before, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	at := c.o.Now().Add(ttl).UTC().Truncate(time.Second)
+	after, err := c.o.Store.SetExpiry(ctx, who.OrgID, id, at, int64(ttl/time.Second))
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	cctx, cancel := c.clusterCtx()
+	defer cancel()
+	if err := c.o.Cluster.SetExpiry(cctx, id, at); err != nil && !k8s.IsNotFound(err) {
+		if rerr := c.o.Store.RestoreExpiry(context.WithoutCancel(c.base), before); rerr != nil {
+			c.log.Error("restore expiry", "sandbox", id, "err", rerr)
+		}
+		return store.Sandbox{}, c.clusterFailed("patch", err)
+	}
+	return after, nil
+}

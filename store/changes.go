@@ -61,7 +61,10 @@ func (c *changes) stateChanged(id string) {
 }
 
 // Waiting is how many sandboxes someone waits on for a state change; it is
-// back to zero once every waiter has released.
+// back to zero once every waiter has released. It is exported for the tests
+// of the packages that wait (control's WaitWhile, the server's long poll):
+// they learn from it that a waiter is in place before they make the change
+// it waits for, and that every waiter let go.
 func (s *Store) Waiting() int {
 	c := &s.changes
 	c.mu.Lock()

@@ -7,11 +7,33 @@ import (
 )
 
 // SetPruneBatch makes PruneEvents delete n events per statement, so a test
-// can cross batches without thousands of rows.
-func SetPruneBatch(n int) (restore func()) {
-	old := pruneBatch
-	pruneBatch = n
-	return func() { pruneBatch = old }
+// can cross batches without thousands of rows. Call it before the store is
+// in use.
+func (s *Store) SetPruneBatch(n int) { s.pruneBatch = n }
+
+// JournalMode reports the journal mode the database is in.
+func (s *Store) JournalMode(ctx context.Context) (string, error) {
+	var mode string
+	err := s.read.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode)
+	return mode, err
+}
+
+// Migrations lists the applied migrations in order.
+func (s *Store) Migrations(ctx context.Context) ([]string, error) {
+	rows, err := s.read.QueryContext(ctx, "SELECT name FROM schema_migrations ORDER BY name")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	return names, rows.Err()
 }
 
 // Plans returns SQLite's query plans of the quota check and of the page
@@ -71,7 +93,7 @@ func (s *Store) HoldWriter(t testing.TB) (release func()) {
 func (s *Store) BatchWaiting() int64 { return s.batch.waiting.Load() }
 func (s *Store) Batches() int64      { return s.batch.batches.Load() }
 
-// Counts are an organization's live and running sandboxes as the triggers
+// OrgCounts are an organization's live and running sandboxes as the triggers
 // keep them, and as counting the rows gives (the predicates of quotas).
 func (s *Store) OrgCounts(ctx context.Context, orgID string) (kept, counted [2]int, err error) {
 	if err = s.read.QueryRowContext(ctx, `SELECT coalesce((SELECT live FROM org_counts WHERE org_id = ?), 0),

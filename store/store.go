@@ -50,6 +50,9 @@ type Store struct {
 	changes changes
 	// batch is the group commit of creates and observations (inBatch).
 	batch batcher
+	// pruneBatch is how many events PruneEvents deletes per statement:
+	// defaultPruneBatch, which tests lower to cross batches with few rows.
+	pruneBatch int
 }
 
 // Options configure Open.
@@ -92,7 +95,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	write.SetMaxOpenConns(1)
 	read.SetMaxOpenConns(readConns)
 	read.SetMaxIdleConns(readConns)
-	s := &Store{read: read, write: write, now: opts.Now}
+	s := &Store{read: read, write: write, now: opts.Now, pruneBatch: defaultPruneBatch}
 	if err := s.check(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open store %s: %w", opts.Path, err)
@@ -138,13 +141,6 @@ func (s *Store) check(ctx context.Context) error {
 		return errors.New("foreign keys are off")
 	}
 	return nil
-}
-
-// JournalMode reports the journal mode the database is in.
-func (s *Store) JournalMode(ctx context.Context) (string, error) {
-	var mode string
-	err := s.read.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode)
-	return mode, err
 }
 
 // Close closes the database.
@@ -197,24 +193,6 @@ func applyMigration(ctx context.Context, db *sql.DB, fsys fs.FS, name string, no
 		return err
 	}
 	return tx.Commit()
-}
-
-// Migrations lists the applied migrations in order.
-func (s *Store) Migrations(ctx context.Context) ([]string, error) {
-	rows, err := s.read.QueryContext(ctx, "SELECT name FROM schema_migrations ORDER BY name")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var names []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		names = append(names, n)
-	}
-	return names, rows.Err()
 }
 
 // inTx runs fn in one write transaction, committed when fn returns nil.
@@ -270,9 +248,20 @@ func fromNullMS(v sql.NullInt64) *time.Time {
 	return &t
 }
 
-// isUnique reports whether err is a SQLite UNIQUE constraint failure.
+// isUnique reports whether err is a SQLite UNIQUE constraint failure: of a
+// UNIQUE column or index, or of a primary key (SQLite reports a rowid's as
+// its own code). The driver turns on extended result codes, which tell these
+// apart from the other constraints (NOT NULL, CHECK, FOREIGN KEY).
 func isUnique(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() {
+	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_ROWID:
+		return true
+	}
+	return false
 }
 
 // Backup writes a consistent copy of the record to out, which must not
@@ -348,7 +337,10 @@ func (s *Store) Probe(ctx context.Context) error {
 
 // SetReadOnly makes the writer connection refuse writes (SQLite's
 // query_only), or lifts that. Fault-injection tests use it to stand in for
-// a file system that refuses writes, which root cannot be made to see.
+// a file system that refuses writes, which root cannot be made to see. It is
+// exported, not in export_test.go, because those tests are the server's:
+// they check that storage trouble answers 503, never 500, and turns
+// readiness red.
 func (s *Store) SetReadOnly(ctx context.Context, on bool) error {
 	v := 0
 	if on {

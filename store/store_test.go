@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/migrations"
 	"github.com/hiloop/hiloop/store"
@@ -167,6 +169,38 @@ func TestKeysAndBootstrap(t *testing.T) {
 	}
 	if _, _, err := s.CreateKey(ctx, "org_missing", "x"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("key for missing org: %v", err)
+	}
+}
+
+// TestSSHKeyRegisteredOnce: a public key belongs to one organization;
+// adding it again, to the same organization or another, is
+// ErrKeyRegistered.
+func TestSSHKeyRegisteredOnce(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "s.db"), nil)
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := gossh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orgs []string
+	for _, name := range []string{"a", "b"} {
+		org, err := s.CreateOrg(ctx, name, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		orgs = append(orgs, org.ID)
+	}
+	if _, err := s.AddSSHKey(ctx, orgs[0], "laptop", key); err != nil {
+		t.Fatal(err)
+	}
+	for _, org := range orgs {
+		if _, err := s.AddSSHKey(ctx, org, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
+			t.Errorf("adding the key again to %s: %v, want ErrKeyRegistered", org, err)
+		}
 	}
 }
 
@@ -634,7 +668,7 @@ func TestPruneEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	defer store.SetPruneBatch(40)()
+	s.SetPruneBatch(40)
 	org, _ := s.CreateOrg(ctx, "p", 2000, 2000)
 	var ids []string
 	for i := range 150 {

@@ -1,0 +1,146 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The observed side of the record: the sandboxes the status mirror must
+// reconcile and what it concluded of them from the cluster, the failure of a
+// create that never reached the cluster, and what the SSH gateway saw of a
+// pod's session helper.
+
+// Observation is what the mirror concluded from the cluster.
+type Observation struct {
+	State    State
+	Anomaly  string
+	ExitCode *int
+	Reason   string
+	// PodUID is the live pod observed, "" when there is none.
+	PodUID string
+}
+
+// observeSQL is an observation's write, run prepared (see writeSQL).
+const observeSQL = `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?,
+	updated_at = ? WHERE id = ?`
+
+// Unsettled lists, across organizations, every sandbox that still has (or
+// should have) a cluster object: the ones the mirror must reconcile.
+func (s *Store) Unsettled(ctx context.Context) ([]Sandbox, error) {
+	return s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE state NOT IN `+terminalSQL+` ORDER BY rowid`)
+}
+
+// outside reports whether the observation means the sandbox's mode was
+// changed outside hiloop: stopped or stopping while it should run.
+func (o Observation) outside(sb Sandbox) bool {
+	return sb.DesiredMode == ModeRunning && (o.State == StateStopped || o.State == StateStopping)
+}
+
+// Unchanged reports whether recording the observation would change nothing
+// in the record: it equals what the record holds, or the record is terminal
+// (a terminal state is final: nothing observed later can revive it).
+func (o Observation) Unchanged(sb Sandbox) bool {
+	return sb.State.Terminal() || (sb.State == o.State && sb.Anomaly == o.Anomaly && sb.Reason == o.Reason &&
+		equalCode(sb.ExitCode, o.ExitCode) && sb.PodUID == o.PodUID && sb.ModeOutside == o.outside(sb))
+}
+
+// Observe records what the mirror observed. It writes nothing when the
+// observation equals the record, and records an event when the state changes.
+// It reports whether it wrote. Observing a sandbox stopped or stopping while
+// its desired mode is running marks its mode as changed outside hiloop.
+//
+// The mirror decides inside the write (ObserveWith). Observe, the same write
+// of an observation made beforehand, is exported for the tests of the
+// packages above the store (control, server): they stand in for the mirror
+// to put a record in a state without a cluster, which export_test.go cannot
+// serve them.
+func (s *Store) Observe(ctx context.Context, id string, o Observation) (bool, error) {
+	return s.ObserveWith(ctx, id, func(Sandbox) (Observation, error) { return o, nil })
+}
+
+// ObserveWith is Observe of the observation that decide makes of the record
+// as it stands in the write transaction. The mirror decides there: its
+// decision and its write see one record, and a cluster event that changes
+// nothing costs a statement in a shared transaction (see inBatch) rather
+// than a read transaction of its own. decide runs on the store's writer, so
+// it must be quick and must not call the store.
+func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox) (Observation, error)) (bool, error) {
+	changed := false
+	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
+		sb, err := anySandboxInTx(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if sb.State.Terminal() {
+			return nil
+		}
+		o, err := decide(sb)
+		if err != nil || o.Unchanged(sb) {
+			return err
+		}
+		outside := o.outside(sb)
+		now := s.now().UTC().Truncate(time.Millisecond)
+		var exit sql.NullInt64
+		if o.ExitCode != nil {
+			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
+		}
+		if _, err := tx.ExecContext(ctx, observeSQL,
+			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(now), id); err != nil {
+			return err
+		}
+		changed = true
+		if sb.State == o.State {
+			return nil
+		}
+		reason := o.Reason
+		if o.Anomaly != "" {
+			reason = strings.TrimSuffix(o.Anomaly+": "+o.Reason, ": ")
+		}
+		return insertEvent(ctx, tx, id, now, sb.State, o.State, reason)
+	})
+	if err != nil {
+		return false, fmt.Errorf("observe: %w", err)
+	}
+	return changed, nil
+}
+
+// MarkHelperKeyChanged records that the session helper of pod podUID showed
+// another host key within the pod's life.
+func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) error {
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
+	if err != nil {
+		return fmt.Errorf("mark helper key changed: %w", err)
+	}
+	return nil
+}
+
+// Fail records that a sandbox's create definitely did not reach the cluster
+// (the cluster refused it, or it never got it), with a reason fit to show
+// its owner. It changes nothing once the record is terminal or observed.
+func (s *Store) Fail(ctx context.Context, id, reason string) error {
+	err := s.inTx(ctx, func(tx *txn) error {
+		sb, err := anySandboxInTx(ctx, tx, id)
+		if err != nil || sb.State != StatePending {
+			return err
+		}
+		now := s.now().UTC().Truncate(time.Millisecond)
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ? WHERE id = ?`, StateFailed, reason, ms(now), id); err != nil {
+			return err
+		}
+		return insertEvent(ctx, tx, id, now, sb.State, StateFailed, reason)
+	})
+	if err != nil {
+		return fmt.Errorf("fail sandbox: %w", err)
+	}
+	return nil
+}
+
+func equalCode(a, b *int) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -37,11 +36,11 @@ type Session struct {
 
 // In wraps the stream into the sandbox, so the bytes read through it count
 // as the session's, in.
-func (s *Session) In(r io.Reader) io.Reader { return &countingReader{r: r, n: &s.in} }
+func (s *Session) In(r io.Reader) io.Reader { return &counted{r: r, n: &s.in} }
 
 // Out wraps the stream out of the sandbox, so the bytes written through it
 // count as the session's, out.
-func (s *Session) Out(w io.Writer) io.Writer { return &countingWriter{w: w, n: &s.out} }
+func (s *Session) Out(w io.Writer) io.Writer { return &counted{w: w, n: &s.out} }
 
 // Moved reports bytes the session moved other than through In and Out (a
 // forwarded channel that ended, a one-shot command's buffers).
@@ -50,78 +49,23 @@ func (s *Session) Moved(in, out int64) {
 	s.c.o.Metrics.SessionBytes(string(s.Transport), "out", out)
 }
 
-type countingReader struct {
+// counted counts the bytes read from r or written to w into n.
+type counted struct {
 	r io.Reader
+	w io.Writer
 	n *atomic.Int64
 }
 
-func (c *countingReader) Read(p []byte) (int, error) {
+func (c *counted) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n.Add(int64(n))
 	return n, err
 }
 
-type countingWriter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
+func (c *counted) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n.Add(int64(n))
 	return n, err
-}
-
-// Context ends with the session; context.Cause(ctx) tells why.
-func (s *Session) Context() context.Context { return s.ctx }
-
-// Exec runs a command in the session's sandbox and classifies how it ended,
-// once for every way in: nil with the command's exit status, or
-//   - an *EndedError when the session was ended from outside (its key
-//     revoked, its sandbox stopped, deleted or quarantined, shutdown);
-//   - a *ClusterError when the stream to the sandbox could not be opened;
-//   - ErrExecTimeout when ctx's deadline passed (the caller's timeout);
-//   - ErrCallerGone when ctx was cancelled by the caller;
-//   - a *StreamError when the stream broke before the exit status arrived.
-//
-// ctx should derive from Context.
-func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
-	if s.c.o.Exec == nil {
-		return k8s.ExitStatus{}, ErrNoExec
-	}
-	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
-	if err == nil {
-		return st, nil
-	}
-	var ce *k8s.ConnectError
-	connect := errors.As(err, &ce)
-	if connect {
-		s.c.o.Metrics.ClusterError("exec", "unavailable")
-	}
-	switch cause := s.Ended(); {
-	case cause != nil:
-		return st, &EndedError{Cause: cause, Err: err}
-	case connect:
-		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return st, ErrExecTimeout
-	case ctx.Err() != nil:
-		return st, ErrCallerGone
-	}
-	return st, &StreamError{Err: err}
-}
-
-// Ended reports why the session was ended from outside: ErrShuttingDown,
-// ErrKeyRevoked or ErrSandboxChanged; nil while it is live or when only
-// its caller's own context ended.
-func (s *Session) Ended() error {
-	cause := context.Cause(s.ctx)
-	for _, c := range []error{ErrShuttingDown, ErrKeyRevoked, ErrSandboxChanged} {
-		if errors.Is(cause, c) {
-			return c
-		}
-	}
-	return nil
 }
 
 // End releases the session's slot. It is safe to call more than once.

@@ -20,7 +20,7 @@ type reqInfo struct {
 	org   string
 	// quiet: no access-log line (a rate-limited refusal; see rateLimited).
 	quiet bool
-	// noWait: a long poll past the key's waitsInFlight answers at once.
+	// noWait: a long poll past the key's WaitsPerKey answers at once.
 	noWait bool
 }
 

@@ -191,9 +191,8 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
-	if err != nil {
-		s.writeError(w, r, err)
+	sess, ok := s.admitExec(w, r, id)
+	if !ok {
 		return
 	}
 	defer sess.End()
@@ -226,6 +225,17 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// admitExec admits an exec session for the request's caller, or answers
+// why not.
+func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id string) (*control.Session, bool) {
+	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
+	if err != nil {
+		s.writeError(w, r, err)
+		return nil, false
+	}
+	return sess, true
+}
+
 var upgrader = websocket.Upgrader{
 	Subprotocols: []string{ExecSubprotocol},
 	// Only bearer-token clients can call this endpoint (browsers cannot set
@@ -238,13 +248,9 @@ var upgrader = websocket.Upgrader{
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	q := r.URL.Query()
-	for k := range q {
-		switch k {
-		case "command", "stdin", "tty", "timeout":
-		default:
-			s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}})
-			return
-		}
+	if err := knownQuery(q, "command", "stdin", "tty", "timeout"); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	// Without command in the URL, the argv is the first message.
 	argv := q["command"]
@@ -282,9 +288,8 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusBadRequest, CodeWebSocketRequired, "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
-	if err != nil {
-		s.writeError(w, r, err)
+	sess, ok := s.admitExec(w, r, id)
+	if !ok {
 		return
 	}
 	defer sess.End()

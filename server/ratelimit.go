@@ -20,6 +20,17 @@ type RateLimits struct {
 	// Creates is sandbox creates per second for a key, with CreateBurst.
 	Creates     rate.Limit
 	CreateBurst int
+	// WaitsPerKey is how many long polls of one key wait at once;
+	// DefaultWaitsPerKey when zero.
+	WaitsPerKey int
+}
+
+// waits is the long polls one key may have waiting at once.
+func (l RateLimits) waits() int {
+	if l.WaitsPerKey == 0 {
+		return DefaultWaitsPerKey
+	}
+	return l.WaitsPerKey
 }
 
 // limiters holds each key's buckets. Entries idle for idleAfter are dropped
@@ -34,7 +45,7 @@ type limiters struct {
 type keyLimiter struct {
 	all, creates *rate.Limiter
 	// reads bounds the key's reads in flight (see readsInFlight); waits
-	// its long polls (see waitsInFlight).
+	// its long polls (see DefaultWaitsPerKey).
 	reads, waits chan struct{}
 	used         time.Time
 	// limited counts refusals since reported, when the last summary line
@@ -83,13 +94,13 @@ func (l *limiters) get(keyID string) *keyLimiter {
 	return l.m[keyID]
 }
 
-// waitsInFlight is how many long polls (GET /v1/sandboxes/{id}?while=) of
-// one key wait at once. A long poll holds no read slot: it would hold it for
+// DefaultWaitsPerKey is how many long polls (GET /v1/sandboxes/{id}?while=)
+// of one key wait at once. A long poll holds no read slot: it would hold it for
 // up to a minute, and four of them would stall every other read of the key.
 // Waiting costs a goroutine and a connection, and no CPU until the state
 // changes; past this many, a long poll answers at once, as a plain GET does,
 // and the client asks again.
-var waitsInFlight = 1024
+const DefaultWaitsPerKey = 1024
 
 // wait takes one of the key's long-poll slots if one is free; ok is false
 // when none is.
@@ -153,7 +164,7 @@ func (l *limiters) allow(lim RateLimits, keyID string, create bool) (ok bool, no
 			l.makeRoom(now)
 		}
 		k = &keyLimiter{all: rate.NewLimiter(lim.PerKey, lim.Burst), creates: rate.NewLimiter(lim.Creates, lim.CreateBurst),
-			reads: make(chan struct{}, readsInFlight), waits: make(chan struct{}, waitsInFlight)}
+			reads: make(chan struct{}, readsInFlight), waits: make(chan struct{}, lim.waits())}
 		l.m[keyID] = k
 	}
 	k.used = now

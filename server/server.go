@@ -15,8 +15,9 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"runtime/debug"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -261,9 +262,31 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 	return nil
 }
 
+// knownQuery refuses a query parameter other than those named.
+func knownQuery(q url.Values, known ...string) error {
+	for k := range q {
+		if !slices.Contains(known, k) {
+			return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}}
+		}
+	}
+	return nil
+}
+
 // errEmptyBody answers a request whose JSON body is empty; action endpoints
 // accept it.
 var errEmptyBody = newError(http.StatusBadRequest, CodeInvalidJSON, "empty body")
+
+// emptyBody accepts an absent, empty or {} body on action endpoints.
+func emptyBody(w http.ResponseWriter, r *http.Request) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	var v struct{}
+	if err := decode(w, r, &v); err != errEmptyBody {
+		return err
+	}
+	return nil
+}
 
 // jsonError maps a JSON decoding error to the answer that names the field.
 func jsonError(err error) *apiError {
@@ -340,279 +363,6 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 type readyBody struct {
 	Status  string   `json:"status"`
 	Allowed []string `json:"insecure,omitempty"`
-}
-
-func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
-	org, err := s.o.Store.Org(r.Context(), caller(r).OrgID)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, org)
-}
-
-func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
-	keys, err := s.o.Store.Keys(r.Context(), caller(r).OrgID)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, KeyList{Items: nonNil(keys)})
-}
-
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
-	var req CreateKeyRequest
-	if err := decode(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if len(req.Name) > 64 {
-		s.writeError(w, r, fieldError("name", "at most 64 characters"))
-		return
-	}
-	k, secret, err := s.o.Control.CreateKey(r.Context(), caller(r), req.Name)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, CreatedKey{APIKey: k, Secret: secret})
-}
-
-func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
-	if err := s.o.Control.RevokeKey(r.Context(), caller(r), r.PathValue("id")); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			err = newError(http.StatusNotFound, CodeNotFound, "no such key")
-		}
-		s.writeError(w, r, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var req CreateSandboxRequest
-	if err := decode(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	idem := r.Header.Get("Idempotency-Key")
-	if len(idem) > 255 {
-		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
-		return
-	}
-	spec, err := validateCreate(req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
-		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
-	if errors.Is(err, store.ErrConflict) && idem != "" {
-		err = newError(http.StatusConflict, CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
-	}
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	switch outcome {
-	case control.Replayed:
-		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, toAPI(sb))
-	case control.Accepted:
-		// The record stands and is resolved from evidence; retrying would
-		// only find it again.
-		writeJSON(w, http.StatusAccepted, toAPI(sb))
-	default:
-		writeJSON(w, http.StatusCreated, toAPI(sb))
-	}
-}
-
-// canonicalHash identifies a create request by its meaning, not its bytes:
-// the same request with its keys reordered or other whitespace is the same
-// request (encoding/json marshals struct fields in order and map keys
-// sorted).
-func canonicalHash(req CreateSandboxRequest) string {
-	b, _ := json.Marshal(req)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
-// defaultWait is how long GET /v1/sandboxes/{id}?while=STATE waits when the
-// request gives no wait.
-const defaultWait = 30 * time.Second
-
-// getSandbox answers one sandbox. With while=STATE it is a long poll: it
-// answers once the state is other than STATE, or after wait (a duration,
-// 30s by default, at most a minute), whichever comes first; at once when the
-// key has waitsInFlight long polls waiting already.
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "while" && k != "wait" {
-			s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}})
-			return
-		}
-	}
-	while, wait := q.Get("while"), defaultWait
-	if while != "" && !validState(while) {
-		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", truncate(while))))
-		return
-	}
-	if q.Has("wait") {
-		d, err := time.ParseDuration(q.Get("wait"))
-		switch {
-		case while == "":
-			s.writeError(w, r, fieldError("wait", "wait needs while=STATE"))
-			return
-		case err != nil || d <= 0 || d > control.MaxWait:
-			s.writeError(w, r, fieldError("wait", fmt.Sprintf("must be a duration over 0 and at most %s, such as 30s", control.MaxWait)))
-			return
-		}
-		wait = d
-	}
-	var sb store.Sandbox
-	var err error
-	if while == "" || info(r).noWait {
-		sb, err = s.o.Store.Sandbox(r.Context(), caller(r).OrgID, r.PathValue("id"))
-	} else {
-		sb, err = s.o.Control.WaitWhile(r.Context(), caller(r), r.PathValue("id"), store.State(while), wait)
-	}
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
-}
-
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	opts := store.ListOptions{OrgID: caller(r).OrgID, After: q.Get("after"), Limit: 100}
-	for k := range q {
-		switch k {
-		case "state", "label", "limit", "after":
-		default:
-			s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}})
-			return
-		}
-	}
-	if st := q.Get("state"); st != "" {
-		if !validState(st) {
-			s.writeError(w, r, fieldError("state", fmt.Sprintf("%q is not a state", truncate(st))))
-			return
-		}
-		opts.State = store.State(st)
-	}
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			s.writeError(w, r, fieldError("limit", "must be an integer from 1 to 1000"))
-			return
-		}
-		opts.Limit = n
-	}
-	if ls := q["label"]; len(ls) > 0 {
-		opts.Labels = map[string]string{}
-		for _, l := range ls {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok {
-				s.writeError(w, r, fieldError("label", fmt.Sprintf("%q is not key=value", truncate(l))))
-				return
-			}
-			opts.Labels[k] = v
-		}
-		if err := validateLabels("label", opts.Labels); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	list, next, err := s.o.Store.ListSandboxes(r.Context(), opts)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	out := SandboxList{Items: make([]Sandbox, 0, len(list)), Next: next}
-	for _, sb := range list {
-		out.Items = append(out.Items, toAPI(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func validState(s string) bool {
-	for _, st := range store.States {
-		if string(st) == s {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeStopped)
-}
-
-func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeRunning)
-}
-
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	s.setMode(w, r, store.ModeDeleted)
-}
-
-func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode) {
-	if err := emptyBody(w, r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.o.Control.SetMode(r.Context(), caller(r), r.PathValue("id"), mode)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
-}
-
-// emptyBody accepts an absent, empty or {} body on action endpoints.
-func emptyBody(w http.ResponseWriter, r *http.Request) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	var v struct{}
-	if err := decode(w, r, &v); err != errEmptyBody {
-		return err
-	}
-	return nil
-}
-
-func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
-	var req UpdateSandboxRequest
-	if err := decode(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if req.TTL == "" {
-		s.writeError(w, r, fieldError("ttl", "is required"))
-		return
-	}
-	ttl, err := parseTTL("ttl", req.TTL)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sb, err := s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
-}
-
-func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
-	evs, err := s.o.Store.Events(r.Context(), caller(r).OrgID, r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, EventList{Items: nonNil(evs)})
 }
 
 func nonNil[T any](s []T) []T {

@@ -829,13 +829,12 @@ func TestLongPoll(t *testing.T) {
 }
 
 // TestLongPollsHoldNoReadSlot: long polls waiting do not take the key's
-// read slots, so its other reads still answer; past waitsInFlight a long
+// read slots, so its other reads still answer; past WaitsPerKey a long
 // poll answers at once, as a plain GET.
 func TestLongPollsHoldNoReadSlot(t *testing.T) {
-	defer func(n int) { waitsInFlight = n }(waitsInFlight)
-	waitsInFlight = readsInFlight + 2
+	const waitsInFlight = readsInFlight + 2
 	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, _ *control.Options) {
-		so.RateLimits = RateLimits{PerKey: 1000, Burst: 2000}
+		so.RateLimits = RateLimits{PerKey: 1000, Burst: 2000, WaitsPerKey: waitsInFlight}
 	})
 	id := ts.create(`{"image":"busybox"}`)
 	done := make(chan int, waitsInFlight)

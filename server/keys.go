@@ -1,0 +1,55 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/hiloop/hiloop/store"
+)
+
+func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
+	org, err := s.o.Store.Org(r.Context(), caller(r).OrgID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, org)
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
+	keys, err := s.o.Store.Keys(r.Context(), caller(r).OrgID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, KeyList{Items: nonNil(keys)})
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+	var req CreateKeyRequest
+	if err := decode(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if len(req.Name) > 64 {
+		s.writeError(w, r, fieldError("name", "at most 64 characters"))
+		return
+	}
+	k, secret, err := s.o.Control.CreateKey(r.Context(), caller(r), req.Name)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, CreatedKey{APIKey: k, Secret: secret})
+}
+
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
+	if err := s.o.Control.RevokeKey(r.Context(), caller(r), r.PathValue("id")); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			err = newError(http.StatusNotFound, CodeNotFound, "no such key")
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,53 @@
+package layers
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/hiloop/hiloop"
+
+// below names, for each package, the only hiloop packages its non-test code
+// may reach, directly or not.
+var below = map[string][]string{
+	"sandbox":          {},
+	"forward":          {},
+	"metrics":          {"sandbox"},
+	"store":            {"sandbox", "migrations"},
+	"k8s":              {"sandbox", "store", "migrations"},
+	"k8s/localcluster": {"k8s", "sandbox", "store", "migrations"},
+	"control":          {"k8s", "sandbox", "store", "metrics", "migrations"},
+	"mirror":           {"control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"server":           {"control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"sshd":             {"control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"agent":            {"forward"},
+}
+
+// TestCallsRunDownward: no package reaches a hiloop package above it or
+// beside it, and the binary links no testing package.
+func TestCallsRunDownward(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", mod).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	if deps := strings.Fields(string(out)); slices.Contains(deps, "testing") {
+		t.Error("the hiloop binary links package testing")
+	}
+	for pkg, allowed := range below {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", mod+"/"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			rel, ok := strings.CutPrefix(dep, mod+"/")
+			if !ok || rel == pkg {
+				continue
+			}
+			if !slices.Contains(allowed, rel) {
+				t.Errorf("%s reaches %s, which is not below it", pkg, rel)
+			}
+		}
+	}
+}

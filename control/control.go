@@ -78,8 +78,9 @@ type Options struct {
 	Limits Limits
 	// ClusterTimeout bounds each cluster call; 15s when zero.
 	ClusterTimeout time.Duration
-	// SweepInterval is how often live sessions are held to their key and
-	// sandbox (a revoke offline, a stop seen by the mirror); 2s when zero.
+	// SweepInterval is how often live sessions and registered connections
+	// are held to their key and sandbox (a revoke offline, a stop or
+	// quarantine seen by the mirror); 2s when zero.
 	SweepInterval time.Duration
 	Log           *slog.Logger
 	Now           func() time.Time
@@ -97,7 +98,10 @@ type Options struct {
 }
 
 // Caller is who asks: the organization and the key that actually
-// authenticated the request or connection.
+// authenticated the request or connection. The key id's prefix says its
+// kind (an API key, an SSH key); Admit, Reachable and Connect hold it to the
+// record at every call and refuse a caller without a live key of its
+// organization (ErrUnauthenticated), an empty one included.
 type Caller struct {
 	OrgID string
 	KeyID string
@@ -116,6 +120,11 @@ type Control struct {
 	bg     sync.WaitGroup
 
 	sessions registry
+	// conns holds the connections that can open sessions (Connect).
+	conns connRegistry
+	// ends counts calls of end, so an admission that raced one checks
+	// again.
+	ends atomic.Uint64
 
 	boundary atomic.Pointer[BoundaryReport]
 
@@ -210,8 +219,10 @@ func (c *Control) SessionsByTransport() map[sandbox.Transport]int {
 	return out
 }
 
-// Run sweeps live sessions until ctx ends: a session whose key was revoked
-// (offline too) or whose sandbox stopped running ends within one sweep. It
+// Run sweeps live sessions and registered connections every SweepInterval
+// until ctx ends: a session whose key was revoked (offline too) or whose
+// sandbox stopped running ends within one sweep, and so does a connection
+// whose key was revoked or whose sandbox was quarantined or is gone. It
 // repeats the isolation self-check every BoundaryInterval.
 func (c *Control) Run(ctx context.Context) error {
 	if c.o.Boundary != nil {
@@ -268,11 +279,13 @@ func (c *Control) every(ctx context.Context, interval time.Duration, now bool, f
 	}()
 }
 
-// Close ends every live session with ErrShuttingDown, stops background
-// resolution, and waits up to ctx for sessions to end.
+// Close ends every live session and closes every registered connection
+// with ErrShuttingDown, registers no more, stops background resolution, and
+// waits up to ctx for sessions to end.
 func (c *Control) Close(ctx context.Context) error {
 	c.cancel(ErrShuttingDown)
-	c.endSessionsIf(func(*Session) bool { return true }, ErrShuttingDown)
+	c.conns.close()
+	c.end(ErrShuttingDown, func(string, string) bool { return true })
 	done := make(chan struct{})
 	go func() {
 		c.sessions.wait()

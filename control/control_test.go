@@ -90,7 +90,7 @@ func TestLocksAndSessionsBounded(t *testing.T) {
 	if n := c.locks.size(); n != 0 {
 		t.Fatalf("%d lock entries left", n)
 	}
-	who := Caller{OrgID: org.ID, KeyID: "key_x"}
+	who := liveCaller(t, db, org.ID)
 	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
 	var live []*Session
@@ -116,22 +116,26 @@ func TestLocksAndSessionsBounded(t *testing.T) {
 	}
 }
 
-// TestAdmitRefuses: another org's sandbox looks absent, and only a running,
-// unquarantined sandbox admits a session.
+// TestAdmitRefuses: another org's sandbox looks absent, a key is only
+// good for its own organization, and only a running, unquarantined sandbox
+// admits a session.
 func TestAdmitRefuses(t *testing.T) {
 	c, db, org := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
 	other, _ := db.CreateOrg(ctx, "other", 10, 10)
-	who := Caller{OrgID: org.ID, KeyID: "k"}
+	who := liveCaller(t, db, org.ID)
 	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	var se *StateError
 	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.As(err, &se) || se.State != store.StatePending {
 		t.Fatalf("pending: %v", err)
 	}
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
-	for _, bad := range []Caller{{OrgID: other.ID, KeyID: "k"}, {OrgID: "", KeyID: "k"}} {
-		if _, err := c.Admit(ctx, bad, sb.ID, "exec"); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("org %q reaches another org's sandbox: %v", bad.OrgID, err)
+	if _, err := c.Admit(ctx, liveCaller(t, db, other.ID), sb.ID, "exec"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("another org reaches the sandbox: %v", err)
+	}
+	for _, bad := range []Caller{{OrgID: other.ID, KeyID: who.KeyID}, {OrgID: "", KeyID: who.KeyID}} {
+		if _, err := c.Admit(ctx, bad, sb.ID, "exec"); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("org %q with a key that is not its own: %v", bad.OrgID, err)
 		}
 	}
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateQuarantined, Anomaly: "host_namespaces"})
@@ -145,7 +149,7 @@ func TestAdmitRefuses(t *testing.T) {
 func TestShutdownEndsSessions(t *testing.T) {
 	c, db, org := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
-	who := Caller{OrgID: org.ID, KeyID: "k"}
+	who := liveCaller(t, db, org.ID)
 	sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
 	s, err := c.Admit(context.Background(), who, sb.ID, "exec")

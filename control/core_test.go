@@ -86,7 +86,7 @@ func TestExecOutcome(t *testing.T) {
 			}
 			defer c.Close(context.Background())
 			org, _ := db.CreateOrg(context.Background(), "o", 10, 10)
-			who := Caller{OrgID: org.ID, KeyID: "key_x"}
+			who := liveCaller(t, db, org.ID)
 			sb := runningSandbox(t, c, db, who)
 			sess, err := c.Admit(context.Background(), who, sb.ID, sandbox.TransportExec)
 			if err != nil {
@@ -102,7 +102,7 @@ func TestExecOutcome(t *testing.T) {
 				cancel()
 			}
 			if tc.end != nil {
-				c.endSessionsIf(func(*Session) bool { return true }, tc.end)
+				c.end(tc.end, func(string, string) bool { return true })
 			}
 			st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"true"}})
 			if !tc.want(st, err) {

@@ -45,6 +45,11 @@ var (
 	// ErrNoExec: this deployment has no exec backend.
 	ErrNoExec = errors.New("exec is not available")
 
+	// ErrUnauthenticated: the caller names no live key of its organization
+	// (revoked, deleted, of no known kind, or none at all), so nothing is
+	// admitted for it.
+	ErrUnauthenticated = errors.New("the key is revoked, deleted or unknown")
+
 	// Causes with which a live session ends.
 	ErrShuttingDown   = errors.New("hiloop is shutting down")
 	ErrKeyRevoked     = errors.New("the key this session authenticated with was revoked")

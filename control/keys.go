@@ -20,7 +20,7 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 	if err := c.o.Store.RevokeKey(ctx, who.OrgID, keyID, false); err != nil {
 		return err
 	}
-	c.endSessionsIf(func(s *Session) bool { return s.KeyID == keyID }, ErrKeyRevoked)
+	c.end(ErrKeyRevoked, func(key, _ string) bool { return key == keyID })
 	return nil
 }
 
@@ -31,13 +31,14 @@ func (c *Control) AddSSHKey(ctx context.Context, who Caller, name string, key go
 	return c.o.Store.AddSSHKey(ctx, who.OrgID, name, key)
 }
 
-// DeleteSSHKey removes one of the caller's organization's SSH keys and ends
-// every live session opened with it.
+// DeleteSSHKey removes one of the caller's organization's SSH keys, ends
+// every live session opened with it and closes every connection it
+// authenticated.
 func (c *Control) DeleteSSHKey(ctx context.Context, who Caller, id string) error {
 	if err := c.o.Store.DeleteSSHKey(ctx, who.OrgID, id); err != nil {
 		return err
 	}
-	c.endSessionsIf(func(s *Session) bool { return s.KeyID == id }, ErrKeyRevoked)
+	c.end(ErrKeyRevoked, func(key, _ string) bool { return key == id })
 	return nil
 }
 

@@ -13,6 +13,8 @@ import (
 // was, so a sandbox stopped or started outside hiloop can be started or
 // stopped again. Deleting a terminal sandbox deletes whatever object still
 // carries its name. When the cluster write fails the record is restored.
+// Stopping or deleting ends the sandbox's live sessions and closes the
+// connections registered for it.
 func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store.Mode) (store.Sandbox, error) {
 	if mode == store.ModeRunning {
 		if err := c.Hardened(); err != nil {
@@ -45,7 +47,7 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 	// A pending record's object may not exist yet (NotFound above): its
 	// create renders the mode now recorded.
 	if mode != store.ModeRunning {
-		c.endSessionsIf(func(s *Session) bool { return s.SandboxID == id }, ErrSandboxChanged)
+		c.end(ErrSandboxChanged, func(_, sb string) bool { return sb == id })
 	}
 	c.touch(id)
 	return ch.After, nil

@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -85,6 +84,7 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 	if c.o.Exec == nil && transport != sandbox.TransportForward {
 		return nil, ErrNoExec
 	}
+	ends := c.ends.Load()
 	if err := c.Reachable(ctx, who, id, transport); err != nil {
 		return nil, err
 	}
@@ -93,6 +93,14 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 	if err := c.sessions.add(s, c.o.Limits); err != nil {
 		cancel(err)
 		return nil, err
+	}
+	// A revoke, stop or delete that ended sessions between the check and
+	// the slot did not see this one: ask again.
+	if c.ends.Load() != ends {
+		if err := c.Reachable(ctx, who, id, transport); err != nil {
+			s.End()
+			return nil, err
+		}
 	}
 	// Shutdown ends every session, even one whose ctx is detached.
 	stop := context.AfterFunc(c.base, func() { cancel(ErrShuttingDown) })
@@ -105,6 +113,11 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 // store.ErrNotFound, ErrQuarantined, a *StateError, a *TransportError, or
 // nil.
 func (c *Control) Reachable(ctx context.Context, who Caller, id string, transport sandbox.Transport) error {
+	// The key first: a connection outlives the moment it authenticated,
+	// so every session and channel it opens asks again.
+	if err := c.keyLive(ctx, who); err != nil {
+		return err
+	}
 	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
 	if err != nil {
 		return err
@@ -147,60 +160,6 @@ func reachable(sb store.Sandbox) error {
 		return &StateError{State: sb.State, Mode: sb.DesiredMode}
 	}
 	return nil
-}
-
-// endSessionsIf ends the live sessions that match, with cause.
-func (c *Control) endSessionsIf(match func(*Session) bool, cause error) {
-	for _, s := range c.sessions.list() {
-		if match(s) {
-			s.cancel(cause)
-		}
-	}
-}
-
-// sweep ends the sessions whose key is no longer live or whose sandbox is
-// no longer reachable, as the record says now.
-func (c *Control) sweep(ctx context.Context) {
-	live := c.sessions.list()
-	if len(live) == 0 {
-		return
-	}
-	keys := map[string]bool{}
-	for _, s := range live {
-		keys[s.KeyID] = true
-	}
-	ids := make([]string, 0, len(keys))
-	for k := range keys {
-		ids = append(ids, k)
-	}
-	liveKeys, err := c.o.Store.LiveKeys(ctx, ids)
-	if err != nil {
-		c.log.Warn("session sweep", "err", err)
-		return
-	}
-	verdict := map[string]error{}
-	for _, s := range live {
-		if !liveKeys[s.KeyID] {
-			s.cancel(ErrKeyRevoked)
-			continue
-		}
-		err, seen := verdict[s.SandboxID]
-		if !seen {
-			sb, gerr := c.o.Store.SandboxAnyOrg(ctx, s.SandboxID)
-			if gerr != nil {
-				err = ErrSandboxChanged
-				if !errors.Is(gerr, store.ErrNotFound) {
-					err = nil // a read error is no verdict
-				}
-			} else if reachable(sb) != nil {
-				err = ErrSandboxChanged
-			}
-			verdict[s.SandboxID] = err
-		}
-		if err != nil {
-			s.cancel(err)
-		}
-	}
 }
 
 // registry holds the live sessions and their counts per sandbox and per

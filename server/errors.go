@@ -101,6 +101,10 @@ func toAPIError(err error) *apiError {
 		return ae
 	case errors.As(err, &fe) && errors.Is(err, control.ErrUnsupported):
 		return &apiError{status: http.StatusUnprocessableEntity, detail: ErrorDetail{Code: CodeUnsupportedCapability, Field: fe.Field, Message: fe.Message}}
+	case errors.Is(err, control.ErrUnauthenticated):
+		// The key was revoked between its authentication and the core's
+		// own look at it.
+		return newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key")
 	case errors.Is(err, store.ErrNotFound):
 		return errNotFound
 	case errors.Is(err, store.ErrQuota):

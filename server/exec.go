@@ -35,6 +35,10 @@ const (
 	MaxExecTimeout     = 24 * time.Hour
 	// ExecSubprotocol is the WebSocket subprotocol of the streaming endpoint.
 	ExecSubprotocol = "hiloop.exec.v1"
+	// finalFrameGrace is how long a stream whose session was ended from
+	// outside has to deliver its final frame before its connection is
+	// closed.
+	finalFrameGrace = time.Second
 )
 
 // Channels of the streaming exec protocol: the first byte of every binary
@@ -300,6 +304,19 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	defer conn.Close()
 	conn.SetReadLimit(maxFrameSize)
 	log := s.log.With("sandbox", id, "org", sess.OrgID)
+	// A session ended from outside (its key revoked, its sandbox stopped,
+	// deleted or quarantined, shutdown) ends the stream even while it waits
+	// for its first message or on a client that stopped reading: the read
+	// is cut short at once, and the connection is closed after
+	// finalFrameGrace whether or not the final frame got through.
+	stop := context.AfterFunc(sess.Context(), func() {
+		if sess.Ended() == nil {
+			return
+		}
+		conn.NetConn().SetReadDeadline(time.Now())
+		time.AfterFunc(finalFrameGrace, func() { conn.NetConn().Close() })
+	})
+	defer stop()
 
 	// The session's context ends on a revoke, a stop or delete of the
 	// sandbox, or shutdown; the timeout bounds the command.
@@ -316,6 +333,9 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	if len(argv) == 0 {
 		var ferr *apiError
 		if argv, ferr = readStart(conn); ferr != nil {
+			if cause := sess.Ended(); cause != nil {
+				ferr = toAPIError(execFailed(&control.EndedError{Cause: cause}))
+			}
 			sendExit(ExitFrame{Error: &ferr.detail})
 			return
 		}

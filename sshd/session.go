@@ -46,10 +46,17 @@ type session struct {
 // session handles a "session" channel.
 func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
 	who, ok := caller(conn)
-	if !ok {
+	l := linkOf(ctx)
+	if !ok || l == nil {
 		nc.Reject(gossh.Prohibited, "not authenticated")
 		return
 	}
+	// Once the core closes the connection, it opens no more sessions.
+	if err := l.enter(); err != nil {
+		nc.Reject(gossh.Prohibited, err.Error())
+		return
+	}
+	defer l.leave()
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return
@@ -212,6 +219,8 @@ func refusal(id string, err error) string {
 		return err.Error()
 	case errors.As(err, new(*control.TransportError)):
 		return err.Error()
+	case errors.Is(err, control.ErrUnauthenticated):
+		return "the key this connection authenticated with was revoked or deleted"
 	case errors.Is(err, store.ErrNotFound):
 		return "no such sandbox"
 	default:

@@ -91,7 +91,9 @@ func New(o Options) (*Gateway, error) {
 		// or keyboard-interactive handler means those methods fail.
 		PublicKeyHandler: g.publicKey,
 		ServerConfigCallback: func(ctx ssh.Context) *gossh.ServerConfig {
-			cfg := &gossh.ServerConfig{VerifiedPublicKeyCallback: g.verified}
+			cfg := &gossh.ServerConfig{VerifiedPublicKeyCallback: func(md gossh.ConnMetadata, key gossh.PublicKey, perms *gossh.Permissions, algo string) (*gossh.Permissions, error) {
+				return g.verified(ctx, md, key, perms, algo)
+			}}
 			cfg.Ciphers = forward.Ciphers()
 			return cfg
 		},
@@ -123,11 +125,15 @@ func (g *Gateway) publicKey(ctx ssh.Context, key ssh.PublicKey) bool {
 
 // verified runs once the client proved it holds key: the permissions it
 // returns are the connection's, so the session acts for this key and no
-// other.
-func (g *Gateway) verified(conn gossh.ConnMetadata, key gossh.PublicKey, _ *gossh.Permissions, _ string) (*gossh.Permissions, error) {
-	who, ok := g.o.Control.SSHCaller(context.Background(), key, conn.User())
+// other. The connection is registered with the core under this key, so
+// that it is closed when the key goes, and not only its sessions.
+func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.PublicKey, _ *gossh.Permissions, _ string) (*gossh.Permissions, error) {
+	who, ok := g.o.Control.SSHCaller(ctx, key, conn.User())
 	if !ok {
 		return nil, errors.New("permission denied")
+	}
+	if err := g.register(ctx, conn, who); err != nil {
+		return nil, err
 	}
 	g.log.Info("ssh login", "fingerprint", gossh.FingerprintSHA256(key), "sandbox", conn.User(), "org", who.OrgID, "key", who.KeyID)
 	return &gossh.Permissions{Extensions: map[string]string{permKey: who.KeyID, permOrg: who.OrgID}}, nil

@@ -55,6 +55,9 @@ const (
 // keyPrefix starts every API key secret, so a leaked key is recognisable.
 const keyPrefix = "hl_"
 
+// apiKeyPrefix starts every API key id, as sshKeyPrefix does SSH key ids.
+const apiKeyPrefix = "key"
+
 // CreateOrg creates an organization. A zero quota takes the default.
 func (s *Store) CreateOrg(ctx context.Context, name string, maxSandboxes, maxRunning int) (Org, error) {
 	if !orgName.MatchString(name) {
@@ -147,7 +150,7 @@ func (s *Store) CreateKey(ctx context.Context, orgID, name string) (APIKey, stri
 		return APIKey{}, "", fmt.Errorf("create key: %w", errNoOrg)
 	}
 	secret := newSecret()
-	k := APIKey{ID: NewID("key"), OrgID: orgID, Name: name, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
+	k := APIKey{ID: NewID(apiKeyPrefix), OrgID: orgID, Name: name, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
 	_, err := s.write.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, ?, ?, ?)`,
 		k.ID, k.OrgID, k.Name, hashKey(secret), ms(k.CreatedAt))
 	if err != nil {
@@ -230,22 +233,27 @@ func (s *Store) RevokeKey(ctx context.Context, orgID, keyID string, force bool) 
 	return nil
 }
 
-// LiveKeys reports which of the given key ids are still live: API keys not
-// revoked, SSH keys still registered.
-func (s *Store) LiveKeys(ctx context.Context, ids []string) (map[string]bool, error) {
-	live := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		q := `SELECT count(*) FROM api_keys WHERE id = ? AND revoked_at IS NULL`
-		if IsSSHKeyID(id) {
-			q = `SELECT count(*) FROM ssh_keys WHERE id = ?`
-		}
-		var n int
-		if err := s.read.QueryRowContext(ctx, q, id).Scan(&n); err != nil {
-			return nil, fmt.Errorf("live keys: %w", err)
-		}
-		live[id] = n > 0
+// KeyLive reports whether keyID names a live key of the organization: an
+// API key not revoked, or an SSH key still registered. The id's prefix says
+// which table holds it; an empty organization or id, or an id of neither
+// kind, is never live.
+func (s *Store) KeyLive(ctx context.Context, orgID, keyID string) (bool, error) {
+	var q string
+	switch {
+	case orgID == "" || keyID == "":
+		return false, nil
+	case IsSSHKeyID(keyID):
+		q = `SELECT count(*) FROM ssh_keys WHERE id = ? AND org_id = ?`
+	case strings.HasPrefix(keyID, apiKeyPrefix+"_"):
+		q = `SELECT count(*) FROM api_keys WHERE id = ? AND org_id = ? AND revoked_at IS NULL`
+	default:
+		return false, nil
 	}
-	return live, nil
+	var n int
+	if err := s.read.QueryRowContext(ctx, q, keyID, orgID).Scan(&n); err != nil {
+		return false, fmt.Errorf("key live: %w", err)
+	}
+	return n > 0, nil
 }
 
 // Bootstrap creates the admin organization and its first key when no
@@ -270,7 +278,7 @@ func (s *Store) Bootstrap(ctx context.Context, orgName string) (Org, string, err
 		}
 		secret = newSecret()
 		if _, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, 'admin', ?, ?)`,
-			NewID("key"), org.ID, hashKey(secret), ms(now)); err != nil {
+			NewID(apiKeyPrefix), org.ID, hashKey(secret), ms(now)); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO settings (key, value) VALUES ('bootstrapped_at', ?)`, now.Format(time.RFC3339Nano))

@@ -1,8 +1,9 @@
 // Package e2e is the shared end-to-end harness: it wraps the local cluster
 // of k8s/localcluster for tests, builds the hiloop binary, starts `hiloop
-// serve` against the cluster, and runs the CLI as a user does. The root
-// tests and the SSH tests use it; a test that needs no cluster starts none,
-// since the shared cluster starts on first use.
+// serve` against the cluster, and runs the CLI as a user does. The
+// end-to-end tests in e2e/ use it, as do the other packages' cluster tests;
+// a test that needs no cluster starts none, since the shared cluster starts
+// on first use.
 package e2e
 
 import (
@@ -10,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -127,13 +129,49 @@ func Helpers(t testing.TB) string {
 	return helpersDir
 }
 
+var (
+	rootOnce sync.Once
+	root     string
+	rootErr  error
+)
+
+// moduleRoot is the directory of hiloop's go.mod, as the go command finds it
+// from the working directory (a test runs in its package's directory).
+func moduleRoot() (string, error) {
+	rootOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			rootErr = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		gomod := strings.TrimSpace(string(out))
+		if gomod == "" || gomod == os.DevNull {
+			rootErr = errors.New("go env GOMOD: not inside hiloop's module")
+			return
+		}
+		root = filepath.Dir(gomod)
+	})
+	return root, rootErr
+}
+
+// Path is the repository's file or directory at rel, a slash-separated path
+// from the module root such as "deploy/chart", whatever the test's working
+// directory.
+func Path(t testing.TB, rel string) string {
+	t.Helper()
+	dir, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, filepath.FromSlash(rel))
+}
+
 // Binary builds the hiloop binary once per test process and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
-		var root []byte
-		root, binErr = exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-		if binErr != nil {
+		var dir string
+		if dir, binErr = moduleRoot(); binErr != nil {
 			return
 		}
 		if binDir, binErr = os.MkdirTemp("", "hiloop-e2e-"); binErr != nil {
@@ -141,7 +179,7 @@ func Binary(t testing.TB) string {
 		}
 		binPath = filepath.Join(binDir, "hiloop")
 		build := exec.Command("go", "build", "-o", binPath, ".")
-		build.Dir = strings.TrimSpace(string(root))
+		build.Dir = dir
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("build hiloop: %v\n%s", err, out)

@@ -1,7 +1,8 @@
-package main_test
+package e2e_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"io"
@@ -19,6 +20,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
@@ -164,15 +166,17 @@ func TestSSHForward(t *testing.T) {
 		t.Fatalf("%d upstream connections for one client connection, want 1:\n%s", n, helperLog(t, in, dir, sb.ID))
 	}
 
-	// Rotation: one annotate patch per sandbox; the helper takes the new
-	// key and refuses the old one.
-	old := gatewayKey(t, in.DB, store.KeyGateway)
+	// Rotation: one annotate patch per sandbox, with the key derived for
+	// that sandbox; the helper takes the new key and refuses the old one.
+	// It only ever takes its own sandbox's id as the user name and its own
+	// sandbox's key, never the gateway key itself.
+	old := helperLoginKey(t, in.DB, sb.ID)
 	in.MustCLI("", "ssh-rotate-agent-key", "--kubeconfig", e2e.SharedCluster(t).Kubeconfig, "--namespace", in.NS)
-	cur := gatewayKey(t, in.DB, store.KeyGateway)
+	cur := helperLoginKey(t, in.DB, sb.ID)
 	podIP := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.status.podIP}")
 	helper := net.JoinHostPort(podIP, "2223")
-	dial := func(k gossh.Signer) error {
-		c, err := gossh.Dial("tcp", helper, &gossh.ClientConfig{User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
+	dial := func(user string, k gossh.Signer) error {
+		c, err := gossh.Dial("tcp", helper, &gossh.ClientConfig{User: user, Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
 			HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
 		if err == nil {
 			c.Close()
@@ -180,8 +184,18 @@ func TestSSHForward(t *testing.T) {
 		return err
 	}
 	e2e.Eventually(t, "the helper takes the new key", 60*time.Second, func() (bool, error) {
-		return dial(cur) == nil && dial(old) != nil, nil
+		return dial(sb.ID, cur) == nil && dial(sb.ID, old) != nil, nil
 	})
+	if dial("gateway", cur) == nil {
+		t.Error("the helper let in a user that is not its sandbox")
+	}
+	root, err := gossh.NewSignerFromKey(gatewayKey(t, in.DB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dial(sb.ID, root) == nil {
+		t.Error("the helper let in the gateway key itself")
+	}
 	// A new client connection reaches the helper with the new key.
 	local2, _, _ := forward(t, u, sb.ID, port)
 	roundTrip(t, local2, 1<<20)
@@ -234,15 +248,26 @@ func TestSSHForwardRefused(t *testing.T) {
 	}
 }
 
-// gatewayKey reads one of the gateway's key pairs from the record.
-func gatewayKey(t *testing.T, db, name string) gossh.Signer {
+// gatewayKey reads the gateway's current key from the record.
+func gatewayKey(t *testing.T, db string) ed25519.PrivateKey {
 	t.Helper()
 	s, err := store.Open(context.Background(), store.Options{Path: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	k, err := s.KeyPair(context.Background(), name)
+	k, err := s.PrivateKey(context.Background(), store.KeyGateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// helperLoginKey is the key the gateway logs in to the sandbox's helper
+// with now, derived from its current key.
+func helperLoginKey(t *testing.T, db, id string) gossh.Signer {
+	t.Helper()
+	k, err := control.HelperLoginKey(gatewayKey(t, db), id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 import (
 	"bytes"
@@ -31,6 +31,7 @@ import (
 	"github.com/hiloop/hiloop/internal/benchplot"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -76,7 +77,7 @@ func floorCreateToReady(b *testing.B, ns string, n int, ready *readyWatch) (podR
 			defer wg.Done()
 			id := fmt.Sprintf("sbx_floor%05d", floorSeq.Add(1))
 			sb, err := k8s.Render(store.Sandbox{ID: id, OrgID: "org_floor", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-				k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []string{"exec"}})
+				k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}})
 			if err != nil {
 				b.Error(err)
 				return

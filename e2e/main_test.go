@@ -1,7 +1,4 @@
-package main_test
-
-// End-to-end tests: the built hiloop binary, run as a user runs it, against
-// the real local cluster, through the shared harness of internal/e2e.
+package e2e_test
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 import (
 	"github.com/hiloop/hiloop/internal/e2e"

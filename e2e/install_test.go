@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -97,8 +98,8 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	// rendered is what hiloop sends for a sandbox with the session helper.
 	rendered := func() *v1beta1.Sandbox {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", Transports: []string{"exec", "forward"}}},
-			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []string{"exec", "forward"},
+			Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}}},
+			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward},
 				AgentImage: "hiloop/hiloop:test", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"})
 		if err != nil {
 			t.Fatal(err)
@@ -296,14 +297,14 @@ func TestInsecureNoGVisor(t *testing.T) {
 	token := in.Token
 
 	// The chart for a cluster without gVisor.
-	rendering := helmTemplate(t, "-f", "deploy/chart/values-local.yaml", "--set", "gvisor.required=false")
+	rendering := helmTemplate(t, "-f", e2e.Path(t, "deploy/chart/values-local.yaml"), "--set", "gvisor.required=false")
 	if _, err := c.Kubectl(ctx, "apply", "-f", writeTemp(t, rendering)); err != nil {
 		t.Fatal(err)
 	}
 	// Admission picks up the changed policies a moment later.
 	e2e.Eventually(t, "a Sandbox without a runtime class admitted", 30*time.Second, func() (bool, error) {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_probe", OrgID: "org_probe", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []string{"exec"}})
+			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []sandbox.Transport{sandbox.TransportExec}})
 		if err != nil {
 			return false, err
 		}
@@ -339,7 +340,7 @@ func TestInsecureNoGVisor(t *testing.T) {
 // helmTemplate renders the chart with the pinned helm.
 func helmTemplate(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(os.Getenv("HILOOP_CLUSTER_BIN"), "helm"), append([]string{"template", "hiloop", "deploy/chart"}, args...)...)
+	cmd := exec.Command(filepath.Join(os.Getenv("HILOOP_CLUSTER_BIN"), "helm"), append([]string{"template", "hiloop", e2e.Path(t, "deploy/chart")}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("helm template: %v", err)
@@ -492,7 +493,7 @@ func TestInstallManifestApplies(t *testing.T) {
 	c := e2e.NewCluster(t)
 	ctx := context.Background()
 	// Server-side: the CRD is too large for kubectl's last-applied annotation.
-	if out, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", "deploy/hiloop.yaml"); err != nil {
+	if out, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", e2e.Path(t, "deploy/hiloop.yaml")); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	for _, d := range []string{"hiloop-system/hiloop", "agent-sandbox-system/agent-sandbox-controller"} {

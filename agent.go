@@ -14,7 +14,8 @@ import (
 // AgentCmd runs the session helper inside a sandbox pod.
 type AgentCmd struct {
 	Listen         string `default:":2223" env:"HILOOP_AGENT_LISTEN" help:"Address to listen on (the pod's session port)."`
-	AuthorizedKeys string `required:"" env:"HILOOP_AGENT_AUTHORIZED_KEYS" help:"File with the gateway's public key, projected from the pod annotation; re-read at every login."`
+	AuthorizedKeys string `required:"" env:"HILOOP_AGENT_AUTHORIZED_KEYS" help:"File with the gateway's public key for this sandbox, projected from the pod annotation; re-read at every login."`
+	Sandbox        string `required:"" env:"HILOOP_AGENT_SANDBOX" help:"Id of the sandbox whose pod this helper runs in (from the pod's label, through the downward API); the only user name it accepts."`
 }
 
 // Run serves until SIGINT or SIGTERM.
@@ -30,7 +31,7 @@ func (c *AgentCmd) Run(ctx context.Context) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(40 << 20)
 	}
-	a, err := agent.New(agent.Options{AuthorizedKeysFile: c.AuthorizedKeys, Log: log})
+	a, err := agent.New(agent.Options{SandboxID: c.Sandbox, AuthorizedKeysFile: c.AuthorizedKeys, Log: log})
 	if err != nil {
 		return err
 	}
@@ -38,6 +39,6 @@ func (c *AgentCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	log.Info("session helper listening", "addr", ln.Addr().String())
+	log.Info("session helper listening", "addr", ln.Addr().String(), "sandbox", c.Sandbox)
 	return a.Serve(ctx, ln)
 }

@@ -18,6 +18,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/store"
@@ -225,14 +226,18 @@ func (c *SSHRotateCmd) Run(ctx context.Context, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		line := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey())))
+		pub, err := gossh.NewPublicKey(key.Public())
+		if err != nil {
+			return err
+		}
 		ctx, cancel := context.WithTimeout(ctx, c.ClusterTimeout)
 		defer cancel()
-		n, err := w.RotateGatewayKey(ctx, line)
+		// Each sandbox gets the login key derived for it from the new key.
+		n, err := w.RotateGatewayKey(ctx, func(id string) (string, error) { return control.HelperAuthorizedKey(key, id) })
 		if err != nil {
-			return fmt.Errorf("new key %s recorded; %d sandboxes annotated before: %w (run again to finish)", gossh.FingerprintSHA256(key.PublicKey()), n, err)
+			return fmt.Errorf("new key %s recorded; %d sandboxes annotated before: %w (run again to finish)", gossh.FingerprintSHA256(pub), n, err)
 		}
-		fmt.Fprintf(stdout, "gateway key is now %s; %d sandboxes with a session helper annotated\n", gossh.FingerprintSHA256(key.PublicKey()), n)
+		fmt.Fprintf(stdout, "gateway key is now %s; %d sandboxes with a session helper annotated\n", gossh.FingerprintSHA256(pub), n)
 		return nil
 	})
 }

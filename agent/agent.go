@@ -1,10 +1,12 @@
 // Package agent is the session helper, `hiloop agent`: a small SSH server
 // that runs as a hardened helper container in a sandbox pod, sharing the
 // pod's network namespace, so the gateway can reach the sandbox's loopback
-// under gVisor, where the runtime's port-forward cannot. It accepts only the
-// gateway's key (read from a file the kubelet projects from a pod
-// annotation, re-read at every login, so a rotation needs no restart),
-// serves only direct-tcpip, and dials only loopback.
+// under gVisor, where the runtime's port-forward cannot. It accepts only a
+// login whose user name is its own sandbox's id, with the key the gateway
+// derived for that sandbox (read from a file the kubelet projects from a
+// pod annotation, re-read at every login, so a rotation needs no restart),
+// serves only direct-tcpip, and dials only loopback. A gateway dial that
+// lands on another sandbox's helper is refused either way.
 package agent
 
 import (
@@ -28,8 +30,11 @@ import (
 
 // Options configure New.
 type Options struct {
-	// AuthorizedKeysFile holds the gateway's public key(s), authorized_keys
-	// form.
+	// SandboxID is the sandbox whose pod the helper runs in, the only user
+	// name it accepts.
+	SandboxID string
+	// AuthorizedKeysFile holds the gateway's public key(s) for this
+	// sandbox, authorized_keys form.
 	AuthorizedKeysFile string
 	Log                *slog.Logger
 	// DialTimeout bounds a dial to a loopback port; 5s when zero.
@@ -49,8 +54,8 @@ type Agent struct {
 
 // New builds the agent with a fresh host key; the gateway pins it per pod.
 func New(o Options) (*Agent, error) {
-	if o.AuthorizedKeysFile == "" {
-		return nil, errors.New("agent: an authorized keys file is required")
+	if o.AuthorizedKeysFile == "" || o.SandboxID == "" {
+		return nil, errors.New("agent: a sandbox id and an authorized keys file are required")
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -73,8 +78,12 @@ func New(o Options) (*Agent, error) {
 	return a, nil
 }
 
-// authorize accepts exactly the keys the file lists now.
-func (a *Agent) authorize(_ gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
+// authorize accepts exactly the keys the file lists now, for a user named
+// after the helper's own sandbox.
+func (a *Agent) authorize(meta gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
+	if meta.User() != a.o.SandboxID {
+		return nil, errors.New("not this sandbox")
+	}
 	raw, err := os.ReadFile(a.o.AuthorizedKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("read authorized keys: %w", err)

@@ -12,8 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hiloop/hiloop/forward"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/forward"
 )
 
 func newKey(t *testing.T) gossh.Signer {
@@ -43,7 +45,7 @@ func TestAgent(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "gateway.pub")
 	oldKey, newKey2, stranger := newKey(t), newKey(t), newKey(t)
 	writeKeys(t, keys, oldKey)
-	a, err := New(Options{AuthorizedKeysFile: keys})
+	a, err := New(Options{SandboxID: "sbx_a", AuthorizedKeysFile: keys})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +63,7 @@ func TestAgent(t *testing.T) {
 		}
 	}()
 	dial := func(k gossh.Signer) (*gossh.Client, error) {
-		return gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
+		return gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{User: "sbx_a", Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
 			HostKeyCallback: gossh.InsecureIgnoreHostKey()})
 	}
 	if _, err := dial(stranger); err == nil {
@@ -141,4 +143,73 @@ func TestAgent(t *testing.T) {
 		t.Fatalf("the new key: %v", err)
 	}
 	c2.Close()
+}
+
+// TestAgentOnlyItsSandbox: the helper of sandbox A lets in only the user
+// named A with the key the gateway derived for A. The key derived for
+// another sandbox, A's key under another user name, and the gateway key
+// itself are refused, so a gateway dial that lands on the wrong pod's
+// helper goes no further than the handshake.
+func TestAgentOnlyItsSandbox(t *testing.T) {
+	_, root, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	derive := func(id string) gossh.Signer {
+		k, err := control.HelperLoginKey(root, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	keyA, keyB := derive("sbx_a"), derive("sbx_b")
+	rootSigner, err := gossh.NewSignerFromKey(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(t.TempDir(), "gateway.pub")
+	writeKeys(t, keys, keyA)
+	a, err := New(Options{SandboxID: "sbx_a", AuthorizedKeysFile: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx, ln) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, tc := range []struct {
+		name, user string
+		key        gossh.Signer
+		ok         bool
+	}{
+		{"its sandbox's user and key", "sbx_a", keyA, true},
+		{"another sandbox's user", "sbx_b", keyA, false},
+		{"a user that is no sandbox", "gateway", keyA, false},
+		{"another sandbox's key", "sbx_a", keyB, false},
+		{"the gateway key itself", "sbx_a", rootSigner, false},
+	} {
+		c, err := gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{User: tc.user, Auth: []gossh.AuthMethod{gossh.PublicKeys(tc.key)},
+			HostKeyCallback: gossh.InsecureIgnoreHostKey()})
+		if err == nil {
+			c.Close()
+		}
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: login error %v, want success %v", tc.name, err, tc.ok)
+		}
+	}
+	if n := a.Conns(); n != 1 {
+		t.Errorf("%d logins accepted, want 1", n)
+	}
+	if _, err := New(Options{AuthorizedKeysFile: keys}); err == nil {
+		t.Error("a helper without a sandbox id was built")
+	}
 }

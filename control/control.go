@@ -41,8 +41,10 @@ type Cluster interface {
 	SetMode(ctx context.Context, id string, mode store.Mode) error
 	SetExpiry(ctx context.Context, id string, at time.Time) error
 	Delete(ctx context.Context, id string) error
-	// PodAddr is the IP and uid of a sandbox's live pod.
-	PodAddr(ctx context.Context, id string) (ip, uid string, err error)
+	// PodAddr is the IP of a sandbox's pod, only when it is the pod of
+	// this uid and it is Running and Ready now; otherwise a
+	// *k8s.PodNotServingError.
+	PodAddr(ctx context.Context, id, uid string) (ip string, err error)
 }
 
 // Executor runs a command in a sandbox's workload container: k8s.Execer

@@ -146,9 +146,9 @@ func TestCreateExpiryByCoreClock(t *testing.T) {
 	}
 }
 
-// TestHelperKeyOnlyForHelpers: the core hands the cluster writer the
-// gateway's current key for a sandbox with a session helper, and none for
-// any other.
+// TestHelperKeyOnlyForHelpers: the core hands the cluster writer the key
+// derived for the sandbox from the gateway's current key for a sandbox
+// with a session helper, and none for any other.
 func TestHelperKeyOnlyForHelpers(t *testing.T) {
 	c, db, _ := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
@@ -156,18 +156,18 @@ func TestHelperKeyOnlyForHelpers(t *testing.T) {
 	if key, err := c.helperKey(ctx, plain); err != nil || key != "" {
 		t.Errorf("a sandbox without a helper got key %q (%v)", key, err)
 	}
-	helped := store.Sandbox{Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", SessionPort: 2223,
+	helped := store.Sandbox{ID: "sbx_h", Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", SessionPort: 2223,
 		Transports: []sandbox.Transport{sandbox.TransportForward}}.Encode()}
 	key, err := c.helperKey(ctx, helped)
 	if err != nil {
 		t.Fatal(err)
 	}
-	signers, err := c.GatewayKeys(ctx)
+	signers, err := c.GatewayKeys(ctx, &Session{SandboxID: helped.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(signers[0].PublicKey()))); key != want {
-		t.Errorf("helper key %q, want the gateway's current key %q", key, want)
+		t.Errorf("helper key %q, want the sandbox's key from the gateway's current one %q", key, want)
 	}
 	if _, err := db.RotateGatewayKey(ctx); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,10 @@ var (
 	ErrClusterForbidden = errors.New("the cluster refused hiloop's request (permissions)")
 	// ErrNoExec: this deployment has no exec backend.
 	ErrNoExec = errors.New("exec is not available")
+	// ErrPodNotServing: the sandbox's pod is not the one the record
+	// observed, or not Running and Ready now, so its address may be another
+	// pod's and is not dialled. Trying again in a moment may work.
+	ErrPodNotServing = errors.New("the sandbox's pod is not serving")
 
 	// ErrUnauthenticated: the caller names no live key of its organization
 	// (revoked, deleted, of no known kind, or none at all), so nothing is

@@ -2,6 +2,10 @@ package control
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,34 +15,79 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
-// GatewayKeys are the keys the gateway logs in to session helpers with: the
-// current one first, then the one it replaced, which helpers whose
+// helperLoginSalt separates the keys HelperLoginKey derives from anything
+// else that might ever be derived from the gateway key.
+const helperLoginSalt = "hiloop session helper login v1"
+
+// HelperLoginKey is the key the gateway logs in to one sandbox's session
+// helper with, derived from a gateway key: an ed25519 key whose seed is
+// HKDF-SHA256 of the gateway key's seed with the sandbox id as the info.
+// Only that sandbox's pod is given its public key, so the helper of any
+// other sandbox that answers a dial refuses the login; and one stored
+// secret still makes every sandbox's key, so nothing per sandbox is kept
+// and a rotation re-derives them all.
+func HelperLoginKey(gateway ed25519.PrivateKey, sandboxID string) (gossh.Signer, error) {
+	if len(gateway) != ed25519.PrivateKeySize || sandboxID == "" {
+		return nil, errors.New("helper login key: a gateway key and a sandbox id are required")
+	}
+	seed, err := hkdf.Key(sha256.New, gateway.Seed(), []byte(helperLoginSalt), sandboxID, ed25519.SeedSize)
+	if err != nil {
+		return nil, fmt.Errorf("helper login key: %w", err)
+	}
+	return gossh.NewSignerFromKey(ed25519.NewKeyFromSeed(seed))
+}
+
+// HelperAuthorizedKey is HelperLoginKey's public key in authorized_keys
+// form, as the sandbox's pod carries it.
+func HelperAuthorizedKey(gateway ed25519.PrivateKey, sandboxID string) (string, error) {
+	k, err := HelperLoginKey(gateway, sandboxID)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(k.PublicKey()))), nil
+}
+
+// GatewayKeys are the keys the gateway logs in to the session helper of the
+// session's sandbox with, derived for that sandbox alone: from the current
+// gateway key first, then from the one it replaced, which helpers whose
 // annotation was not refreshed yet still accept.
-func (c *Control) GatewayKeys(ctx context.Context) ([]gossh.Signer, error) {
-	cur, err := c.o.Store.KeyPair(ctx, store.KeyGateway)
+func (c *Control) GatewayKeys(ctx context.Context, s *Session) ([]gossh.Signer, error) {
+	cur, err := c.o.Store.PrivateKey(ctx, store.KeyGateway)
 	if err != nil {
 		return nil, err
 	}
-	prev, err := c.o.Store.OptionalKeyPair(ctx, store.KeyGatewayPrevious)
-	if err != nil || prev == nil {
-		return []gossh.Signer{cur}, err
+	prev, err := c.o.Store.OptionalPrivateKey(ctx, store.KeyGatewayPrevious)
+	if err != nil {
+		return nil, err
 	}
-	return []gossh.Signer{cur, prev}, nil
+	var keys []gossh.Signer
+	for _, k := range []ed25519.PrivateKey{cur, prev} {
+		if k == nil {
+			continue
+		}
+		signer, err := HelperLoginKey(k, s.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, signer)
+	}
+	return keys, nil
 }
 
-// helperKey is the gateway's current public key, authorized_keys form, for
-// the object of a record whose receipt has a session helper; "" for any
-// other. Reading it at every such create means a rotation reaches new
-// sandboxes at once.
+// helperKey is the public key the gateway logs in to the record's session
+// helper with, authorized_keys form, derived from the current gateway key
+// for this sandbox alone; "" for a record whose receipt has no helper.
+// Reading it at every such create means a rotation reaches new sandboxes at
+// once.
 func (c *Control) helperKey(ctx context.Context, rec store.Sandbox) (string, error) {
 	if sandbox.RecordReceipt(rec.Receipt).SessionPort == 0 {
 		return "", nil
 	}
-	key, err := c.o.Store.KeyPair(ctx, store.KeyGateway)
+	key, err := c.o.Store.PrivateKey(ctx, store.KeyGateway)
 	if err != nil {
 		return "", fmt.Errorf("read the gateway key: %w", err)
 	}
-	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey()))), nil
+	return HelperAuthorizedKey(key, rec.ID)
 }
 
 // HelperKeyChanged records that the session's sandbox's helper, in pod

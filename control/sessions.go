@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -132,7 +134,9 @@ func (c *Control) Reachable(ctx context.Context, who Caller, id string, transpor
 }
 
 // HelperAddr is where the session's sandbox's helper listens and the uid of
-// the pod it runs in, asked of the cluster now.
+// the pod it runs in. The pod is the one the mirror last observed for the
+// record, asked of the cluster now, and its address is used only while it
+// is Running and Ready: anything else is ErrPodNotServing, with the reason.
 func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID string, err error) {
 	sb, err := c.o.Store.SandboxAnyOrg(ctx, s.SandboxID)
 	if err != nil {
@@ -144,11 +148,15 @@ func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID stri
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
-	ip, uid, err := c.o.Cluster.PodAddr(cctx, s.SandboxID)
+	ip, err := c.o.Cluster.PodAddr(cctx, s.SandboxID, sb.PodUID)
+	var pe *k8s.PodNotServingError
+	if errors.As(err, &pe) {
+		return "", "", fmt.Errorf("%w: %s", ErrPodNotServing, pe.Reason)
+	}
 	if err != nil {
 		return "", "", c.clusterFailed("get", err)
 	}
-	return net.JoinHostPort(ip, strconv.Itoa(port)), uid, nil
+	return net.JoinHostPort(ip, strconv.Itoa(port)), sb.PodUID, nil
 }
 
 // reachable reports whether exec and sessions may reach a sandbox.

@@ -36,9 +36,18 @@ const (
 	DefaultSessionPort = 2223
 	// HelperUser is the uid the session helper runs as.
 	HelperUser = 65532
-	// gatewayKeyDir is where the helper finds the gateway's key.
-	gatewayKeyDir    = "/var/run/hiloop"
-	gatewayKeyVolume = "hiloop-gateway-key"
+	// GatewayKeyVolume is the pod volume that projects the gateway-key
+	// annotation into the helper. Volume names that start with "hiloop-"
+	// are hiloop's; the API refuses them for a sandbox's own volumes.
+	GatewayKeyVolume = "hiloop-gateway-key"
+	// HelperSandboxEnv carries the sandbox id to the helper, from the pod's
+	// sandbox label through the downward API: the helper refuses a login
+	// under any other user name.
+	HelperSandboxEnv = "HILOOP_AGENT_SANDBOX"
+	// gatewayKeyDir is where the helper finds the gateway's key, and
+	// gatewayKeyFile the file in it.
+	gatewayKeyDir  = "/var/run/hiloop"
+	gatewayKeyFile = "gateway.pub"
 )
 
 // Deployment defaults, in one place: the CLI's flags, the local cluster and
@@ -169,8 +178,8 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		}
 		annotations[AnnotationGatewayKey] = o.GatewayKey
 		containers = append(containers, Helper(o.AgentImage, receipt.SessionPort))
-		volumes = append(volumes, corev1.Volume{Name: gatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
-			Items: []corev1.DownwardAPIVolumeFile{{Path: "gateway.pub", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationGatewayKey + "']"}}}}}})
+		volumes = append(volumes, corev1.Volume{Name: GatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			Items: []corev1.DownwardAPIVolumeFile{{Path: gatewayKeyFile, FieldRef: &corev1.ObjectFieldSelector{FieldPath: gatewayKeyField}}}}}})
 	}
 	obj := &v1beta1.Sandbox{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1beta1.GroupVersion.String(), Kind: "Sandbox"},
@@ -251,22 +260,30 @@ func resources(s store.Spec) (corev1.ResourceRequirements, error) {
 	return r, nil
 }
 
+// gatewayKeyField is the downward API field the key volume projects.
+const gatewayKeyField = "metadata.annotations['" + AnnotationGatewayKey + "']"
+
 // Helper is the session helper container: `hiloop agent` on the session
 // port, hardened (read-only root filesystem, no capabilities, no privilege
 // escalation, RuntimeDefault seccomp, non-root) with small requests and
-// limits. It shares the pod's network namespace, which is the point.
+// limits. It shares the pod's network namespace, which is the point. Its
+// sandbox id comes from the pod's label as an environment variable, which
+// the kubelet resolves once, when the container starts: the id cannot
+// change within the helper's life, and the key volume stays one item.
 func Helper(image string, port int) corev1.Container {
 	return corev1.Container{
 		Name:  HelperContainer,
 		Image: image,
 		Command: []string{"/hiloop", "agent", "--listen", fmt.Sprintf(":%d", port),
-			"--authorized-keys", gatewayKeyDir + "/gateway.pub"},
+			"--authorized-keys", gatewayKeyDir + "/" + gatewayKeyFile},
+		Env: []corev1.EnvVar{{Name: HelperSandboxEnv, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['" + LabelSandbox + "']"}}}},
 		Ports: []corev1.ContainerPort{{Name: "session", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
 			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 		},
-		VolumeMounts: []corev1.VolumeMount{{Name: gatewayKeyVolume, MountPath: gatewayKeyDir, ReadOnly: true}},
+		VolumeMounts: []corev1.VolumeMount{{Name: GatewayKeyVolume, MountPath: gatewayKeyDir, ReadOnly: true}},
 		SecurityContext: &corev1.SecurityContext{
 			ReadOnlyRootFilesystem:   ptr.To(true),
 			AllowPrivilegeEscalation: ptr.To(false),
@@ -297,6 +314,42 @@ func HelperHardened(c corev1.Container) string {
 		return "the session helper keeps capabilities"
 	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
 		return "the session helper runs without the RuntimeDefault seccomp profile"
+	}
+	return ""
+}
+
+// HelperKeySource says how the session helper's gateway key does not come
+// from where Render put it, or "" when it does: the helper mounts only the
+// key volume, read-only, at the key directory, and the pod's volume of that
+// name is a downwardAPI volume whose one item is the gateway-key
+// annotation. Any other source (a claim of the same name, say) hands the
+// helper a key file the workload may write, and rotations stop reaching it.
+func HelperKeySource(helper corev1.Container, volumes []corev1.Volume) string {
+	if len(helper.VolumeMounts) != 1 {
+		return fmt.Sprintf("the session helper has %d volume mounts, not the gateway key alone", len(helper.VolumeMounts))
+	}
+	m := helper.VolumeMounts[0]
+	if m.Name != GatewayKeyVolume || m.MountPath != gatewayKeyDir || !m.ReadOnly || m.SubPath != "" || m.SubPathExpr != "" ||
+		(m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone) {
+		return "the session helper's key mount is not the one hiloop rendered"
+	}
+	found := false
+	for _, v := range volumes {
+		if v.Name != GatewayKeyVolume {
+			continue
+		}
+		found = true
+		d := v.DownwardAPI
+		if d == nil {
+			return "the gateway key volume is not the downwardAPI volume hiloop rendered"
+		}
+		if len(d.Items) != 1 || d.Items[0].Path != gatewayKeyFile || d.Items[0].ResourceFieldRef != nil ||
+			d.Items[0].FieldRef == nil || d.Items[0].FieldRef.FieldPath != gatewayKeyField {
+			return "the gateway key volume projects something other than the gateway key annotation"
+		}
+	}
+	if !found {
+		return "the gateway key volume is missing"
 	}
 	return ""
 }

@@ -81,6 +81,9 @@ func TestRenderGolden(t *testing.T) {
 				if why := k8s.HelperHardened(h); h.Name != k8s.HelperContainer || why != "" {
 					t.Errorf("helper %s: %s", h.Name, why)
 				}
+				if why := k8s.HelperKeySource(h, ps.Volumes); why != "" {
+					t.Errorf("helper %s: %s", h.Name, why)
+				}
 			}
 		})
 	}

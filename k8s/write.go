@@ -176,25 +176,73 @@ func (w *Writer) patch(ctx context.Context, id string, body map[string]any) erro
 	return nil
 }
 
-// PodAddr is the IP and uid of a sandbox's live pod (the controller names
-// the pod after the Sandbox).
-func (w *Writer) PodAddr(ctx context.Context, id string) (string, string, error) {
+// PodNotServingError says why a sandbox's pod is not one whose address may
+// be dialled now, in words fit to send: Reason names no pod, node or
+// cluster message.
+type PodNotServingError struct{ Reason string }
+
+func (e *PodNotServingError) Error() string { return "the sandbox's pod is not serving: " + e.Reason }
+
+// PodAddr is the IP of a sandbox's pod (the controller names it after the
+// Sandbox), asked of the API server now. It answers only for the pod whose
+// uid the mirror observed, carrying the sandbox's label, and only while it
+// serves: phase Running, Ready, and not being deleted. Anything else is a
+// *PodNotServingError. A pod's status.podIP is its own only while it runs:
+// a Failed pod keeps it after the network has handed the address to another
+// pod, so without these checks a record that lags could send a dial into
+// another tenant's pod.
+func (w *Writer) PodAddr(ctx context.Context, id, uid string) (string, error) {
+	if uid == "" {
+		return "", &PodNotServingError{Reason: "no pod has been observed yet"}
+	}
 	pod, err := w.c.Kube.CoreV1().Pods(w.opts.Namespace).Get(ctx, ObjectName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", &PodNotServingError{Reason: "the pod is gone"}
+	}
 	if err != nil {
-		return "", "", fmt.Errorf("get pod: %w", err)
+		return "", fmt.Errorf("get pod: %w", err)
 	}
-	if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil {
-		return "", "", fmt.Errorf("pod %s has no address yet", pod.Name)
+	var reason string
+	switch {
+	case string(pod.UID) != uid:
+		reason = "the pod was replaced since it was last observed"
+	case pod.Labels[LabelSandbox] != id:
+		reason = "the pod does not carry the sandbox's label"
+	case pod.DeletionTimestamp != nil:
+		reason = "the pod is being deleted"
+	case pod.Status.Phase != corev1.PodRunning:
+		reason = fmt.Sprintf("the pod is %q, not Running", pod.Status.Phase)
+	case !PodReady(pod):
+		reason = "the pod is not Ready"
+	case pod.Status.PodIP == "":
+		reason = "the pod has no address yet"
+	default:
+		return pod.Status.PodIP, nil
 	}
-	return pod.Status.PodIP, string(pod.UID), nil
+	return "", &PodNotServingError{Reason: reason}
+}
+
+// PodReady reports whether a pod is Running with its Ready condition True.
+func PodReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // RotateGatewayKey writes a new gateway key into the pod template of every
-// Sandbox that has a session helper. The controller re-propagates template
-// annotations to the live pod, the kubelet refreshes the projected file,
-// and the helper reads it at the next login. It returns how many were
-// patched.
-func (w *Writer) RotateGatewayKey(ctx context.Context, key string) (int, error) {
+// Sandbox that has a session helper: key gives the one for each sandbox id
+// (each sandbox has its own, derived from the gateway's). The controller
+// re-propagates template annotations to the live pod, the kubelet refreshes
+// the projected file, and the helper reads it at the next login. A Sandbox
+// whose label does not name the id of its name is left alone. It returns
+// how many were patched.
+func (w *Writer) RotateGatewayKey(ctx context.Context, key func(id string) (string, error)) (int, error) {
 	list, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Selector})
 	if err != nil {
 		return 0, fmt.Errorf("list sandboxes: %w", err)
@@ -204,7 +252,17 @@ func (w *Writer) RotateGatewayKey(ctx context.Context, key string) (int, error) 
 		if _, ok := sb.Spec.PodTemplate.ObjectMeta.Annotations[AnnotationGatewayKey]; !ok {
 			continue
 		}
-		if err := w.Annotate(ctx, sb.Labels[LabelSandbox], AnnotationGatewayKey, key); err != nil {
+		id, ok := IDFromName(sb.Name)
+		if !ok || sb.Labels[LabelSandbox] != id {
+			// Its identity is contradicted (the mirror holds it in
+			// attention): no helper key is derived for a guess.
+			continue
+		}
+		line, err := key(id)
+		if err != nil {
+			return n, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := w.Annotate(ctx, id, AnnotationGatewayKey, line); err != nil {
 			return n, err
 		}
 		n++

@@ -2,11 +2,17 @@ package k8s_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -87,5 +93,124 @@ func TestGatewayKeyOnlyForHelpers(t *testing.T) {
 	}
 	if v, _ := annotation(helped.ID); v != "ssh-ed25519 AAAAkey" {
 		t.Errorf("a sandbox with a helper (every backed transport): annotation %q", v)
+	}
+}
+
+// TestPodAddr: the address of a sandbox's pod is given only for the pod
+// whose uid the record observed, carrying the sandbox's label, Running,
+// Ready and not being deleted; anything else is a PodNotServingError that
+// says why. A Failed pod that kept its IP is the case that matters: the
+// network may have handed that address to another tenant's pod.
+func TestPodAddr(t *testing.T) {
+	const id, uid = "sbx_a", "u1"
+	serving := func(mut ...func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: k8s.ObjectName(id), Namespace: "ns", UID: uid, Labels: map[string]string{k8s.LabelSandbox: id}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7",
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		}
+		for _, m := range mut {
+			m(p)
+		}
+		return p
+	}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name   string
+		pod    *corev1.Pod
+		uid    string
+		ip     string
+		reason string
+	}{
+		{"serving", serving(), uid, "10.0.0.7", ""},
+		{"no pod observed yet", serving(), "", "", "no pod has been observed yet"},
+		{"gone", nil, uid, "", "the pod is gone"},
+		{"replaced", serving(func(p *corev1.Pod) { p.UID = "u2" }), uid, "", "the pod was replaced since it was last observed"},
+		{"failed, address kept", serving(func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }), uid, "", `the pod is "Failed", not Running`},
+		{"succeeded", serving(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), uid, "", `the pod is "Succeeded", not Running`},
+		{"pending", serving(func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }), uid, "", `the pod is "Pending", not Running`},
+		{"not ready", serving(func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }), uid, "", "the pod is not Ready"},
+		{"no ready condition", serving(func(p *corev1.Pod) { p.Status.Conditions = nil }), uid, "", "the pod is not Ready"},
+		{"being deleted", serving(func(p *corev1.Pod) { p.DeletionTimestamp = &now; p.Finalizers = []string{"x"} }), uid, "", "the pod is being deleted"},
+		{"another sandbox's label", serving(func(p *corev1.Pod) { p.Labels[k8s.LabelSandbox] = "sbx_b" }), uid, "", "the pod does not carry the sandbox's label"},
+		{"no address", serving(func(p *corev1.Pod) { p.Status.PodIP = "" }), uid, "", "the pod has no address yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := kubefake.NewClientset()
+			if tc.pod != nil {
+				kube = kubefake.NewClientset(tc.pod)
+			}
+			w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sandboxfake.NewSimpleClientset()}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ip, err := w.PodAddr(context.Background(), id, tc.uid)
+			reason := ""
+			var pe *k8s.PodNotServingError
+			if errors.As(err, &pe) {
+				reason = pe.Reason
+			} else if err != nil {
+				t.Fatalf("not a PodNotServingError: %v", err)
+			}
+			if ip != tc.ip || reason != tc.reason {
+				t.Errorf("PodAddr = %q, reason %q; want %q, reason %q", ip, reason, tc.ip, tc.reason)
+			}
+		})
+	}
+	// A failing API server is a cluster error, not a verdict on the pod.
+	kube := kubefake.NewClientset(serving())
+	kube.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("down")
+	})
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sandboxfake.NewSimpleClientset()}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.PodAddr(context.Background(), id, uid); err == nil || errors.As(err, new(*k8s.PodNotServingError)) {
+		t.Errorf("an unavailable API server: %v, want a cluster error", err)
+	}
+}
+
+// TestRotateGatewayKeyPerSandbox: a rotation writes each sandbox with a
+// helper the key made for its own id, and leaves a sandbox without a
+// helper alone.
+func TestRotateGatewayKeyPerSandbox(t *testing.T) {
+	sb := sandboxfake.NewSimpleClientset()
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb},
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}, AgentImage: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var helped []string
+	for i := range 3 {
+		rec := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}}
+		key := ""
+		if i < 2 {
+			rec.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
+			key = "old-" + rec.ID
+			helped = append(helped, rec.ID)
+		}
+		if err := w.Create(ctx, rec, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := w.RotateGatewayKey(ctx, func(id string) (string, error) { return "new-" + id, nil })
+	if err != nil || n != 2 {
+		t.Fatalf("rotated %d sandboxes (%v), want 2", n, err)
+	}
+	list, err := sb.AgentsV1beta1().Sandboxes("ns").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, o := range list.Items {
+		if v, ok := o.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationGatewayKey]; ok {
+			got[o.Labels[k8s.LabelSandbox]] = v
+		}
+	}
+	want := map[string]string{helped[0]: "new-" + helped[0], helped[1]: "new-" + helped[1]}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("gateway key annotations (-want +got):\n%s", diff)
 	}
 }

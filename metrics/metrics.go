@@ -29,6 +29,7 @@ type Metrics struct {
 	mirrorLag     prometheus.Histogram
 	sessionBytes  *prometheus.CounterVec
 	selfCheck     *prometheus.GaugeVec
+	sshRefused    *prometheus.CounterVec
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -58,7 +59,9 @@ func New() *Metrics {
 		Help: "Bytes moved by sessions, by transport (exec, ssh, forward) and direction (in to the sandbox, out of it)."}, []string{"transport", "direction"})
 	m.selfCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hiloop_self_check",
 		Help: "The isolation self-check, per boundary object: 1 holds, 0 fails, 0.5 fails in a way the deployment allows (--insecure-no-gvisor)."}, []string{"check", "object"})
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck,
+	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
+		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key)."}, []string{"reason"})
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.sshRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -168,4 +171,13 @@ func (m *Metrics) SessionBytes(transport, direction string, n int64) {
 		return
 	}
 	m.sessionBytes.WithLabelValues(transport, direction).Add(float64(n))
+}
+
+// SSHRefused records an SSH connection the gateway closed or refused at one
+// of its limits; reason is one of a fixed set (see the metric's help).
+func (m *Metrics) SSHRefused(reason string) {
+	if m == nil {
+		return
+	}
+	m.sshRefused.WithLabelValues(reason).Inc()
 }

@@ -150,7 +150,8 @@ func (s *sandboxView) object() *v1beta1.Sandbox {
 // podView is what the cache keeps of a pod: what the receipt check reads
 // (runtime class, host namespaces, service account and its token, the
 // claims, host paths and token volumes, the session helper's security
-// context), its phase and readiness, and the workload's exit.
+// context and where its gateway key comes from), its phase and readiness,
+// and the workload's exit.
 type podView struct {
 	view
 	runtimeClass    string
@@ -163,6 +164,7 @@ type podView struct {
 	serviceAccount  string
 	hasHelper       bool
 	helper          *corev1.SecurityContext
+	helperMounts    []corev1.VolumeMount
 	volumes         []corev1.Volume
 	phase           corev1.PodPhase
 	reason          string
@@ -182,30 +184,32 @@ func compactPod(p *corev1.Pod) *podView {
 	if a := p.Spec.AutomountServiceAccountToken; a != nil {
 		out.automount, out.automountSet = *a, true
 	}
-	// Of the containers, only the session helper's hardening is checked.
+	// Of the containers, only the session helper's hardening and mounts are
+	// checked.
 	for _, c := range p.Spec.Containers {
 		if c.Name == k8s.HelperContainer {
-			out.hasHelper, out.helper = true, c.SecurityContext
+			out.hasHelper, out.helper, out.helperMounts = true, c.SecurityContext, c.VolumeMounts
 		}
 	}
 	// Only the volumes Decide holds to the receipt matter: claims, host
-	// paths, and those that carry a service-account token.
+	// paths, those that carry a service-account token, and the gateway key
+	// volume, whatever its source.
 	for _, v := range p.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil || v.HostPath != nil {
-			out.volumes = append(out.volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: v.PersistentVolumeClaim, HostPath: v.HostPath}})
-			continue
-		}
-		if v.Projected == nil {
-			continue
-		}
-		for _, src := range v.Projected.Sources {
-			if src.ServiceAccountToken != nil {
-				out.volumes = append(out.volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-					Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{ServiceAccountToken: src.ServiceAccountToken}}}}})
-				break
+		kept := corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: v.PersistentVolumeClaim, HostPath: v.HostPath}}
+		if v.Projected != nil {
+			for _, src := range v.Projected.Sources {
+				if src.ServiceAccountToken != nil {
+					kept.Projected = &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{ServiceAccountToken: src.ServiceAccountToken}}}
+					break
+				}
 			}
 		}
+		if v.Name == k8s.GatewayKeyVolume {
+			kept.DownwardAPI = v.DownwardAPI
+		} else if kept.PersistentVolumeClaim == nil && kept.HostPath == nil && kept.Projected == nil {
+			continue
+		}
+		out.volumes = append(out.volumes, kept)
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
@@ -231,7 +235,7 @@ func (v *podView) object() *corev1.Pod {
 		out.Spec.AutomountServiceAccountToken = ptr.To(v.automount)
 	}
 	if v.hasHelper {
-		out.Spec.Containers = []corev1.Container{{Name: k8s.HelperContainer, SecurityContext: v.helper}}
+		out.Spec.Containers = []corev1.Container{{Name: k8s.HelperContainer, SecurityContext: v.helper, VolumeMounts: v.helperMounts}}
 	}
 	out.Status.Phase, out.Status.Reason = v.phase, v.reason
 	if v.hasReady {

@@ -47,6 +47,10 @@ const (
 	// ContradictionHelper: the promised session helper is missing or no
 	// longer hardened.
 	ContradictionHelper = "helper_not_hardened"
+	// ContradictionHelperKey: the session helper's gateway key does not
+	// come from the downwardAPI volume hiloop rendered (a volume of the same
+	// name replaced it), so the workload may write what the helper trusts.
+	ContradictionHelperKey = "helper_key_not_projected"
 )
 
 // Reasons the mirror gives for transitions, naming the evidence.
@@ -139,7 +143,7 @@ func decideLive(obj *v1beta1.Sandbox, pods, live []*corev1.Pod, rec store.Sandbo
 		}
 		return store.Observation{State: store.StateStopped}
 	}
-	if len(live) == 1 && podReady(live[0]) {
+	if len(live) == 1 && k8s.PodReady(live[0]) {
 		return store.Observation{State: store.StateRunning}
 	}
 	return store.Observation{State: store.StateStarting}
@@ -283,9 +287,14 @@ func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Rece
 		contradictions = append(contradictions, ContradictionStorage)
 		reasons = append(reasons, reason)
 	}
-	if reason := helperMismatch(p, promised); reason != "" {
+	if helper, reason := helperMismatch(p, promised); reason != "" {
 		contradictions = append(contradictions, ContradictionHelper)
 		reasons = append(reasons, reason)
+	} else if helper != nil {
+		if reason := k8s.HelperKeySource(*helper, p.Spec.Volumes); reason != "" {
+			contradictions = append(contradictions, ContradictionHelperKey)
+			reasons = append(reasons, reason)
+		}
 	}
 	if len(contradictions) == 0 {
 		return store.Observation{}, false
@@ -293,18 +302,18 @@ func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Rece
 	return store.Observation{State: store.StateQuarantined, Anomaly: strings.Join(contradictions, ","), Reason: strings.Join(reasons, "; ")}, true
 }
 
-// helperMismatch says how the pod's session helper breaks the promise, or ""
-// when it keeps it (or none was promised).
-func helperMismatch(p *corev1.Pod, promised sandbox.Receipt) string {
+// helperMismatch is the pod's promised session helper and how its hardening
+// breaks the promise, "" when it keeps it; no helper when none was promised.
+func helperMismatch(p *corev1.Pod, promised sandbox.Receipt) (*corev1.Container, string) {
 	if promised.SessionPort == 0 {
-		return ""
+		return nil, ""
 	}
-	for _, c := range p.Spec.Containers {
+	for i, c := range p.Spec.Containers {
 		if c.Name == k8s.HelperContainer {
-			return k8s.HelperHardened(c)
+			return &p.Spec.Containers[i], k8s.HelperHardened(c)
 		}
 	}
-	return "the promised session helper is missing"
+	return nil, "the promised session helper is missing"
 }
 
 // storageMismatch says how the pod's persistent and host volumes differ from
@@ -363,18 +372,6 @@ func ptrString(p *string) string {
 		return ""
 	}
 	return *p
-}
-
-func podReady(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // exited reports the newest finished pod's workload exit code and reason.

@@ -30,13 +30,42 @@ func withHelper(s *store.Sandbox) {
 	s.Receipt = string(b)
 }
 
-// helperPod is a pod with the hardened helper and the matching receipt.
+// helperPod is the pod of record(withHelper) as Render makes it: the
+// hardened helper, its gateway key volume, and the matching receipt.
 func helperPod(mut ...func(*corev1.Pod)) *corev1.Pod {
-	r := record(withHelper)
+	return helperPodOf(record(withHelper), mut...)
+}
+
+// helperPodOf is helperPod for another record with a helper.
+func helperPodOf(r store.Sandbox, mut ...func(*corev1.Pod)) *corev1.Pod {
+	o := renderOpts
+	o.AgentImage, o.GatewayKey = "img", "ssh-ed25519 AAAAkey"
+	obj, err := k8s.Render(r, o)
+	if err != nil {
+		panic(err)
+	}
 	return pod(append([]func(*corev1.Pod){func(p *corev1.Pod) {
 		p.Annotations = map[string]string{k8s.AnnotationReceipt: r.Receipt}
-		p.Spec.Containers = append(p.Spec.Containers, k8s.Helper("img", k8s.DefaultSessionPort))
+		p.Spec = *obj.Spec.PodTemplate.Spec.DeepCopy()
 	}}, mut...)...)
+}
+
+// keyVolume is the pod's gateway key volume.
+func keyVolume(p *corev1.Pod) *corev1.Volume {
+	for i := range p.Spec.Volumes {
+		if p.Spec.Volumes[i].Name == k8s.GatewayKeyVolume {
+			return &p.Spec.Volumes[i]
+		}
+	}
+	panic("no gateway key volume")
+}
+
+// tenantKeyVolume is a record with a helper whose own volume took the
+// gateway key volume's name, as one could before such names were refused.
+func tenantKeyVolume(s *store.Sandbox) {
+	s.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
+	s.Spec.Volumes = []store.Volume{{Name: k8s.GatewayKeyVolume, Size: "1Gi", MountPath: "/data"}}
+	s.Receipt = promise(s.Spec)
 }
 
 // promise is the receipt a record holds, as control stores it at create.
@@ -173,6 +202,28 @@ func TestDecide(t *testing.T) {
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelper, Reason: "the session helper's root filesystem is writable"}},
 		{"helper privileged", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Containers[1].SecurityContext.Privileged = ptr.To(true) })}, record(withHelper),
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelper, Reason: "the session helper is privileged"}},
+		{"helper key volume replaced by the tenant's claim", object(), []*corev1.Pod{helperPodOf(record(tenantKeyVolume), func(p *corev1.Pod) {
+			// What the controller does with a claim template of the same name.
+			keyVolume(p).VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: k8s.GatewayKeyVolume + "-sbx-a"}}
+		})}, record(tenantKeyVolume),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the gateway key volume is not the downwardAPI volume hiloop rendered"}},
+		{"helper key volume projects another field", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) {
+			keyVolume(p).DownwardAPI.Items[0].FieldRef.FieldPath = "metadata.annotations['other']"
+		})}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the gateway key volume projects something other than the gateway key annotation"}},
+		{"helper key volume projects more", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) {
+			d := keyVolume(p).DownwardAPI
+			d.Items = append(d.Items, corev1.DownwardAPIVolumeFile{Path: "more", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}})
+		})}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the gateway key volume projects something other than the gateway key annotation"}},
+		{"helper key mounted writable", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Containers[1].VolumeMounts[0].ReadOnly = false })}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the session helper's key mount is not the one hiloop rendered"}},
+		{"helper mounts another volume", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) {
+			p.Spec.Containers[1].VolumeMounts = append(p.Spec.Containers[1].VolumeMounts, corev1.VolumeMount{Name: "x", MountPath: "/x"})
+		})}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the session helper has 2 volume mounts, not the gateway key alone"}},
+		{"helper key volume missing", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) { p.Spec.Volumes = nil })}, record(withHelper),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHelperKey, Reason: "the gateway key volume is missing"}},
 		{"host path mounted", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
 		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionStorage, Reason: `volume "h" mounts a host path`}},
@@ -268,6 +319,14 @@ func podVariants() [][]*corev1.Pod {
 		{helperPod(func(p *corev1.Pod) {
 			p.Spec.Containers[len(p.Spec.Containers)-1].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
 		})},
+		{helperPod(func(p *corev1.Pod) {
+			keyVolume(p).VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
+		})},
+		{helperPod(func(p *corev1.Pod) {
+			keyVolume(p).VolumeSource = corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
+		})},
+		{helperPod(func(p *corev1.Pod) { keyVolume(p).DownwardAPI.Items[0].Path = "other" })},
+		{helperPod(func(p *corev1.Pod) { p.Spec.Containers[len(p.Spec.Containers)-1].VolumeMounts[0].MountPath = "/tmp" })},
 		{pod(), pod(func(p *corev1.Pod) { p.Name += "-2" })}}
 }
 

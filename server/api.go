@@ -39,7 +39,9 @@ type Resources struct {
 
 // VolumeRequest is one persistent volume.
 type VolumeRequest struct {
-	// Name is a DNS label, unique within the sandbox.
+	// Name is a DNS label, unique within the sandbox, not starting with
+	// "hiloop-": hiloop's own pod volumes (the session helper's key) use
+	// that prefix.
 	Name string `json:"name"`
 	// Size is a Kubernetes quantity ("1Gi").
 	Size string `json:"size"`

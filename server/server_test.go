@@ -373,6 +373,27 @@ func TestValidationBounds(t *testing.T) {
 	}
 }
 
+// TestReservedVolumeName: a sandbox's own volume may not take a name of
+// the pod volumes hiloop renders (the controller would put the claim in
+// place of the session helper's key volume); the refusal names the field,
+// and nothing is created.
+func TestReservedVolumeName(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	for _, name := range []string{"hiloop-gateway-key", "hiloop-x"} {
+		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["exec"],"volumes":[`+
+			`{"name":"data","size":"1Gi","mount_path":"/data"},{"name":"`+name+`","size":"1Gi","mount_path":"/k"}]}`)
+		var b ErrorBody
+		json.Unmarshal(rec.Body.Bytes(), &b)
+		if rec.Code != 400 || b.Error.Code != CodeInvalidField || b.Error.Field != "volumes[1].name" || !strings.Contains(b.Error.Message, `names starting with "hiloop-" are hiloop's`) {
+			t.Errorf("volume %q: %d %s", name, rec.Code, rec.Body.String())
+		}
+	}
+	if calls := ts.fc.Calls(); len(calls) != 0 {
+		t.Errorf("refused creates reached the cluster: %v", calls)
+	}
+	ts.create(`{"image":"busybox","volumes":[{"name":"my-hiloop-data","size":"1Gi","mount_path":"/data"}]}`)
+}
+
 // TestRevokeLastKey: the API refuses to revoke an organization's last live
 // key, and a revoke ends the sessions opened with the key.
 func TestRevokeLastKey(t *testing.T) {

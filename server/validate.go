@@ -32,6 +32,9 @@ const (
 	minMemory     = "16Mi"
 	minVolumeSize = "1Mi"
 	MaxTransports = 8
+	// reservedVolumePrefix starts the names of the pod volumes hiloop
+	// renders itself; a sandbox's own volumes may not use it.
+	reservedVolumePrefix = "hiloop-"
 )
 
 var (
@@ -89,6 +92,11 @@ func validateCreate(req CreateSandboxRequest) (store.Spec, error) {
 		f := fmt.Sprintf("volumes[%d]", i)
 		if !dnsLabel.MatchString(v.Name) {
 			return spec, fieldError(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", truncate(v.Name)))
+		}
+		if strings.HasPrefix(v.Name, reservedVolumePrefix) {
+			// The controller would put the claim in place of hiloop's own pod
+			// volume of the same name (the session helper's key).
+			return spec, fieldError(f+".name", fmt.Sprintf("%q: names starting with %q are hiloop's", truncate(v.Name), reservedVolumePrefix))
 		}
 		if names[v.Name] {
 			return spec, fieldError(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/gliderlabs/ssh"
@@ -22,8 +21,10 @@ import (
 // connection and its forward session (a revoke, a stop or shutdown ends
 // it).
 type upstream struct {
-	once   sync.Once
-	client *gossh.Client
+	// dialled is closed once the dial ended, with client and sess, or err,
+	// set.
+	dialled chan struct{}
+	client  *gossh.Client
 	// sess is the forward session the upstream belongs to.
 	sess *control.Session
 	err  error
@@ -54,13 +55,9 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
 		return
 	}
-	v, _ := g.upstreams.LoadOrStore(conn, &upstream{})
-	up := v.(*upstream)
-	up.once.Do(func() { up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log) })
-	if up.err != nil {
-		// A later channel may try again.
-		g.upstreams.CompareAndDelete(conn, up)
-		nc.Reject(gossh.ConnectionFailed, up.err.Error())
+	up, err := g.upstream(ctx, conn, who, log)
+	if err != nil {
+		nc.Reject(gossh.ConnectionFailed, err.Error())
 		return
 	}
 	ch, reqs, err := up.client.OpenChannel("direct-tcpip", nc.ExtraData())
@@ -83,6 +80,29 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 	up.sess.Moved(forward.Pipe(cch, ch))
 }
 
+// upstream is the connection's upstream, dialled once for all its -L
+// channels: the first channel dials, the others wait for that dial, each
+// only while the connection lives. A failed dial is forgotten, so a later
+// channel dials again.
+func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*upstream, error) {
+	up := &upstream{dialled: make(chan struct{})}
+	if v, loaded := g.upstreams.LoadOrStore(conn, up); loaded {
+		up = v.(*upstream)
+		select {
+		case <-up.dialled:
+			return up, up.err
+		case <-ctx.Done():
+			return nil, errors.New("the connection closed")
+		}
+	}
+	up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log)
+	if up.err != nil {
+		g.upstreams.CompareAndDelete(conn, up)
+	}
+	close(up.dialled)
+	return up, up.err
+}
+
 // dialHelper admits a forward session for the connection and dials the
 // sandbox's helper, pinning its host key to the pod. The session and the
 // upstream end together, with the client connection or when control ends
@@ -99,18 +119,31 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	}
 	addr, podUID, err := g.o.Control.HelperAddr(ctx, sess)
 	if err != nil {
-		return fail("the sandbox's session helper has no address yet", err)
+		msg := "the sandbox's session helper has no address yet"
+		if errors.Is(err, control.ErrPodNotServing) {
+			msg = err.Error()
+		}
+		return fail(msg, err)
 	}
-	keys, err := g.o.Control.GatewayKeys(ctx)
+	// The user is the sandbox id and the keys are derived for this sandbox
+	// alone: a helper of any other sandbox refuses the login.
+	keys, err := g.o.Control.GatewayKeys(ctx, sess)
 	if err != nil {
 		return fail("the gateway's key is unreadable", err)
 	}
-	client, err := gossh.Dial("tcp", addr, &gossh.ClientConfig{
-		User: "gateway", Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
-		HostKeyCallback: g.pinned(ctx, sess, podUID), Timeout: 10 * time.Second,
-		Config: gossh.Config{Ciphers: forward.Ciphers()},
+	client, err := g.dialSSH(sess.Context(), addr, &gossh.ClientConfig{
+		User: sess.SandboxID, Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
+		HostKeyCallback: g.pinned(ctx, sess, podUID),
+		Config:          gossh.Config{Ciphers: forward.Ciphers()},
 	})
 	if err != nil {
+		if cause := context.Cause(sess.Context()); cause != nil {
+			// The client left, or control ended the session: nobody
+			// waits for the helper any more.
+			sess.End()
+			log.Debug("forward dial abandoned", "cause", cause)
+			return nil, nil, fmt.Errorf("the session ended: %w", cause)
+		}
 		return fail("the sandbox's session helper did not answer", err)
 	}
 	log.Info("forward session opened", "pod_uid", podUID)
@@ -127,6 +160,36 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		g.upstreams.Delete(conn)
 	}()
 	return client, sess, nil
+}
+
+// dialSSH connects to addr and completes the SSH handshake within
+// HelperDialTimeout, and gives up at once when ctx ends. ClientConfig.Timeout
+// bounds only the TCP connect: a helper address whose listener accepts and
+// never speaks would hold the handshake, and the session slot, forever.
+func (g *Gateway) dialSSH(ctx context.Context, addr string, cfg *gossh.ClientConfig) (*gossh.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	// Closing the connection is what ends a handshake in progress.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	c, chans, reqs, err := gossh.NewClientConn(nc, addr, cfg)
+	if !stop() {
+		// ctx ended: the handshake failed on the closed connection, or
+		// finished just before it was closed.
+		if err == nil {
+			c.Close()
+		}
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return gossh.NewClient(c, chans, reqs), nil
 }
 
 // pinned accepts the first host key a pod's helper shows and only that key

@@ -43,7 +43,24 @@ type Options struct {
 	// IdleTimeout closes a connection that moved no bytes for this long
 	// (keepalives count); off when zero.
 	IdleTimeout time.Duration
-	// Metrics records refused keys and bytes moved; optional.
+	// LoginGrace closes a connection that has not authenticated this long
+	// after it was accepted, version and key exchange included, as sshd's
+	// LoginGraceTime; 30s when zero.
+	LoginGrace time.Duration
+	// MaxStartups and MaxStartupsPerSource bound the connections accepted
+	// and not yet authenticated, in all and from one address, as sshd's
+	// MaxStartups and PerSourceMaxStartups: one past either is closed at
+	// once. 64 and 10 when zero.
+	MaxStartups          int
+	MaxStartupsPerSource int
+	// MaxConnsPerKey bounds the authenticated connections of one SSH key; a
+	// login past it fails. 32 when zero.
+	MaxConnsPerKey int
+	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
+	// connect and SSH handshake together; 10s when zero.
+	HelperDialTimeout time.Duration
+	// Metrics records refused keys, connections refused at a limit and
+	// bytes moved; optional.
 	Metrics *metrics.Metrics
 }
 
@@ -52,8 +69,9 @@ type Gateway struct {
 	o   Options
 	log *slog.Logger
 	srv *ssh.Server
-	// keepAlives holds the connections that have a keepalive loop.
-	keepAlives sync.Map
+	// limits counts the connections held against MaxStartups,
+	// MaxStartupsPerSource and MaxConnsPerKey.
+	limits limits
 	// upstreams holds each client connection's upstream to its sandbox's
 	// session helper.
 	upstreams sync.Map
@@ -82,11 +100,30 @@ func New(o Options) (*Gateway, error) {
 	if o.KeepAliveMax == 0 {
 		o.KeepAliveMax = 3
 	}
+	if o.LoginGrace == 0 {
+		o.LoginGrace = defaultLoginGrace
+	}
+	if o.MaxStartups == 0 {
+		o.MaxStartups = defaultMaxStartups
+	}
+	if o.MaxStartupsPerSource == 0 {
+		o.MaxStartupsPerSource = defaultMaxStartupsPerSource
+	}
+	if o.MaxConnsPerKey == 0 {
+		o.MaxConnsPerKey = defaultMaxConnsPerKey
+	}
+	if o.HelperDialTimeout == 0 {
+		o.HelperDialTimeout = defaultHelperDialTimeout
+	}
 	g := &Gateway{o: o, log: o.Log.With("component", "sshd")}
 	g.srv = &ssh.Server{
 		Version:     "hiloop",
 		HostSigners: []ssh.Signer{o.HostKey},
 		IdleTimeout: o.IdleTimeout,
+		// Every connection is held against the caps on connections not
+		// yet authenticated, and closed unless it authenticates within
+		// the login grace.
+		ConnCallback: g.accept,
 		// Setting a public-key handler keeps NoClientAuth off; no password
 		// or keyboard-interactive handler means those methods fail.
 		PublicKeyHandler: g.publicKey,
@@ -95,6 +132,7 @@ func New(o Options) (*Gateway, error) {
 				return g.verified(ctx, md, key, perms, algo)
 			}}
 			cfg.Ciphers = forward.Ciphers()
+			g.guard(ctx, cfg)
 			return cfg
 		},
 		ChannelHandlers: map[string]ssh.ChannelHandler{
@@ -156,51 +194,54 @@ func (g *Gateway) recovered(h ssh.ChannelHandler) ssh.ChannelHandler {
 				g.log.Error("panic in ssh channel", "type", ch.ChannelType(), "panic", v, "stack", string(debug.Stack()))
 			}
 		}()
-		g.keepAlive(ctx, conn)
 		h(srv, conn, ch, ctx)
 	}
 }
 
-// keepAlive starts, once per connection, SSH-level keepalives: TCP
-// keepalive inside gVisor fires after two hours, far too late to notice a
-// client that went away.
-func (g *Gateway) keepAlive(ctx ssh.Context, conn *gossh.ServerConn) {
-	if _, loaded := g.keepAlives.LoadOrStore(conn, true); loaded {
-		return
-	}
-	go func() {
-		defer g.keepAlives.Delete(conn)
-		defer g.upstreams.Delete(conn)
-		t := time.NewTicker(g.o.KeepAlive)
-		defer t.Stop()
-		missed := 0
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			reply := make(chan error, 1)
+// keepAlive asks an authenticated connection's client every KeepAlive
+// whether it is still there, from authentication until the connection
+// closes, and closes the connection after KeepAliveMax asks without an
+// answer: TCP keepalive inside gVisor fires after two hours, far too late to
+// notice a client that went away.
+func (g *Gateway) keepAlive(ctx ssh.Context, c *heldConn) {
+	t := time.NewTicker(g.o.KeepAlive)
+	defer t.Stop()
+	missed := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// The handshake finishes right after authentication; until then
+		// there is no connection to ask, which counts as no answer.
+		reply := make(chan error, 1)
+		if conn, ok := ctx.Value(ssh.ContextKeyConn).(*gossh.ServerConn); ok {
 			go func() {
 				_, _, err := conn.SendRequest("keepalive@openssh.com", true, nil)
 				reply <- err
 			}()
-			select {
-			case err := <-reply:
-				if err != nil {
-					return // the connection is gone
-				}
-				missed = 0
-			case <-time.After(g.o.KeepAlive):
-				missed++
-				if missed >= g.o.KeepAliveMax {
-					g.log.Info("ssh client stopped answering keepalives; closing", "remote", conn.RemoteAddr().String())
-					conn.Close()
-					return
-				}
+		}
+		wait := time.NewTimer(g.o.KeepAlive)
+		select {
+		case err := <-reply:
+			wait.Stop()
+			if err != nil {
+				return // the connection is gone
+			}
+			missed = 0
+		case <-ctx.Done():
+			wait.Stop()
+			return
+		case <-wait.C:
+			missed++
+			if missed >= g.o.KeepAliveMax {
+				g.log.Info("ssh client stopped answering keepalives; closing", "remote", c.RemoteAddr().String())
+				c.Close()
+				return
 			}
 		}
-	}()
+	}
 }
 
 // Serve accepts connections on ln until Shutdown.

@@ -133,6 +133,17 @@ func (s *Store) HostKey(ctx context.Context) (gossh.Signer, error) {
 // KeyPair returns the named ed25519 key pair, creating it on first use.
 // Once it exists, reading it takes no write transaction.
 func (s *Store) KeyPair(ctx context.Context, name string) (gossh.Signer, error) {
+	priv, err := s.PrivateKey(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return gossh.NewSignerFromKey(priv)
+}
+
+// PrivateKey is the named key pair's ed25519 private key itself, created on
+// first use as KeyPair makes it: the gateway derives each sandbox's helper
+// login key from its own.
+func (s *Store) PrivateKey(ctx context.Context, name string) (ed25519.PrivateKey, error) {
 	var pemText string
 	err := s.queryRow(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
 	if err == nil {
@@ -158,8 +169,9 @@ func (s *Store) KeyPair(ctx context.Context, name string) (gossh.Signer, error) 
 	return parseKeyPEM(name, pemText)
 }
 
-// OptionalKeyPair returns the named key pair, or nil when there is none.
-func (s *Store) OptionalKeyPair(ctx context.Context, name string) (gossh.Signer, error) {
+// OptionalPrivateKey returns the named key pair's private key, or nil when
+// there is none.
+func (s *Store) OptionalPrivateKey(ctx context.Context, name string) (ed25519.PrivateKey, error) {
 	var pemText string
 	err := s.read.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, name).Scan(&pemText)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -173,7 +185,7 @@ func (s *Store) OptionalKeyPair(ctx context.Context, name string) (gossh.Signer,
 
 // RotateGatewayKey makes a new gateway key and keeps the current one as the
 // previous, in one transaction, and returns the new one.
-func (s *Store) RotateGatewayKey(ctx context.Context) (gossh.Signer, error) {
+func (s *Store) RotateGatewayKey(ctx context.Context) (ed25519.PrivateKey, error) {
 	pemText, err := newKeyPEM()
 	if err != nil {
 		return nil, err
@@ -203,10 +215,16 @@ func newKeyPEM() (string, error) {
 	return string(pem.EncodeToMemory(block)), nil
 }
 
-func parseKeyPEM(name, pemText string) (gossh.Signer, error) {
-	signer, err := gossh.ParsePrivateKey([]byte(pemText))
-	if err != nil {
-		return nil, fmt.Errorf("%s in the record is unreadable (not replaced: what was made from it would break): %w", name, err)
+func parseKeyPEM(name, pemText string) (ed25519.PrivateKey, error) {
+	key, err := gossh.ParseRawPrivateKey([]byte(pemText))
+	if err == nil {
+		switch k := key.(type) {
+		case *ed25519.PrivateKey:
+			return *k, nil
+		case ed25519.PrivateKey:
+			return k, nil
+		}
+		err = fmt.Errorf("a %T, not an ed25519 key", key)
 	}
-	return signer, nil
+	return nil, fmt.Errorf("%s in the record is unreadable (not replaced: what was made from it would break): %w", name, err)
 }

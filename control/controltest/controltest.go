@@ -19,6 +19,8 @@ type Cluster struct {
 	mu      sync.Mutex
 	calls   []string
 	objects map[string]bool
+	// helperKeys are the gateway keys Create was given, by sandbox id.
+	helperKeys map[string]string
 	// CreateErr fails Create; with CreateWrites the object is written all
 	// the same (an ambiguous timeout).
 	CreateErr    error
@@ -92,9 +94,10 @@ func (f *Cluster) Create(ctx context.Context, sb store.Sandbox, gatewayKey strin
 	f.record("create " + sb.ID)
 	if f.CreateErr == nil || f.CreateWrites {
 		if f.objects == nil {
-			f.objects = map[string]bool{}
+			f.objects, f.helperKeys = map[string]bool{}, map[string]string{}
 		}
 		f.objects[sb.ID] = true
+		f.helperKeys[sb.ID] = gatewayKey
 	}
 	return f.CreateErr
 }
@@ -158,10 +161,26 @@ func (e Exec) Exec(ctx context.Context, _ string, req k8s.ExecRequest) (k8s.Exit
 	return k8s.ExitStatus{}, ctx.Err()
 }
 
-// PodAddr answers a loopback address for every sandbox.
-func (f *Cluster) PodAddr(_ context.Context, id string) (string, string, error) {
+// PodUID is the uid of the pod the fake runs for a sandbox: a test records
+// it as the mirror would, in the observation that makes the sandbox running.
+func PodUID(id string) string { return "uid-" + id }
+
+// PodAddr answers a loopback address for the pod of PodUID(id), and for any
+// other uid that the pod was replaced, as the cluster writer does.
+func (f *Cluster) PodAddr(_ context.Context, id, uid string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("podaddr " + id)
-	return "127.0.0.1", "uid-" + id, nil
+	if uid != PodUID(id) {
+		return "", &k8s.PodNotServingError{Reason: "the pod was replaced since it was last observed"}
+	}
+	return "127.0.0.1", nil
+}
+
+// HelperKey is the gateway key that Create was given for a sandbox, which
+// its pod's session helper would accept; "" when there was none.
+func (f *Cluster) HelperKey(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.helperKeys[id]
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -36,7 +37,9 @@ type HelperOptions struct {
 // helper container and an address, it runs `hiloop agent` as a local
 // process bound to the pod's 127.0.100.x address and the helper's port,
 // with the gateway-key annotation written to a file as the kubelet's
-// downwardAPI volume would (and rewritten when the annotation changes). It
+// downwardAPI volume would (and rewritten when the annotation changes) and
+// the container's environment resolved from the pod as the kubelet's
+// downward API would (the sandbox id, from its label). It
 // stops the process when the pod goes. In the local cluster "loopback
 // inside the pod" is the host's loopback. It runs until ctx ends.
 func RunHelpers(ctx context.Context, o HelperOptions) error {
@@ -129,11 +132,17 @@ func (r *helperRunner) sync(obj any) {
 		return
 	}
 	defer logf.Close()
+	env, err := helperEnv(p)
+	if err != nil {
+		// The kubelet would not start the container either.
+		r.log.Error("helper environment", "pod", p.Name, "err", err)
+		return
+	}
 	cmd := exec.Command(r.o.Binary, "agent", "--listen", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), "--authorized-keys", keyFile)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// In a pod, the helper's CPU limit (500m) makes Go's runtime use one
 	// processor; a local process is told so.
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Env = append(append(os.Environ(), "GOMAXPROCS=1"), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		r.log.Error("start helper", "pod", p.Name, "err", err)
@@ -174,6 +183,53 @@ func (r *helperRunner) stopLocked(uid string) {
 		<-pr.done
 	}
 	os.RemoveAll(pr.dir)
+}
+
+// helperEnv is the helper container's environment as the kubelet would
+// resolve it from the pod: literal values, and downward API fields of the
+// pod's metadata (the sandbox id comes from its label this way).
+func helperEnv(p *corev1.Pod) ([]string, error) {
+	var env []string
+	for _, c := range p.Spec.Containers {
+		if c.Name != k8s.HelperContainer {
+			continue
+		}
+		for _, e := range c.Env {
+			v := e.Value
+			if e.ValueFrom != nil {
+				if e.ValueFrom.FieldRef == nil {
+					return nil, fmt.Errorf("env %s: only fieldRef sources are resolved here", e.Name)
+				}
+				var ok bool
+				if v, ok = podField(p, e.ValueFrom.FieldRef.FieldPath); !ok {
+					return nil, fmt.Errorf("env %s: field %q is not resolved here", e.Name, e.ValueFrom.FieldRef.FieldPath)
+				}
+			}
+			env = append(env, e.Name+"="+v)
+		}
+	}
+	return env, nil
+}
+
+// podField is a downward API field of the pod's metadata, reporting whether
+// it is one this runner resolves.
+func podField(p *corev1.Pod, path string) (string, bool) {
+	for prefix, m := range map[string]map[string]string{"metadata.labels": p.Labels, "metadata.annotations": p.Annotations} {
+		if key, ok := strings.CutPrefix(path, prefix+"['"); ok {
+			if key, ok = strings.CutSuffix(key, "']"); ok {
+				return m[key], true
+			}
+		}
+	}
+	switch path {
+	case "metadata.name":
+		return p.Name, true
+	case "metadata.namespace":
+		return p.Namespace, true
+	case "metadata.uid":
+		return string(p.UID), true
+	}
+	return "", false
 }
 
 // helperPort is the session helper's port in the pod, 0 when it has none.

@@ -1,0 +1,127 @@
+package control
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/store"
+)
+
+// TestHelperLoginKeyPerSandbox: each sandbox gets its own login key from
+// the gateway key, the same one every time, never the gateway key itself;
+// after a rotation the gateway logs in with the sandbox's key from the new
+// gateway key first and from the one it replaced second.
+func TestHelperLoginKeyPerSandbox(t *testing.T) {
+	_, root, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, other, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := func(k ed25519.PrivateKey, id string) string {
+		t.Helper()
+		s, err := HelperLoginKey(k, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gossh.FingerprintSHA256(s.PublicKey())
+	}
+	rootPub, _ := gossh.NewPublicKey(root.Public())
+	a, b := fp(root, "sbx_a"), fp(root, "sbx_b")
+	switch {
+	case a != fp(root, "sbx_a"):
+		t.Error("the same sandbox got two keys")
+	case a == b:
+		t.Error("two sandboxes share a key")
+	case a == fp(other, "sbx_a"):
+		t.Error("two gateway keys made one sandbox key")
+	case a == gossh.FingerprintSHA256(rootPub):
+		t.Error("the sandbox key is the gateway key")
+	}
+	if _, err := HelperLoginKey(root, ""); err == nil {
+		t.Error("a key was made for no sandbox")
+	}
+	if _, err := HelperLoginKey(nil, "sbx_a"); err == nil {
+		t.Error("a key was made from no gateway key")
+	}
+
+	c, db, _ := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	s := &Session{SandboxID: "sbx_a"}
+	keys := func() []string {
+		t.Helper()
+		signers, err := c.GatewayKeys(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, k := range signers {
+			out = append(out, gossh.FingerprintSHA256(k.PublicKey()))
+		}
+		return out
+	}
+	before := keys()
+	cur, err := db.PrivateKey(ctx, store.KeyGateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != 1 || before[0] != fp(cur, "sbx_a") {
+		t.Fatalf("before a rotation the gateway logs in with %v, want the sandbox's key from the gateway key", before)
+	}
+	rotated, err := db.RotateGatewayKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := keys(); len(after) != 2 || after[0] != fp(rotated, "sbx_a") || after[1] != before[0] {
+		t.Errorf("after a rotation the gateway logs in with %v, want the new sandbox key then %s", after, before[0])
+	}
+}
+
+// TestHelperAddrOnlyObservedPod: the helper's address is the pod's only
+// when it is the pod the record observed (the cluster checks the rest);
+// a record that observed no pod, or another pod, gets ErrPodNotServing and
+// no address.
+func TestHelperAddrOnlyObservedPod(t *testing.T) {
+	fc := &controltest.Cluster{SessionPort: 2299}
+	c, db, org := newControl(t, fc)
+	c.o.Caps.Transports = sandbox.Transports()
+	ctx := context.Background()
+	sb, _, err := c.Create(ctx, Caller{OrgID: org.ID, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox",
+		Transports: []sandbox.Transport{sandbox.TransportForward}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Session{SandboxID: sb.ID}
+	for _, tc := range []struct {
+		name, podUID, addr string
+	}{
+		{"no pod observed", "", ""},
+		{"another pod observed", "uid-of-a-dead-pod", ""},
+		{"the observed pod", controltest.PodUID(sb.ID), net.JoinHostPort("127.0.0.1", strconv.Itoa(2299))},
+	} {
+		if _, err := db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning, PodUID: tc.podUID}); err != nil {
+			t.Fatal(err)
+		}
+		addr, uid, err := c.HelperAddr(ctx, s)
+		if tc.addr == "" {
+			if !errors.Is(err, ErrPodNotServing) || addr != "" {
+				t.Errorf("%s: %q, %v; want ErrPodNotServing", tc.name, addr, err)
+			}
+			continue
+		}
+		if err != nil || addr != tc.addr || uid != tc.podUID {
+			t.Errorf("%s: %q in pod %q (%v), want %q in pod %q", tc.name, addr, uid, err, tc.addr, tc.podUID)
+		}
+	}
+}

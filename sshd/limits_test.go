@@ -1,0 +1,472 @@
+package sshd_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/metrics"
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/sshd"
+)
+
+// limited is start's gateway replaced by one over the same core whose
+// options tune changes, recording its metrics in the returned registry.
+func limited(t *testing.T, s setup, tune func(*sshd.Options)) (*gateway, *metrics.Metrics) {
+	t.Helper()
+	g := start(t, s)
+	hostKey, err := g.db.HostKey(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	met := metrics.New()
+	o := sshd.Options{Control: g.core, HostKey: hostKey, Metrics: met, KeepAlive: s.keepAlive, KeepAliveMax: s.keepAliveMax,
+		Log: slog.New(slog.NewTextHandler(g.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	tune(&o)
+	gw, err := sshd.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- gw.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := gw.Shutdown(ctx); err != nil {
+			t.Errorf("shut the limited gateway down: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	g.gw, g.addr = gw, ln.Addr().String()
+	return g, met
+}
+
+// refused is how many connections the gateway refused or closed for reason,
+// as its metrics say.
+func refused(t *testing.T, met *metrics.Metrics, reason string) int {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	prefix := `hiloop_ssh_refused_connections_total{reason="` + reason + `"} `
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// silent opens a TCP connection to the gateway from source, a loopback
+// address, that never says anything. It is closed when the test ends.
+func silent(t *testing.T, addr, source string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// held reports whether the gateway keeps nc open: it sends its version
+// line to a connection it keeps, and closes one it refuses without a word.
+func held(t *testing.T, nc net.Conn) bool {
+	t.Helper()
+	nc.SetReadDeadline(time.Now().Add(clientDeadline))
+	line, err := bufio.NewReader(nc).ReadString('\n')
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the gateway neither greeted nor closed a new connection")
+	}
+	return strings.HasPrefix(line, "SSH-2.0-")
+}
+
+// closedByServer fails the test unless the gateway closes nc (a read
+// returns EOF or a reset, not the test's own deadline).
+func closedByServer(t *testing.T, nc net.Conn, what string) {
+	t.Helper()
+	nc.SetReadDeadline(time.Now().Add(clientDeadline))
+	if _, err := io.Copy(io.Discard, nc); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the gateway did not close %s", what)
+	}
+}
+
+// loginFrom logs in as user with key from source, a loopback address.
+func loginFrom(t *testing.T, g *gateway, source, user string, key gossh.Signer) *gossh.Client {
+	t.Helper()
+	nc := silent(t, g.addr, source)
+	nc.SetDeadline(time.Now().Add(clientDeadline))
+	conn, chans, reqs, err := gossh.NewClientConn(nc, g.addr, &gossh.ClientConfig{
+		User: user, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)})
+	if err != nil {
+		t.Fatalf("login as %s from %s: %v", user, source, err)
+	}
+	c := gossh.NewClient(conn, chans, reqs)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestSilentConnections: a thousand TCP connections that say nothing hold
+// at most MaxStartupsPerSource of the gateway's goroutines, the rest are
+// closed at once, a client from another address still logs in and runs a
+// command, and the ones held are closed when the login grace passes.
+func TestSilentConnections(t *testing.T) {
+	const (
+		grace     = 3 * time.Second
+		startups  = 64
+		perSource = 10
+		silents   = 1000
+	)
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.LoginGrace, o.MaxStartups, o.MaxStartupsPerSource = grace, startups, perSource
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+
+	before := runtime.NumGoroutine()
+	var kept []net.Conn
+	for range silents {
+		nc := silent(t, g.addr, "127.0.0.1")
+		if held(t, nc) {
+			kept = append(kept, nc)
+		}
+	}
+	// Each connection held before authentication costs the gateway a few
+	// goroutines (its handler and x/crypto's transport); one refused, none.
+	if grew := runtime.NumGoroutine() - before; grew > 4*startups {
+		t.Errorf("%d silent connections left %d more goroutines, want at most %d", silents, grew, 4*startups)
+	}
+	if len(kept) == 0 {
+		t.Fatal("no silent connection was held at all")
+	}
+	if got, want := refused(t, met, "startups_per_source"), silents-len(kept); got != want {
+		t.Errorf("refused per source: %d, want the %d connections not held", got, want)
+	}
+
+	c := loginFrom(t, g, "127.0.0.2", id, key)
+	if r := run(t, c, "print"); r.Exit != "exit-status 0" || r.Stdout != "out\n" {
+		t.Errorf("a command from another address: %+v", r)
+	}
+
+	for _, nc := range kept {
+		closedByServer(t, nc, "a connection that never authenticated")
+	}
+	if got := refused(t, met, "login_grace"); got != len(kept) {
+		t.Errorf("closed for the login grace: %d, want %d", got, len(kept))
+	}
+	if r := run(t, c, "exit 3"); r.Exit != "exit-status 3" {
+		t.Errorf("the authenticated connection after the grace: %+v", r)
+	}
+}
+
+// TestLoginGraceCoversKeyExchange: a client that completes the version and
+// key exchange and then never finishes authenticating is closed when the
+// login grace passes.
+func TestLoginGraceCoversKeyExchange(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.LoginGrace = time.Second })
+	nc := silent(t, g.addr, "127.0.0.1")
+	nc.SetDeadline(time.Now().Add(clientDeadline))
+	watched := &readErrConn{Conn: nc, failed: make(chan struct{})}
+	authenticating, release := make(chan struct{}), make(chan struct{})
+	stall := gossh.PublicKeysCallback(func() ([]gossh.Signer, error) {
+		close(authenticating)
+		<-release
+		return nil, errors.New("gave up")
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, _, _, err := gossh.NewClientConn(watched, g.addr, &gossh.ClientConfig{
+			User: "sbx_x", Auth: []gossh.AuthMethod{stall}, HostKeyCallback: gossh.FixedHostKey(g.host)})
+		done <- err
+	}()
+	<-authenticating
+	<-watched.failed
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("logged in without a key")
+	}
+	if errors.Is(watched.err(), os.ErrDeadlineExceeded) {
+		t.Fatal("the gateway did not close a connection stalled in authentication")
+	}
+	if got := refused(t, met, "login_grace"); got != 1 {
+		t.Errorf("closed for the login grace: %d, want 1", got)
+	}
+}
+
+// readErrConn is a client connection that says when a read from it fails.
+type readErrConn struct {
+	net.Conn
+	once   sync.Once
+	failed chan struct{}
+	mu     sync.Mutex
+	first  error
+}
+
+func (c *readErrConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.mu.Lock()
+		if c.first == nil {
+			c.first = err
+		}
+		c.mu.Unlock()
+		c.once.Do(func() { close(c.failed) })
+	}
+	return n, err
+}
+
+func (c *readErrConn) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.first
+}
+
+// TestStartupsCaps: connections not yet authenticated are held up to
+// MaxStartupsPerSource from one address and MaxStartups in all; the next is
+// closed at once and counted; a slot freed is taken again, and an
+// authenticated connection no longer holds one.
+func TestStartupsCaps(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxStartups, o.MaxStartupsPerSource = 4, 2 })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+
+	a1, a2 := silent(t, g.addr, "127.0.0.1"), silent(t, g.addr, "127.0.0.1")
+	if !held(t, a1) || !held(t, a2) {
+		t.Fatal("a connection within the caps was refused")
+	}
+	if held(t, silent(t, g.addr, "127.0.0.1")) {
+		t.Error("a third connection from one address was held, past MaxStartupsPerSource 2")
+	}
+	if got := refused(t, met, "startups_per_source"); got != 1 {
+		t.Errorf("refused per source: %d, want 1", got)
+	}
+	if !held(t, silent(t, g.addr, "127.0.0.2")) || !held(t, silent(t, g.addr, "127.0.0.3")) {
+		t.Fatal("a connection from another address was refused within MaxStartups")
+	}
+	if held(t, silent(t, g.addr, "127.0.0.4")) {
+		t.Error("a fifth connection was held, past MaxStartups 4")
+	}
+	if got := refused(t, met, "startups"); got != 1 {
+		t.Errorf("refused in all: %d, want 1", got)
+	}
+
+	a1.Close()
+	a2.Close()
+	eventually(t, "a freed slot taken again", func() bool { return held(t, silent(t, g.addr, "127.0.0.4")) })
+	loginFrom(t, g, "127.0.0.5", id, key)
+	if !held(t, silent(t, g.addr, "127.0.0.5")) {
+		t.Error("an authenticated connection still holds a slot of the connections not yet authenticated")
+	}
+}
+
+// TestConnsPerKeyCap: one key holds at most MaxConnsPerKey authenticated
+// connections; one more fails to log in and is counted, another key of the
+// organization still logs in, and a connection closed frees its place.
+func TestConnsPerKeyCap(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey = 2 })
+	org := g.org("a")
+	key, _ := g.key(org)
+	other, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+
+	first := g.login(id, key)
+	g.login(id, key)
+	if _, err := g.dial(id, gossh.PublicKeys(key)); err == nil {
+		t.Error("a third connection of one key logged in, past MaxConnsPerKey 2")
+	}
+	if got := refused(t, met, "per_key"); got != 1 {
+		t.Errorf("refused per key: %d, want 1", got)
+	}
+	g.login(id, other)
+	first.Close()
+	eventually(t, "a closed connection's place free for its key", func() bool {
+		c, err := g.dial(id, gossh.PublicKeys(key))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// TestKeepAliveWithoutChannel: keepalives start at authentication, so an
+// authenticated connection that never opens a channel and stops answering
+// is closed.
+func TestKeepAliveWithoutChannel(t *testing.T) {
+	g := start(t, setup{keepAlive: 200 * time.Millisecond, keepAliveMax: 2})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	conn, chans, reqs, err := g.raw(id, gossh.PublicKeys(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for nc := range chans {
+			nc.Reject(gossh.Prohibited, "no")
+		}
+	}()
+	asked := 0
+	for req := range reqs {
+		if req.Type == "keepalive@openssh.com" {
+			asked++ // and never answered
+		}
+	}
+	if err := conn.Wait(); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the gateway never closed an idle connection that stopped answering")
+	}
+	if asked == 0 || !strings.Contains(g.logs.String(), "stopped answering keepalives") {
+		t.Errorf("closed after %d keepalives, not for want of answers", asked)
+	}
+}
+
+// mute listens on 127.0.0.1:0 as a session helper that accepts and never
+// speaks; accepted carries each connection it took.
+func mute(t *testing.T) (port int, accepted <-chan net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan net.Conn, 64)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		close(ch)
+		for c := range ch {
+			c.Close()
+		}
+	})
+	return ln.Addr().(*net.TCPAddr).Port, ch
+}
+
+// TestHelperDialDeadline: the dial to a session helper that accepts and
+// never speaks fails within HelperDialTimeout, for every -L channel waiting
+// on it, and frees its session; a later channel dials again.
+func TestHelperDialDeadline(t *testing.T) {
+	port, accepted := mute(t)
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := forward(c, "127.0.0.1", 8080)
+			errs <- err
+		}()
+	}
+	for range 2 {
+		var oce *gossh.OpenChannelError
+		if err := <-errs; !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed || !strings.Contains(oce.Message, "did not answer") {
+			t.Errorf("-L through a helper that never speaks: %v, want connection failed, did not answer", err)
+		}
+	}
+	if n := g.core.Sessions(); n != 0 {
+		t.Errorf("%d sessions live after the dial failed", n)
+	}
+	helperSide := <-accepted
+	closedByServer(t, helperSide, "the connection to a helper that never spoke")
+	if _, err := forward(c, "127.0.0.1", 8080); err == nil {
+		t.Fatal("-L through a helper that never speaks opened")
+	}
+	select {
+	case <-accepted:
+	default:
+		t.Error("a channel after a failed dial did not dial again")
+	}
+}
+
+// TestHelperDialAbandoned: a pending dial to a session helper that never
+// speaks is abandoned when its client leaves, or when the core closes,
+// freeing its session, so shutdown finds nothing open.
+func TestHelperDialAbandoned(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// end ends the pending dial; the client leaves after it.
+		end func(t *testing.T, g *gateway, c *gossh.Client)
+	}{
+		{"client leaves", func(_ *testing.T, _ *gateway, c *gossh.Client) { c.Close() }},
+		{"shutdown", func(t *testing.T, g *gateway, _ *gossh.Client) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := g.core.Close(ctx); err != nil {
+				t.Errorf("close the core with a dial pending: %v", err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port, accepted := mute(t)
+			g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Hour })
+			org := g.org("a")
+			key, _ := g.key(org)
+			id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+			c := g.login(id, key)
+
+			errs := make(chan error, 2)
+			for range 2 {
+				go func() {
+					_, err := forward(c, "127.0.0.1", 8080)
+					errs <- err
+				}()
+			}
+			helperSide := <-accepted
+			eventually(t, "the pending dial's session admitted", func() bool { return g.core.Sessions() == 1 })
+			tc.end(t, g, c)
+			for range 2 {
+				if err := <-errs; err == nil {
+					t.Error("-L through a helper that never speaks opened")
+				}
+			}
+			eventually(t, "the abandoned dial's session ended", func() bool { return g.core.Sessions() == 0 })
+			closedByServer(t, helperSide, "the abandoned connection to the helper")
+			c.Close()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := g.core.Close(ctx); err != nil {
+				t.Errorf("close the core: %v", err)
+			}
+			if err := g.gw.Shutdown(ctx); err != nil {
+				t.Errorf("shut the gateway down: %v", err)
+			}
+		})
+	}
+}

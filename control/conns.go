@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/hiloop/hiloop/store"
@@ -190,11 +192,7 @@ func (r *connRegistry) remove(k *Conn) {
 func (r *connRegistry) list() []*Conn {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*Conn, 0, len(r.live))
-	for k := range r.live {
-		out = append(out, k)
-	}
-	return out
+	return slices.Collect(maps.Keys(r.live))
 }
 
 // close stops registering.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -226,11 +228,7 @@ func dec(m map[string]int, k string) {
 func (r *registry) list() []*Session {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*Session, 0, len(r.live))
-	for s := range r.live {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Keys(r.live))
 }
 
 func (r *registry) count() int {

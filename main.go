@@ -57,12 +57,9 @@ type usageError struct{ error }
 // ExitCode makes kong exit 2, as for a parse error.
 func (usageError) ExitCode() int { return 2 }
 
-func main() {
-	// One context for every command: SIGINT and SIGTERM end it.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var cli CLI
-	parser, err := kong.New(&cli,
+// newParser is the grammar of cli, bound to ctx and stdout.
+func newParser(ctx context.Context, cli *CLI, stdout io.Writer) (*kong.Kong, error) {
+	return kong.New(cli,
 		kong.Name("hiloop"),
 		kong.Description("hiloop runs untrusted sandboxes on Kubernetes, one gVisor pod each, and reaches into them.\n\n"+
 			"Run the control plane with `hiloop serve` (or `hiloop dev` for a local simulated cluster);\n"+
@@ -70,9 +67,17 @@ func main() {
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.Vars{"default_namespace": k8s.DefaultNamespace, "default_runtime_class": k8s.DefaultRuntimeClass},
-		kong.BindTo(io.Writer(os.Stdout), (*io.Writer)(nil)),
+		kong.BindTo(stdout, (*io.Writer)(nil)),
 		kong.BindTo(ctx, (*context.Context)(nil)),
 	)
+}
+
+func main() {
+	// One context for every command: SIGINT and SIGTERM end it.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var cli CLI
+	parser, err := newParser(ctx, &cli, os.Stdout)
 	if err != nil {
 		panic(err)
 	}

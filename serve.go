@@ -129,6 +129,10 @@ type ServeCmd struct {
 	LogFormat       string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 	EventRetention  time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
 	SelfCheck       time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
+
+	// localHelpers says the session helpers run as local processes of this
+	// binary (hiloop dev), so the forward transport needs no image.
+	localHelpers bool
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -168,7 +172,7 @@ func (s *ServeCmd) Validate() error {
 			return fmt.Errorf("--transports: unknown transport %q (known: exec, ssh, forward)", t)
 		}
 	}
-	if slices.Contains(s.Transports, sandbox.TransportForward) && s.AgentImage == "" {
+	if slices.Contains(s.Transports, sandbox.TransportForward) && s.AgentImage == "" && !s.localHelpers {
 		return errors.New("--agent-image: the forward transport needs the session helper's image")
 	}
 	if slices.Contains(s.Transports, sandbox.TransportSSH) && s.SSHListen == "" {
@@ -209,6 +213,14 @@ func (s *ServeCmd) Run(ctx context.Context, stdout io.Writer) error {
 type DevCmd struct {
 	ClusterBin string `required:"" env:"HILOOP_CLUSTER_BIN" help:"Directory of the cluster binaries (printed by testdata/cluster/build.sh)."`
 	ServeCmd   `embed:""`
+}
+
+// BeforeApply runs before the flags are validated: dev backs the forward
+// transport with its own local helper runner, so --transports may name
+// forward without --agent-image.
+func (d *DevCmd) BeforeApply() error {
+	d.localHelpers = true
+	return nil
 }
 
 // Run starts the cluster, serves against it, and tears it down on exit.

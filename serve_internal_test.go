@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -24,6 +27,35 @@ func TestCgroupMemoryLimit(t *testing.T) {
 		}
 		if got := cgroupMemoryLimit(root); got != tc.want {
 			t.Errorf("%s %q: %d, want %d", tc.file, tc.content, got, tc.want)
+		}
+	}
+}
+
+// TestTransportsForward: serve needs the session helper's image to back
+// forward; dev runs its helpers itself and takes forward without one.
+func TestTransportsForward(t *testing.T) {
+	bin := t.TempDir()
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"serve", "--transports", "exec,ssh,forward"}, "--agent-image: the forward transport needs the session helper's image"},
+		{[]string{"serve", "--transports", "exec,ssh,forward", "--agent-image", "hiloop/hiloop:1"}, ""},
+		{[]string{"dev", "--cluster-bin", bin, "--transports", "exec,ssh,forward"}, ""},
+		// dev still checks the rest.
+		{[]string{"dev", "--cluster-bin", bin, "--transports", "exec,ssh,forward", "--ssh-listen", ""}, "--transports: ssh needs the gateway"},
+	} {
+		var cli CLI
+		parser, err := newParser(context.Background(), &cli, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = parser.Parse(tc.args)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.wantErr)
 		}
 	}
 }

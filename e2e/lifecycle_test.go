@@ -169,8 +169,11 @@ func TestTTLExpiry(t *testing.T) {
 
 // TestDevCommand runs `hiloop dev`, which `make run` runs: it starts its own
 // local cluster, serves against it, and on Ctrl-C leaves no cluster process.
+// It names every transport, forward included, which dev backs with its own
+// helper runner and so without --agent-image.
 func TestDevCommand(t *testing.T) {
-	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"))
+	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"),
+		"--transports", "exec,ssh,forward")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &e2e.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -2,6 +2,8 @@ package control
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"io"
 	"log/slog"
@@ -192,5 +194,73 @@ func TestCreateKeyThroughCore(t *testing.T) {
 	}
 	if _, _, err := c.CreateKey(ctx, Caller{}, "nobody"); err == nil {
 		t.Error("a key was made for an empty organization")
+	}
+}
+
+// TestSSHCallerPerOrganization: organization B registers organization A's
+// public key. A keeps registering and using it; the registration that
+// authorizes a login is the one of the organization that owns the sandbox
+// named as the SSH user, so the key acts as B's key only on B's sandboxes
+// and as A's only on A's, and deleting one organization's registration
+// leaves the other's alone.
+func TestSSHCallerPerOrganization(t *testing.T) {
+	c, db, orgA := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	orgB, err := db.CreateOrg(ctx, "b", 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whoA, whoB := liveCaller(t, db, orgA.ID), liveCaller(t, db, orgB.ID)
+	sbA, sbB := runningSandbox(t, c, db, whoA), runningSandbox(t, c, db, whoB)
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := gossh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// B registers A's key first: A may still register it.
+	kB, err := c.AddSSHKey(ctx, Caller{OrgID: orgB.ID}, "taken from a profile", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kA, err := c.AddSSHKey(ctx, Caller{OrgID: orgA.ID}, "laptop", key)
+	if err != nil {
+		t.Fatalf("A registering its own key after B did: %v", err)
+	}
+	if _, err := c.AddSSHKey(ctx, Caller{OrgID: orgB.ID}, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
+		t.Errorf("B registering the key twice: %v, want ErrKeyRegistered", err)
+	}
+
+	check := func(when, sandbox string, want Caller, wantOK bool) {
+		t.Helper()
+		got, ok := c.SSHCaller(ctx, key, sandbox)
+		if ok != wantOK || got != want {
+			t.Errorf("%s: SSHCaller(%s) = %+v, %v; want %+v, %v", when, sandbox, got, ok, want, wantOK)
+		}
+	}
+	check("both registered", sbA.ID, Caller{OrgID: orgA.ID, KeyID: kA.ID}, true)
+	check("both registered", sbB.ID, Caller{OrgID: orgB.ID, KeyID: kB.ID}, true)
+	check("both registered", "sbx_absent", Caller{}, false)
+	check("both registered", "", Caller{}, false)
+
+	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgB.ID}, kB.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("B deleted its registration", sbA.ID, Caller{OrgID: orgA.ID, KeyID: kA.ID}, true)
+	check("B deleted its registration", sbB.ID, Caller{}, false)
+
+	// B cannot delete A's registration, by id or otherwise.
+	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgB.ID}, kA.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("B deleting A's registration: %v, want not found", err)
+	}
+	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgA.ID}, kA.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("A deleted its registration", sbA.ID, Caller{}, false)
+	if got, ok := c.SSHCaller(ctx, nil, sbA.ID); ok {
+		t.Errorf("no key: %+v", got)
 	}
 }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -25,8 +26,8 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 }
 
 // AddSSHKey registers an SSH public key for the caller's organization. A key
-// registered anywhere already is store.ErrKeyRegistered, whichever
-// organization holds it.
+// the organization registered already is store.ErrKeyRegistered; another
+// organization's registration of the same key neither blocks it nor shows.
 func (c *Control) AddSSHKey(ctx context.Context, who Caller, name string, key gossh.PublicKey) (store.SSHKey, error) {
 	return c.o.Store.AddSSHKey(ctx, who.OrgID, name, key)
 }
@@ -42,22 +43,22 @@ func (c *Control) DeleteSSHKey(ctx context.Context, who Caller, id string) error
 	return nil
 }
 
-// noOrg is an organization id no organization has: lookups for a key that
-// is not registered use it, so they cost what a real lookup costs.
-const noOrg = "org_-"
-
 // SSHCaller is who an SSH connection for sandbox id authenticates as with
-// this key: the organization that registered the key, if it has the sandbox.
-// An unregistered key, an absent sandbox and another organization's sandbox
-// all answer false after the same two lookups, so they cannot be told apart.
+// this key: the registration of the key by the organization that owns the
+// sandbox, found in one lookup of key and sandbox together. When several
+// organizations registered the same public key, the sandbox decides whose
+// registration applies, so each acts only on its own organization's
+// sandboxes. An unregistered key, an absent sandbox and another
+// organization's sandbox all answer false, after the same one lookup.
 func (c *Control) SSHCaller(ctx context.Context, key gossh.PublicKey, id string) (Caller, bool) {
-	k, kerr := c.o.Store.SSHKeyByFingerprint(ctx, gossh.FingerprintSHA256(key))
-	org := k.OrgID
-	if kerr != nil {
-		org = noOrg
+	if key == nil || id == "" {
+		return Caller{}, false
 	}
-	_, serr := c.o.Store.Sandbox(ctx, org, id)
-	if kerr != nil || serr != nil {
+	k, err := c.o.Store.SSHKeyForSandbox(ctx, gossh.FingerprintSHA256(key), id)
+	if err != nil || k.OrgID == "" || k.ID == "" {
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			c.log.Error("ssh key lookup", "sandbox", id, "err", err)
+		}
 		return Caller{}, false
 	}
 	return Caller{OrgID: k.OrgID, KeyID: k.ID}, true

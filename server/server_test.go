@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,12 +13,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	gossh "golang.org/x/crypto/ssh"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -939,5 +942,51 @@ func TestClientWait(t *testing.T) {
 	}
 	if want := []store.State{store.StatePending, store.StateStarting, store.StateRunning}; !slices.Equal(seen, want) {
 		t.Errorf("progress %v, want %v", seen, want)
+	}
+}
+
+// TestSSHKeyTakenByAnotherOrganization: an organization registering
+// another's public key neither blocks it nor learns that it is registered:
+// both get 201, and each gets the same 409 for registering it twice in its
+// own organization.
+func TestSSHKeyTakenByAnotherOrganization(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	ctx := context.Background()
+	orgB, err := ts.db.CreateOrg(ctx, "b", 10, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, secretB, err := ts.db.CreateKey(ctx, orgB.ID, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := *ts
+	b.token = secretB
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := gossh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"public_key":` + strconv.Quote(strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key)))) + `}`
+	for _, who := range []*testServer{&b, ts} {
+		if rec := who.do("POST", "/v1/ssh-keys", body); rec.Code != http.StatusCreated {
+			t.Fatalf("registering the key: %d %s", rec.Code, rec.Body.String())
+		}
+	}
+	var msgs []string
+	for _, who := range []*testServer{&b, ts} {
+		rec := who.do("POST", "/v1/ssh-keys", body)
+		if rec.Code != http.StatusConflict || errCode(t, rec) != CodeSSHKeyRegistered {
+			t.Fatalf("registering the key twice: %d %s", rec.Code, rec.Body.String())
+		}
+		var eb ErrorBody
+		json.Unmarshal(rec.Body.Bytes(), &eb)
+		msgs = append(msgs, eb.Error.Message)
+	}
+	if msgs[0] != msgs[1] || strings.Contains(msgs[0], orgB.ID) || strings.Contains(msgs[0], ts.org.ID) {
+		t.Errorf("the 409s say %q and %q: want one message naming no organization", msgs[0], msgs[1])
 	}
 }

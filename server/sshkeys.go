@@ -55,7 +55,9 @@ func (s *Server) addSSHKey(w http.ResponseWriter, r *http.Request) {
 	}
 	k, err := s.o.Control.AddSSHKey(r.Context(), caller(r), name, key)
 	if errors.Is(err, store.ErrKeyRegistered) {
-		err = newError(http.StatusConflict, CodeSSHKeyRegistered, "this public key is already registered")
+		// Only the caller's own organization can hold the key it
+		// collides with: another's registration is no conflict.
+		err = newError(http.StatusConflict, CodeSSHKeyRegistered, "your organization has already registered this public key")
 	}
 	if err != nil {
 		s.writeError(w, r, err)

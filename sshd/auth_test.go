@@ -164,3 +164,54 @@ func TestKeyThatSignedIsAuthorized(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyRegisteredByAnotherOrganization: organization B registers
+// organization A's public key, as anyone can who read it off a public
+// profile. A's key still logs in to A's sandboxes as A's registration;
+// the key reaches B's sandboxes only through B's registration (which is
+// B's to grant, and ends when B deletes it), and A's own registration never
+// reaches B's sandboxes, nor B's A's.
+func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
+	g := start(t, setup{})
+	ctx := context.Background()
+	orgA, orgB := g.org("a"), g.org("b")
+	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	shared, _ := g.key(orgA)
+	onlyA, _ := g.key(orgA)
+	onlyB, _ := g.key(orgB)
+	takenByB, err := g.core.AddSSHKey(ctx, control.Caller{OrgID: orgB.ID}, "from a profile", shared.PublicKey())
+	if err != nil {
+		t.Fatalf("B registering A's public key: %v", err)
+	}
+
+	inA := g.login(idA, shared)
+	if r := run(t, inA, "exit 0"); r.Exit != "exit-status 0" {
+		t.Fatalf("A into its own sandbox after B registered its key: %+v", r)
+	}
+	inB := g.login(idB, shared)
+	if r := run(t, inB, "exit 0"); r.Exit != "exit-status 0" {
+		t.Fatalf("the key into B's sandbox through B's registration: %+v", r)
+	}
+	refused := func(what, user string, key gossh.Signer) {
+		t.Helper()
+		if _, err := g.dial(user, gossh.PublicKeys(key)); err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
+			t.Errorf("%s: %v, want refused at authentication", what, err)
+		}
+	}
+	refused("a key only A registered, into B's sandbox", idB, onlyA)
+	refused("a key only B registered, into A's sandbox", idA, onlyB)
+
+	// The connection into B's sandbox is B's registration's: B deleting
+	// it closes that connection and leaves A's.
+	if err := g.core.DeleteSSHKey(ctx, control.Caller{OrgID: orgB.ID}, takenByB.ID); err != nil {
+		t.Fatal(err)
+	}
+	closedConn(t, inB, "B deleted its registration of the key")
+	if r := run(t, inA, "exit 3"); r.Exit != "exit-status 3" {
+		t.Errorf("A's connection after B deleted its registration: %+v", r)
+	}
+	refused("the key into B's sandbox once B deleted its registration", idB, shared)
+	if r := run(t, g.login(idA, shared), "exit 0"); r.Exit != "exit-status 0" {
+		t.Errorf("A logging in again after B deleted its registration: %+v", r)
+	}
+}

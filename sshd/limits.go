@@ -34,8 +34,9 @@ var errPerKey = errors.New("too many connections for this key")
 
 // limits counts the connections that are held against the caps: those not
 // yet authenticated, in all and per source address, and those
-// authenticated, per key (by fingerprint, which is unique among registered
-// keys). Counts drop to no entry at zero, so the maps stay bounded by what
+// authenticated, per key (by fingerprint: one private key, however many
+// organizations registered its public half, since a connection holds a
+// place only once its client proved it holds the private key). Counts drop to no entry at zero, so the maps stay bounded by what
 // is open.
 type limits struct {
 	mu       sync.Mutex

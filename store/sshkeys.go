@@ -15,7 +15,9 @@ import (
 )
 
 // SSHKey is a public key registered for SSH access to an organization's
-// sandboxes. A key belongs to one organization.
+// sandboxes. Each organization registers a public key at most once; other
+// organizations may register the same public key, each its own SSHKey with
+// its own id.
 type SSHKey struct {
 	ID          string    `json:"id"`
 	OrgID       string    `json:"org_id"`
@@ -25,9 +27,11 @@ type SSHKey struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// ErrKeyRegistered reports an SSH key that is already registered, in this
-// organization or another; which one is not said.
-var ErrKeyRegistered = errors.New("this SSH public key is already registered")
+// ErrKeyRegistered reports an SSH key that the organization has already
+// registered. Another organization's registration of the same key is never
+// a reason for it: public keys are public, and the answer must not say
+// whether someone else holds one.
+var ErrKeyRegistered = errors.New("this SSH public key is already registered in this organization")
 
 // sshKeyPrefix starts every SSH key id, so a session's key id says which
 // table it lives in.
@@ -98,11 +102,18 @@ func (s *Store) DeleteSSHKey(ctx context.Context, orgID, id string) error {
 	return affected(res, "ssh key")
 }
 
-// SSHKeyByFingerprint finds the registered key with this SHA256
-// fingerprint, in any organization: it is how the gateway learns whose a
-// key is. ErrNotFound when none is.
-func (s *Store) SSHKeyByFingerprint(ctx context.Context, fingerprint string) (SSHKey, error) {
-	k, err := scanSSHKey(s.read.QueryRowContext(ctx, `SELECT id, org_id, name, fingerprint, public_key, created_at FROM ssh_keys WHERE fingerprint = ?`, fingerprint))
+// SSHKeyForSandbox is the organization's registration of the key with this
+// SHA256 fingerprint, where the organization is the one that owns sandbox
+// id: key and sandbox are resolved in one lookup, so a registration of the
+// same public key by another organization never authorizes a login to this
+// one's sandbox. ErrNotFound when the sandbox does not exist or its
+// organization has not registered the key; the two are not told apart.
+func (s *Store) SSHKeyForSandbox(ctx context.Context, fingerprint, id string) (SSHKey, error) {
+	if fingerprint == "" || id == "" {
+		return SSHKey{}, ErrNotFound
+	}
+	k, err := scanSSHKey(s.read.QueryRowContext(ctx, `SELECT k.id, k.org_id, k.name, k.fingerprint, k.public_key, k.created_at
+		FROM sandboxes s JOIN ssh_keys k ON k.org_id = s.org_id AND k.fingerprint = ? WHERE s.id = ? AND s.org_id != ''`, fingerprint, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return SSHKey{}, ErrNotFound
 	}

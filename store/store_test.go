@@ -172,12 +172,135 @@ func TestKeysAndBootstrap(t *testing.T) {
 	}
 }
 
-// TestSSHKeyRegisteredOnce: a public key belongs to one organization;
-// adding it again, to the same organization or another, is
-// ErrKeyRegistered.
-func TestSSHKeyRegisteredOnce(t *testing.T) {
+// TestSSHKeyPerOrganization: a public key is registered at most once per
+// organization, and any number of organizations may register it, so one
+// that registers another's public key (public keys are public) neither
+// blocks it nor learns that it is registered. The gateway's lookup resolves
+// key and sandbox together: the registration that answers is always the one
+// of the organization that owns the sandbox.
+func TestSSHKeyPerOrganization(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "s.db"), nil)
+	key := newPublicKey(t)
+	fp := gossh.FingerprintSHA256(key)
+	var orgs, sandboxes []string
+	for _, name := range []string{"a", "b"} {
+		org, err := s.CreateOrg(ctx, name, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orgs, sandboxes = append(orgs, org.ID), append(sandboxes, sb.ID)
+	}
+	a, err := s.AddSSHKey(ctx, orgs[0], "laptop", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.AddSSHKey(ctx, orgs[1], "taken from a profile", key)
+	if err != nil {
+		t.Fatalf("another organization registering the same key: %v", err)
+	}
+	if a.ID == b.ID || a.Fingerprint != b.Fingerprint {
+		t.Fatalf("registrations %+v and %+v: want two of one key", a, b)
+	}
+	for i, org := range orgs {
+		_, err := s.AddSSHKey(ctx, org, "again", key)
+		if !errors.Is(err, store.ErrKeyRegistered) {
+			t.Errorf("adding the key again to org %d: %v, want ErrKeyRegistered", i, err)
+		}
+	}
+	for i, want := range []store.SSHKey{a, b} {
+		got, err := s.SSHKeyForSandbox(ctx, fp, sandboxes[i])
+		if err != nil {
+			t.Fatalf("key for org %d's sandbox: %v", i, err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("key for org %d's sandbox (-want +got):\n%s", i, diff)
+		}
+	}
+
+	// Org a deletes its registration: org b's does not stand in for it.
+	if err := s.DeleteSSHKey(ctx, orgs[0], a.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, fp, id string }{
+		{"org a's sandbox after a deleted its key", fp, sandboxes[0]},
+		{"an unregistered key", gossh.FingerprintSHA256(newPublicKey(t)), sandboxes[1]},
+		{"an absent sandbox", fp, "sbx_absent"},
+		{"no fingerprint", "", sandboxes[1]},
+		{"no sandbox", fp, ""},
+	} {
+		if k, err := s.SSHKeyForSandbox(ctx, tc.fp, tc.id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%s: %+v, %v; want ErrNotFound", tc.name, k, err)
+		}
+	}
+	if got, err := s.SSHKeyForSandbox(ctx, fp, sandboxes[1]); err != nil || got.ID != b.ID {
+		t.Errorf("org b's sandbox after a deleted its key: %+v, %v; want b's registration", got, err)
+	}
+	// Org a may register the key again.
+	if _, err := s.AddSSHKey(ctx, orgs[0], "back", key); err != nil {
+		t.Errorf("org a registering its key again: %v", err)
+	}
+}
+
+// TestSSHKeysAcrossPerOrgMigration: keys registered under the schema where
+// a key was unique across organizations keep their ids, and the gateway's
+// lookup finds them after the upgrade.
+func TestSSHKeysAcrossPerOrgMigration(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	old := fstest.MapFS{}
+	for _, name := range allMigrations(t) {
+		if name >= "0007" {
+			break
+		}
+		body, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old[name] = &fstest.MapFile{Data: body}
+	}
+	before := open(t, path, old)
+	org, err := before.CreateOrg(ctx, "a", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, err := before.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := newPublicKey(t)
+	k, err := before.AddSSHKey(ctx, org.ID, "laptop", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.Close()
+
+	s := open(t, path, nil)
+	got, err := s.SSHKeyForSandbox(ctx, k.Fingerprint, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(k, got); diff != "" {
+		t.Errorf("key across the upgrade (-want +got):\n%s", diff)
+	}
+	other, err := s.CreateOrg(ctx, "b", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddSSHKey(ctx, other.ID, "same", key); err != nil {
+		t.Errorf("another organization registering the key after the upgrade: %v", err)
+	}
+	if _, err := s.AddSSHKey(ctx, org.ID, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
+		t.Errorf("the same organization again after the upgrade: %v, want ErrKeyRegistered", err)
+	}
+}
+
+func newPublicKey(t *testing.T) gossh.PublicKey {
+	t.Helper()
 	pub, _, err := ed25519.GenerateKey(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -186,22 +309,7 @@ func TestSSHKeyRegisteredOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var orgs []string
-	for _, name := range []string{"a", "b"} {
-		org, err := s.CreateOrg(ctx, name, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		orgs = append(orgs, org.ID)
-	}
-	if _, err := s.AddSSHKey(ctx, orgs[0], "laptop", key); err != nil {
-		t.Fatal(err)
-	}
-	for _, org := range orgs {
-		if _, err := s.AddSSHKey(ctx, org, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
-			t.Errorf("adding the key again to %s: %v, want ErrKeyRegistered", org, err)
-		}
-	}
+	return key
 }
 
 func TestQuotaUnderConcurrency(t *testing.T) {

@@ -136,7 +136,9 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		if err != nil {
 			return nil, err
 		}
-		a.gateway, err = sshd.New(sshd.Options{Control: a.core, HostKey: hostKey, Log: a.log, KeepAlive: cfg.SSHKeepAlive, IdleTimeout: cfg.SSHIdleTimeout, Metrics: met})
+		a.gateway, err = sshd.New(sshd.Options{Control: a.core, HostKey: hostKey, Log: a.log, KeepAlive: cfg.SSHKeepAlive, IdleTimeout: cfg.SSHIdleTimeout, Metrics: met,
+			LoginGrace: cfg.SSHLoginGrace, MaxStartups: cfg.SSHMaxStartups, MaxStartupsPerSource: cfg.SSHMaxStartupsPerSource,
+			MaxConnsPerKey: cfg.SSHMaxConnsPerKey, HelperDialTimeout: cfg.SSHHelperDialTimeout})
 		if err != nil {
 			return nil, err
 		}

@@ -130,6 +130,14 @@ type ServeCmd struct {
 	EventRetention  time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
 	SelfCheck       time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 
+	// Limits of the SSH gateway on what a stranger can open (docs/ssh.md,
+	// "Limits").
+	SSHLoginGrace           time.Duration `name:"ssh-login-grace" default:"30s" env:"HILOOP_SSH_LOGIN_GRACE" help:"Close an SSH connection that has not authenticated this long after it was accepted, version and key exchange included (as sshd's LoginGraceTime)."`
+	SSHMaxStartups          int           `name:"ssh-max-startups" default:"64" env:"HILOOP_SSH_MAX_STARTUPS" help:"Most SSH connections not yet authenticated at once; one more is closed when it is accepted (as sshd's MaxStartups)."`
+	SSHMaxStartupsPerSource int           `name:"ssh-max-startups-per-source" default:"10" env:"HILOOP_SSH_MAX_STARTUPS_PER_SOURCE" help:"Most SSH connections not yet authenticated from one client address (an IPv6 /64), as sshd's PerSourceMaxStartups."`
+	SSHMaxConnsPerKey       int           `name:"ssh-max-conns-per-key" default:"32" env:"HILOOP_SSH_MAX_CONNS_PER_KEY" help:"Most authenticated SSH connections of one SSH key at once; a login past it fails."`
+	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the SSH handshake (ssh -L)."`
+
 	// localHelpers says the session helpers run as local processes of this
 	// binary (hiloop dev), so the forward transport needs no image.
 	localHelpers bool
@@ -195,6 +203,28 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.ShutdownTimeout <= 0 {
 		return errors.New("--shutdown-timeout: must be positive")
+	}
+	return s.validateSSHLimits()
+}
+
+// validateSSHLimits checks the gateway's limits. Zero is refused with the
+// rest: a zero limit would refuse every connection, or none.
+func (s *ServeCmd) validateSSHLimits() error {
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--ssh-login-grace", s.SSHLoginGrace}, {"--ssh-helper-dial-timeout", s.SSHHelperDialTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s: must be positive", d.flag)
+		}
+	}
+	for _, n := range []struct {
+		flag string
+		v    int
+	}{{"--ssh-max-startups", s.SSHMaxStartups}, {"--ssh-max-startups-per-source", s.SSHMaxStartupsPerSource}, {"--ssh-max-conns-per-key", s.SSHMaxConnsPerKey}} {
+		if n.v < 1 {
+			return fmt.Errorf("%s: must be at least 1", n.flag)
+		}
 	}
 	return nil
 }

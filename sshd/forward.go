@@ -144,6 +144,9 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 			log.Debug("forward dial abandoned", "cause", cause)
 			return nil, nil, fmt.Errorf("the session ended: %w", cause)
 		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			g.o.Metrics.SSHRefused(refusedHelperDial)
+		}
 		return fail("the sandbox's session helper did not answer", err)
 	}
 	log.Info("forward session opened", "pod_uid", podUID)
@@ -172,6 +175,9 @@ func (g *Gateway) dialSSH(ctx context.Context, addr string, cfg *gossh.ClientCon
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
 	// Closing the connection is what ends a handshake in progress.

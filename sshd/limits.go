@@ -27,6 +27,10 @@ const (
 	refusedPerSource = "startups_per_source"
 	refusedGrace     = "login_grace"
 	refusedPerKey    = "per_key"
+	// refusedHelperDial counts -L channels refused because the session
+	// helper did not finish the dial and handshake within
+	// HelperDialTimeout; the client's connection stays.
+	refusedHelperDial = "helper_dial_timeout"
 )
 
 // errPerKey refuses a login past MaxConnsPerKey.
@@ -70,10 +74,7 @@ type heldConn struct {
 // once, past either) and starts its login grace. The connection is kept in
 // ctx for the authentication callbacks.
 func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
-	source := nc.RemoteAddr().String()
-	if host, _, err := net.SplitHostPort(source); err == nil {
-		source = host
-	}
+	source := sourceOf(nc.RemoteAddr())
 	g.limits.mu.Lock()
 	reason := ""
 	switch {
@@ -100,6 +101,26 @@ func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
 	c.mu.Unlock()
 	ctx.SetValue(connKey{}, c)
 	return c
+}
+
+// sourceOf is the source address a connection is counted under: the IPv4
+// address, or the /64 of an IPv6 one, since one IPv6 host commonly holds a
+// whole /64 and could otherwise open MaxStartupsPerSource from each of its
+// addresses.
+func sourceOf(addr net.Addr) string {
+	host := addr.String()
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case ip == nil:
+		return host
+	case ip.To4() != nil:
+		return ip.To4().String()
+	default:
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
 }
 
 // connKey keeps a connection's *heldConn in its ssh.Context.

@@ -380,7 +380,7 @@ func mute(t *testing.T) (port int, accepted <-chan net.Conn) {
 // on it, and frees its session; a later channel dials again.
 func TestHelperDialDeadline(t *testing.T) {
 	port, accepted := mute(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
+	g, met := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
 	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
@@ -401,6 +401,9 @@ func TestHelperDialDeadline(t *testing.T) {
 	}
 	if n := g.core.Sessions(); n != 0 {
 		t.Errorf("%d sessions live after the dial failed", n)
+	}
+	if n := refused(t, met, "helper_dial_timeout"); n != 1 {
+		t.Errorf("%d helper dials counted as timed out, want the 1 that was made", n)
 	}
 	helperSide := <-accepted
 	closedByServer(t, helperSide, "the connection to a helper that never spoke")

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// parseServe parses serve's flags as kong does for `hiloop serve args...`.
+func parseServe(t *testing.T, args ...string) (*ServeCmd, error) {
+	t.Helper()
+	var cli CLI
+	parser, err := newParser(context.Background(), &cli, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = parser.Parse(append([]string{"serve"}, args...))
+	return &cli.Serve, err
+}
+
+// sshLimits are the gateway's limits as serve's flags set them.
+type sshLimits struct {
+	LoginGrace, HelperDialTimeout                     time.Duration
+	MaxStartups, MaxStartupsPerSource, MaxConnsPerKey int
+}
+
+func sshLimitsOf(s *ServeCmd) sshLimits {
+	return sshLimits{s.SSHLoginGrace, s.SSHHelperDialTimeout, s.SSHMaxStartups, s.SSHMaxStartupsPerSource, s.SSHMaxConnsPerKey}
+}
+
+// TestSSHLimitFlags: each of the gateway's limits is a flag with a default
+// and an environment variable, and a negative or zero value is refused
+// naming the flag.
+func TestSSHLimitFlags(t *testing.T) {
+	s, err := parseServe(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 64, 10, 32}, sshLimitsOf(s)); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	s, err = parseServe(t, "--ssh-login-grace=5s", "--ssh-helper-dial-timeout=2s", "--ssh-max-startups=100",
+		"--ssh-max-startups-per-source=3", "--ssh-max-conns-per-key=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sshLimits{5 * time.Second, 2 * time.Second, 100, 3, 4}, sshLimitsOf(s)); diff != "" {
+		t.Errorf("set by flags (-want +got):\n%s", diff)
+	}
+	t.Setenv("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE", "7")
+	if s, err = parseServe(t); err != nil || s.SSHMaxStartupsPerSource != 7 {
+		t.Errorf("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE=7: %d, %v", s.SSHMaxStartupsPerSource, err)
+	}
+	for _, flag := range []string{"--ssh-login-grace", "--ssh-helper-dial-timeout", "--ssh-max-startups",
+		"--ssh-max-startups-per-source", "--ssh-max-conns-per-key"} {
+		for _, v := range []string{"0", "-1"} {
+			if strings.HasSuffix(flag, "grace") || strings.HasSuffix(flag, "timeout") {
+				v += "s"
+			}
+			if _, err := parseServe(t, flag+"="+v); err == nil || !strings.Contains(err.Error(), flag+":") {
+				t.Errorf("%s=%s: %v, want refused naming the flag", flag, v, err)
+			}
+		}
+	}
+}

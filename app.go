@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/term"
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
@@ -89,12 +91,8 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		return nil, err
 	}
 	a.closers = append(a.closers, a.db.Close)
-	org, secret, err := a.db.Bootstrap(ctx, cfg.AdminOrg)
-	if err != nil {
+	if err := a.bootstrap(ctx, stdout); err != nil {
 		return nil, err
-	}
-	if secret != "" {
-		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, secret)
 	}
 	if cfg.NoGVisor {
 		a.log.Warn("INSECURE: --insecure-no-gvisor: sandboxes run WITHOUT gVisor and share the node's kernel; for development clusters only")
@@ -175,6 +173,55 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	a.log.Info("serving", "addr", a.ln.Addr().String(), "namespace", cfg.Namespace, "db", cfg.DB, "cluster", clients.Config.Host)
 	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, a.ln.Addr(), clients.Config.Host, cfg.Namespace)
 	return a, nil
+}
+
+// bootstrap creates the admin organization and its first key on first
+// start. The key goes to the bootstrap key file, mode 0600, and to stdout
+// only when stdout is a terminal: in a cluster stdout is the pod's log,
+// which many can read. The log says where the file is, never the key.
+func (a *app) bootstrap(ctx context.Context, stdout io.Writer) error {
+	path := a.cfg.bootstrapKeyFile()
+	// The file is made (0600, empty) before the key exists, so a directory
+	// hiloop cannot write to fails the start before a key is issued that
+	// nobody could read. It replaces path only once it holds the key.
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".hiloop-admin-key-*")
+	if err != nil {
+		return fmt.Errorf("--bootstrap-key-file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	org, secret, err := a.db.Bootstrap(ctx, a.cfg.AdminOrg)
+	if err != nil || secret == "" {
+		return err
+	}
+	if err := writeKeyFile(tmp, path, secret); err != nil {
+		return fmt.Errorf("--bootstrap-key-file: the first key of %s was issued but not written (%w); issue another with `hiloop key create --db %s --org %s`", org.Name, err, a.cfg.DB, org.Name)
+	}
+	a.log.Info("created the admin organization and its first API key", "org", org.Name, "org_id", org.ID, "key_file", path)
+	if isTerminal(stdout) {
+		fmt.Fprintf(stdout, "Created organization %s (%s) and its first API key, also in %s. It is shown only this once:\n\n    HILOOP_TOKEN=%s\n\n", org.Name, org.ID, path, secret)
+	}
+	return nil
+}
+
+// writeKeyFile writes secret to tmp and moves tmp to path.
+func writeKeyFile(tmp *os.File, path, secret string) error {
+	if _, err := tmp.WriteString(secret + "\n"); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // listen binds one listener, naming its flag when it fails.

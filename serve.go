@@ -116,6 +116,7 @@ type ServeCmd struct {
 	SSHKeepAlive    time.Duration       `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
 	SSHIdleTimeout  time.Duration       `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
 	DB              string              `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+	BootstrapKey    string              `name:"bootstrap-key-file" default:"" env:"HILOOP_BOOTSTRAP_KEY_FILE" help:"File the admin organization's first API key is written to on first start, mode 0600 (default: the --db path with .admin-key appended). The key is printed too only when stdout is a terminal."`
 	StorageClasses  []string            `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
 	Transports      []sandbox.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
 	AgentImage      string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
@@ -144,6 +145,14 @@ type ServeCmd struct {
 }
 
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// bootstrapKeyFile is where the first admin key is written.
+func (s *ServeCmd) bootstrapKeyFile() string {
+	if s.BootstrapKey != "" {
+		return s.BootstrapKey
+	}
+	return s.DB + ".admin-key"
+}
 
 // Validate checks the flags; kong reports a failure naming the flag, exit 2.
 func (s *ServeCmd) Validate() error {

@@ -17,23 +17,61 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 )
 
+// TestServeReadyAndCleanShutdown: serve answers, stops cleanly on SIGINT,
+// and writes the first admin key to its file, mode 0600. Its stdout is not
+// a terminal, so the key is nowhere in its output: the log names the file.
 func TestServeReadyAndCleanShutdown(t *testing.T) {
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
-	if in.Token == "" {
-		t.Fatal("first start printed no admin key")
+	if !in.NewKey || !strings.HasPrefix(in.Token, "hl_") {
+		t.Fatalf("first start wrote no admin key to %s (%q)", in.KeyFile, in.Token)
+	}
+	fi, err := os.Stat(in.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v, want 0600", fi.Mode().Perm())
 	}
 	status, body := in.Call("", "GET", "/healthz", "")
 	if status != 200 {
 		t.Fatalf("healthz %d %s", status, body)
 	}
 	in.Stop()
+	if out := in.Out.String(); strings.Contains(out, in.Token) || !strings.Contains(out, "key_file="+in.KeyFile) {
+		t.Fatalf("the output carries the key, or does not say where it is:\n%s", out)
+	}
 	// A second start on the same database issues no new admin key.
 	again := e2e.Serve(t, in.DB, in.NS)
-	if again.Token != "" {
-		t.Fatal("second start printed another admin key")
+	if again.NewKey || again.Token != in.Token {
+		t.Fatal("second start issued another admin key")
 	}
 	if _, _, code := again.CLI(in.Token, "sandbox", "list"); code != 0 {
 		t.Fatal("first key no longer works after restart")
+	}
+}
+
+// TestServeBootstrapKeyOnATerminal: on a terminal, serve prints the first
+// admin key as well, the same key as in its file.
+func TestServeBootstrapKeyOnATerminal(t *testing.T) {
+	c := e2e.SharedCluster(t)
+	db := filepath.Join(t.TempDir(), "h.db")
+	term := e2e.Tmux(t, 200, 50, strings.Join([]string{e2e.Binary(t), "serve", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0",
+		"--db", db, "--kubeconfig", c.Kubeconfig, "--namespace", e2e.NewNamespace(t), "--storage-classes", "kwok-volume"}, " ")+
+		"; sleep 600") // the window stays, with what serve said, should it fail
+	var shown string
+	e2e.Eventually(t, "the key on the terminal", 60*time.Second, func() (bool, error) {
+		screen := term.Screen()
+		if strings.Contains(screen, "hiloop: error") {
+			t.Fatalf("serve failed:\n%s", screen)
+		}
+		if m := e2e.TokenRE.FindStringSubmatch(screen); m != nil {
+			shown = m[1]
+		}
+		return shown != "" && strings.Contains(screen, "serving on"), fmt.Errorf("screen:\n%s", screen)
+	})
+	key, err := os.ReadFile(db + ".admin-key")
+	if err != nil || strings.TrimSpace(string(key)) != shown {
+		t.Fatalf("key file %q (%v), the terminal shows %q", key, err, shown)
 	}
 }
 
@@ -172,7 +210,8 @@ func TestTTLExpiry(t *testing.T) {
 // It names every transport, forward included, which dev backs with its own
 // helper runner and so without --agent-image.
 func TestDevCommand(t *testing.T) {
-	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "dev.db"),
+	db := filepath.Join(t.TempDir(), "dev.db")
+	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", db,
 		"--transports", "exec,ssh,forward")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &e2e.SyncBuffer{}
@@ -200,8 +239,14 @@ func TestDevCommand(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == 200, nil
 	})
-	if !strings.Contains(out.String(), "HILOOP_TOKEN=hl_") || !strings.Contains(out.String(), "kubectl --kubeconfig") {
-		t.Fatalf("dev did not print the key and the kubectl hint:\n%s", out.String())
+	// Its stdout is no terminal: the key is in the file beside the
+	// database, and not in the output.
+	key, err := os.ReadFile(db + ".admin-key")
+	if err != nil || !strings.HasPrefix(string(key), "hl_") {
+		t.Fatalf("dev wrote no admin key: %q %v", key, err)
+	}
+	if strings.Contains(out.String(), strings.TrimSpace(string(key))) || !strings.Contains(out.String(), "kubectl --kubeconfig") {
+		t.Fatalf("dev printed the key, or not the kubectl hint:\n%s", out.String())
 	}
 	cmd.Process.Signal(os.Interrupt)
 	select {

@@ -212,11 +212,16 @@ func NamespaceOn(t testing.TB, c *localcluster.Cluster) string {
 // Instance is one `hiloop serve` process with its own database and
 // namespace.
 type Instance struct {
-	t     testing.TB
-	URL   string
-	Token string // the admin org's key, printed on first start
-	DB    string
-	NS    string
+	t   testing.TB
+	URL string
+	// Token is the admin org's key, from the bootstrap key file serve
+	// writes on first start; NewKey says this start wrote it (a start on a
+	// bootstrapped record leaves the file as it was).
+	Token   string
+	NewKey  bool
+	KeyFile string
+	DB      string
+	NS      string
 	// SSHAddr is the SSH gateway's host:port.
 	SSHAddr string
 	// MetricsURL is the metrics endpoint, when serve was started with one.
@@ -240,7 +245,9 @@ func KeepAlive() *http.Client {
 	return &http.Client{Transport: t}
 }
 
-// ServingRE finds the API address serve prints; TokenRE a printed key.
+// ServingRE finds the API address serve prints; TokenRE a printed key
+// (serve prints the first admin key only on a terminal; org create and key
+// create print theirs).
 var (
 	ServingRE = regexp.MustCompile(`serving on (http://\S+)`)
 	TokenRE   = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
@@ -258,7 +265,15 @@ func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 // ServeOn is Serve against cluster c.
 func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...string) *Instance {
 	t.Helper()
-	in := &Instance{t: t, DB: db, NS: ns, Out: &SyncBuffer{}, done: make(chan error, 1)}
+	in := &Instance{t: t, DB: db, NS: ns, KeyFile: db + ".admin-key", Out: &SyncBuffer{}, done: make(chan error, 1)}
+	for i, a := range args {
+		if a == "--bootstrap-key-file" && i+1 < len(args) {
+			in.KeyFile = args[i+1]
+		} else if f, ok := strings.CutPrefix(a, "--bootstrap-key-file="); ok {
+			in.KeyFile = f
+		}
+	}
+	before, _ := os.ReadFile(in.KeyFile)
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
 	in.Cmd = exec.Command(Binary(t), full...)
@@ -290,9 +305,6 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 			if !ok {
 				t.Fatalf("serve exited before serving:\n%s", in.Out.String())
 			}
-			if m := TokenRE.FindStringSubmatch(l); m != nil {
-				in.Token = m[1]
-			}
 			if m := ServingRE.FindStringSubmatch(l); m != nil {
 				in.URL = m[1]
 			}
@@ -310,6 +322,10 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 		for range lines {
 		}
 	}()
+	// The key file is written before serve says it serves.
+	if key, err := os.ReadFile(in.KeyFile); err == nil {
+		in.Token, in.NewKey = strings.TrimSpace(string(key)), string(key) != string(before)
+	}
 	Eventually(t, "/readyz 200", 30*time.Second, func() (bool, error) {
 		resp, err := http.Get(in.URL + "/readyz")
 		if err != nil {

@@ -80,6 +80,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Migrations == nil {
 		opts.Migrations = migrations.FS
 	}
+	if err := ownerOnly(opts.Path); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
 	read, err := sql.Open("sqlite", dsn(opts.Path, false))
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -107,6 +110,36 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.prepareWrites(ctx)
 	s.startBatches()
 	return s, nil
+}
+
+// ownerOnly makes the database file mode 0600 before SQLite opens it: it
+// holds the SSH gateway's host key and its key for session helpers. SQLite
+// creates a missing database file 0644 whatever the umask (it chmods a file
+// it created to that), and its -wal and -shm files with the database file's
+// mode. So the file is created here, 0600, and a database file, WAL or
+// shared-memory file of an older start that others may read loses those
+// permissions.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+			if err := os.Chmod(p, perm&0o700); err != nil {
+				return fmt.Errorf("%s is mode %#o, readable by others, and could not be made owner-only: %w", p, perm, err)
+			}
+		}
+	}
+	return nil
 }
 
 // dsn returns a modernc DSN that sets the pragmas on every pooled connection.
@@ -270,10 +303,19 @@ func isUnique(err error) bool {
 // then opened and checked with PRAGMA integrity_check. A copy that fails
 // the check is removed.
 func (s *Store) Backup(ctx context.Context, out string) error {
-	if _, err := os.Stat(out); err == nil {
+	// The copy holds the same keys as the record: it is created here, empty
+	// and 0600, which VACUUM INTO accepts and keeps, instead of by SQLite,
+	// 0644.
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("backup: %s exists; backups never overwrite", out)
 	}
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	f.Close()
 	if _, err := s.read.ExecContext(ctx, `VACUUM INTO ?`, out); err != nil {
+		os.Remove(out)
 		return fmt.Errorf("backup: %w", err)
 	}
 	if err := CheckIntegrity(ctx, out); err != nil {

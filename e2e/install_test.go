@@ -7,158 +7,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	nodev1 "k8s.io/api/node/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
-
-// escape is one way out of the boundary, applied to a conforming pod spec
-// (the one hiloop renders, session helper included), and the chart rule
-// that must refuse it.
-type escape struct {
-	name   string
-	rule   string
-	mutate func(*corev1.PodSpec)
-	// pss marks an escape Pod Security's baseline also refuses, so a pod
-	// may be refused by either.
-	pss bool
-}
-
-func helperOf(s *corev1.PodSpec) *corev1.Container {
-	for i := range s.Containers {
-		if s.Containers[i].Name == k8s.HelperContainer {
-			return &s.Containers[i]
-		}
-	}
-	panic("no helper")
-}
-
-var escapes = []escape{
-	{"no runtime class", "runtime-class", func(s *corev1.PodSpec) { s.RuntimeClassName = nil }, false},
-	{"another runtime class", "runtime-class", func(s *corev1.PodSpec) { s.RuntimeClassName = ptr.To("runc") }, false},
-	{"hostNetwork", "host-namespaces", func(s *corev1.PodSpec) { s.HostNetwork = true }, true},
-	{"hostPID", "host-namespaces", func(s *corev1.PodSpec) { s.HostPID = true }, true},
-	{"hostIPC", "host-namespaces", func(s *corev1.PodSpec) { s.HostIPC = true }, true},
-	{"token automount unset", "service-account-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = nil }, false},
-	{"token automounted", "service-account-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(true) }, false},
-	{"token projected by hand", "service-account-token", func(s *corev1.PodSpec) {
-		s.Volumes = append(s.Volumes, corev1.Volume{Name: "tok", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}})
-	}, false},
-	{"privileged workload", "privileged", func(s *corev1.PodSpec) {
-		s.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-	}, true},
-	{"privileged helper", "privileged", func(s *corev1.PodSpec) {
-		helperOf(s).SecurityContext.Privileged = ptr.To(true)
-		helperOf(s).SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
-	}, true},
-	{"helper with a writable root", "helper-hardened", func(s *corev1.PodSpec) {
-		helperOf(s).SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
-	}, false},
-	{"helper that may escalate", "helper-hardened", func(s *corev1.PodSpec) {
-		helperOf(s).SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
-	}, false},
-	{"helper as root", "helper-hardened", func(s *corev1.PodSpec) {
-		helperOf(s).SecurityContext.RunAsUser = ptr.To(int64(0))
-	}, false},
-	{"helper with a capability", "helper-hardened", func(s *corev1.PodSpec) {
-		helperOf(s).SecurityContext.Capabilities.Add = []corev1.Capability{"NET_ADMIN"}
-	}, true},
-	{"helper without seccomp", "helper-hardened", func(s *corev1.PodSpec) { helperOf(s).SecurityContext.SeccompProfile = nil }, false},
-}
-
-// TestAdmissionDeniesEscapes sends every escape shape, as a Sandbox and as
-// a pod created directly in the namespace, to the real API server with the
-// chart's policies installed (server-side dry run: admission runs, nothing
-// is stored), and a conforming one of each, which passes.
-func TestAdmissionDeniesEscapes(t *testing.T) {
-	c := e2e.SharedCluster(t)
-	ns := e2e.NewNamespace(t)
-	ctx := context.Background()
-	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	// The other runtime class exists, so that it is the policy that refuses
-	// it, not the RuntimeClass admission plugin.
-	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "runc"}, Handler: "runc"}
-	if _, err := c.Clients.Kube.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	// rendered is what hiloop sends for a sandbox with the session helper.
-	rendered := func() *v1beta1.Sandbox {
-		obj, err := k8s.Render(store.Sandbox{ID: "sbx_admission", OrgID: "org_admission", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}}},
-			k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward},
-				AgentImage: "hiloop/hiloop:test", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return obj
-	}
-	createSandbox := func(mutate func(*corev1.PodSpec)) error {
-		obj := rendered()
-		mutate(&obj.Spec.PodTemplate.Spec)
-		_, err := c.Clients.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, obj, dry)
-		return err
-	}
-	createPod := func(mutate func(*corev1.PodSpec)) error {
-		spec := &rendered().Spec.PodTemplate.Spec
-		// The org's service account does not exist in this namespace;
-		// the default one does, and its token is what must not mount.
-		spec.ServiceAccountName = ""
-		mutate(spec)
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "direct", Namespace: ns}, Spec: *spec}
-		_, err := c.Clients.Kube.CoreV1().Pods(ns).Create(ctx, pod, dry)
-		return err
-	}
-	if err := createSandbox(func(*corev1.PodSpec) {}); err != nil {
-		t.Fatalf("a conforming Sandbox is refused: %v", err)
-	}
-	if err := createPod(func(*corev1.PodSpec) {}); err != nil {
-		t.Fatalf("a conforming pod is refused: %v", err)
-	}
-	for _, e := range escapes {
-		t.Run(e.name, func(t *testing.T) {
-			err := createSandbox(e.mutate)
-			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "'"+k8s.PolicySandbox+"'") || !strings.Contains(err.Error(), "["+e.rule+"]") {
-				t.Errorf("Sandbox: want refused by %s [%s], got %v", k8s.PolicySandbox, e.rule, err)
-			}
-			err = createPod(e.mutate)
-			byPolicy := err != nil && strings.Contains(err.Error(), "'"+k8s.PolicyPod+"'") && strings.Contains(err.Error(), "["+e.rule+"]")
-			byPSS := e.pss && err != nil && strings.Contains(err.Error(), "violates PodSecurity")
-			if !byPolicy && !byPSS {
-				t.Errorf("pod: want refused by %s [%s]%s, got %v", k8s.PolicyPod, e.rule, map[bool]string{true: " or Pod Security", false: ""}[e.pss], err)
-			}
-		})
-	}
-	// Pod Security stands on its own: a pod the policies pass but baseline
-	// forbids (a hostPath volume) is refused by it.
-	err := createPod(func(s *corev1.PodSpec) {
-		s.Volumes = append(s.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
-	})
-	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
-		t.Errorf("hostPath pod: want refused by Pod Security, got %v", err)
-	}
-	// And with the policies' binding lifted from this namespace, Pod
-	// Security alone refuses a privileged pod.
-	e2e.Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace-")
-	privileged := escapes[slices.IndexFunc(escapes, func(e escape) bool { return e.name == "privileged workload" })]
-	err = createPod(privileged.mutate)
-	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
-		t.Errorf("privileged pod without the policies: want refused by Pod Security, got %v", err)
-	}
-}
 
 // doctor runs `hiloop doctor` as a user does.
 func doctor(t *testing.T, args ...string) (string, int) {

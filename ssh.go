@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -115,9 +117,36 @@ func (g gatewayFlags) resolve(ctx context.Context, c *Conn) (gateway, error) {
 		}
 		host = u.Hostname()
 	}
+	if host == "" || strings.ContainsFunc(host, notInHost) {
+		return gateway{}, fmt.Errorf("SSH host %q is not a host name or address", host)
+	}
 	port := strconv.Itoa(hk.Port)
 	alias := "hiloop-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(net.JoinHostPort(host, port))
-	return gateway{host: host, port: port, alias: alias, knownHosts: alias + " " + hk.PublicKey}, nil
+	key, err := hostKeyLine(hk.PublicKey)
+	if err != nil {
+		return gateway{}, err
+	}
+	return gateway{host: host, port: port, alias: alias, knownHosts: alias + " " + key}, nil
+}
+
+// notInHost reports whether r cannot be part of a host name or address in
+// a known_hosts line: space or a control character would end the field or
+// the line, and the others are its pattern and marker characters.
+func notInHost(r rune) bool {
+	return unicode.IsSpace(r) || unicode.IsControl(r) || strings.ContainsRune(`,*?!@#|"'\`, r)
+}
+
+// hostKeyLine is the key part of the known_hosts line for the gateway's
+// host key as the API gave it: the key parsed and written out again, never
+// the API's text, so an answer cannot add a line (a "@cert-authority *" that
+// would trust any host) or options. Anything but exactly one plain public
+// key is refused.
+func hostKeyLine(text string) (string, error) {
+	pub, _, options, rest, err := gossh.ParseAuthorizedKey([]byte(text))
+	if err != nil || len(options) > 0 || len(bytes.TrimSpace(rest)) > 0 {
+		return "", errors.New("the API's SSH host key is not a single public key; refusing to pin it")
+	}
+	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(pub))), nil
 }
 
 // SSHConfigCmd prints what ~/.ssh/config and known_hosts need.

@@ -19,11 +19,14 @@ import (
 
 // Conn says where the API is and who calls it.
 type Conn struct {
-	URL   string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
-	Token string `env:"HILOOP_TOKEN" help:"API key."`
+	URL          string `default:"http://127.0.0.1:8080" env:"HILOOP_URL" help:"URL of the hiloop API."`
+	Token        string `env:"HILOOP_TOKEN" help:"API key."`
+	InsecureHTTP bool   `name:"insecure-http" env:"HILOOP_INSECURE_HTTP" help:"Allow a plain http:// URL to a host that is not loopback: the API key then crosses the network in clear text."`
 }
 
-func (c *Conn) api() *server.Client { return &server.Client{URL: c.URL, Token: c.Token} }
+func (c *Conn) api() *server.Client {
+	return &server.Client{URL: c.URL, Token: c.Token, InsecureHTTP: c.InsecureHTTP}
+}
 
 // Client flags shared by the commands that talk to the API and print.
 type Client struct {

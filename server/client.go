@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -24,6 +25,40 @@ type Client struct {
 	URL   string
 	Token string
 	HTTP  *http.Client
+	// InsecureHTTP allows a plain http:// URL to a host other than a
+	// loopback one, over which the key would cross the network in clear
+	// text; without it such a URL is refused before anything is sent.
+	InsecureHTTP bool
+}
+
+// checkURL refuses a URL the key must not be sent to: another scheme than
+// http or https, or plain http to a host that is not loopback (127.0.0.0/8,
+// ::1, localhost) unless InsecureHTTP.
+func (c *Client) checkURL() error {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("API URL %q: %w", c.URL, err)
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !c.InsecureHTTP && !isLoopback(u.Hostname()) {
+			return fmt.Errorf("refusing to send the API key over plain http:// to %s, where anyone on the way can read it: use https://, or --insecure-http (HILOOP_INSECURE_HTTP=true) on a network you trust", u.Host)
+		}
+	default:
+		return fmt.Errorf("API URL %q: want http:// or https://", c.URL)
+	}
+	return nil
+}
+
+// isLoopback reports whether host names this machine's loopback: localhost,
+// or an address in 127.0.0.0/8 or ::1.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // APIError is an error response of the API.
@@ -37,6 +72,9 @@ func (e *APIError) Error() string {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, header http.Header, in, out any) error {
+	if err := c.checkURL(); err != nil {
+		return err
+	}
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -283,6 +321,9 @@ var ErrNoExitFrame = errors.New("exec session ended without an exit frame")
 // ExecStream runs a command over the streaming endpoint and returns its
 // exit frame. An error frame is returned as an *APIError.
 func (c *Client) ExecStream(ctx context.Context, id string, o StreamOptions) (ExitFrame, error) {
+	if err := c.checkURL(); err != nil {
+		return ExitFrame{}, err
+	}
 	u, err := url.Parse(strings.TrimRight(c.URL, "/") + "/v1/sandboxes/" + url.PathEscape(id) + "/exec")
 	if err != nil {
 		return ExitFrame{}, err

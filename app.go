@@ -109,7 +109,7 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		Store: a.db, Cluster: writer, Log: a.log, ClusterTimeout: cfg.ClusterTimeout, Metrics: met,
 		Exec:   &k8s.Execer{Clients: clients, Namespace: cfg.Namespace, ConnectTimeout: cfg.ClusterTimeout},
 		Caps:   control.Capabilities{StorageClasses: cfg.StorageClasses, Transports: cfg.Transports},
-		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg},
+		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg},
 		Boundary: func(ctx context.Context) []k8s.Check {
 			return clients.CheckBoundary(ctx, cfg.boundaryOptions())
 		},
@@ -146,7 +146,10 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	api, err := server.New(server.Options{
 		Store: a.db, Control: a.core, Log: a.log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
 		RateLimits: server.RateLimits{PerKey: rate.Limit(cfg.RateLimit), Burst: int(2 * cfg.RateLimit),
-			Creates: rate.Limit(cfg.CreateRateLimit), CreateBurst: int(5 * cfg.CreateRateLimit)},
+			Creates: rate.Limit(cfg.CreateRateLimit), CreateBurst: int(5 * cfg.CreateRateLimit),
+			PerOrg: rate.Limit(cfg.OrgRateLimit), OrgBurst: max(1, int(2*cfg.OrgRateLimit)),
+			OrgCreates: rate.Limit(cfg.OrgCreateRateLimit), OrgCreateBurst: max(1, int(5*cfg.OrgCreateRateLimit)),
+			PerAddress: rate.Limit(cfg.AddressRateLimit), AddressBurst: max(1, int(2*cfg.AddressRateLimit))},
 		Ready: func(ctx context.Context) error {
 			if !a.mirror.Ready() {
 				return errors.New("status mirror has not synced yet")

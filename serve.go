@@ -139,6 +139,14 @@ type ServeCmd struct {
 	SSHMaxConnsPerKey       int           `name:"ssh-max-conns-per-key" default:"32" env:"HILOOP_SSH_MAX_CONNS_PER_KEY" help:"Most authenticated SSH connections of one SSH key at once; a login past it fails."`
 	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the SSH handshake (ssh -L)."`
 
+	// Limits of the API that no caller can multiply by making keys or
+	// tokens (docs/api.md, "Rate limits").
+	OrgRateLimit       float64 `name:"org-rate-limit" default:"200" env:"HILOOP_ORG_RATE_LIMIT" help:"Requests per second all of one organization's API keys may make together (burst twice that); 0 turns it off."`
+	OrgCreateRateLimit float64 `name:"org-create-rate-limit" default:"40" env:"HILOOP_ORG_CREATE_RATE_LIMIT" help:"Sandbox creates per second all of one organization's API keys may make together (burst five times that); 0 turns it off."`
+	AddressRateLimit   float64 `name:"address-rate-limit" default:"10" env:"HILOOP_ADDRESS_RATE_LIMIT" help:"Requests per second one client address (an IPv6 /64) may make without a valid API key: a missing, unknown or revoked token, and /healthz, /readyz and the OpenAPI document (burst twice that); 0 turns it off."`
+	MaxAPIKeysPerOrg   int     `name:"max-api-keys-per-org" default:"100" env:"HILOOP_MAX_API_KEYS_PER_ORG" help:"Most live API keys one organization may have; creating one more through the API answers 409 key_limit."`
+	MaxSSHKeysPerOrg   int     `name:"max-ssh-keys-per-org" default:"100" env:"HILOOP_MAX_SSH_KEYS_PER_ORG" help:"Most SSH keys one organization may register; one more answers 409 key_limit."`
+
 	// localHelpers says the session helpers run as local processes of this
 	// binary (hiloop dev), so the forward transport needs no image.
 	localHelpers bool
@@ -213,7 +221,24 @@ func (s *ServeCmd) Validate() error {
 	if s.ShutdownTimeout <= 0 {
 		return errors.New("--shutdown-timeout: must be positive")
 	}
-	return s.validateSSHLimits()
+	if err := s.validateSSHLimits(); err != nil {
+		return err
+	}
+	return s.validateAPILimits()
+}
+
+// validateAPILimits checks the limits per organization and per address.
+func (s *ServeCmd) validateAPILimits() error {
+	if s.OrgRateLimit < 0 || s.OrgCreateRateLimit < 0 || s.AddressRateLimit < 0 {
+		return errors.New("--org-rate-limit, --org-create-rate-limit, --address-rate-limit: must not be negative")
+	}
+	if s.MaxAPIKeysPerOrg < 1 {
+		return errors.New("--max-api-keys-per-org: must be at least 1")
+	}
+	if s.MaxSSHKeysPerOrg < 1 {
+		return errors.New("--max-ssh-keys-per-org: must be at least 1")
+	}
+	return nil
 }
 
 // validateSSHLimits checks the gateway's limits. Zero is refused with the

@@ -63,10 +63,17 @@ type Capabilities struct {
 	Transports []sandbox.Transport
 }
 
-// Limits bound concurrent sessions (exec streams, one-shot execs, shells).
+// Limits bound concurrent sessions (exec streams, one-shot execs, shells)
+// and the keys an organization may hold.
 type Limits struct {
 	PerSandbox int
 	PerOrg     int
+	// APIKeysPerOrg and SSHKeysPerOrg are the most live API keys and
+	// registered SSH keys one organization may have; 100 each when zero.
+	// Every key holds its own rate-limit bucket and SSH connection places,
+	// so a limit per key is only a limit while keys are few.
+	APIKeysPerOrg int
+	SSHKeysPerOrg int
 }
 
 // Options configure New.
@@ -160,6 +167,15 @@ func New(o Options) (*Control, error) {
 	}
 	if o.Limits.PerOrg == 0 {
 		o.Limits.PerOrg = 32
+	}
+	if o.Limits.APIKeysPerOrg < 0 || o.Limits.SSHKeysPerOrg < 0 {
+		return nil, errors.New("control: key limits must not be negative")
+	}
+	if o.Limits.APIKeysPerOrg == 0 {
+		o.Limits.APIKeysPerOrg = DefaultKeysPerOrg
+	}
+	if o.Limits.SSHKeysPerOrg == 0 {
+		o.Limits.SSHKeysPerOrg = DefaultKeysPerOrg
 	}
 	base, cancel := context.WithCancelCause(context.Background())
 	c := &Control{o: o, log: o.Log.With("component", "control"), base: base, cancel: cancel,

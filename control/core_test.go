@@ -264,3 +264,46 @@ func TestSSHCallerPerOrganization(t *testing.T) {
 		t.Errorf("no key: %+v", got)
 	}
 }
+
+// TestKeyLimitsThroughCore: the core bounds the API and SSH keys an
+// organization makes (DefaultKeysPerOrg each unless set), refusing one more
+// with a *store.KeyLimitError, per organization; a negative limit is a
+// configuration error.
+func TestKeyLimitsThroughCore(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	if c.o.Limits.APIKeysPerOrg != DefaultKeysPerOrg || c.o.Limits.SSHKeysPerOrg != DefaultKeysPerOrg {
+		t.Errorf("default limits %+v, want %d keys of each kind", c.o.Limits, DefaultKeysPerOrg)
+	}
+	c.o.Limits.APIKeysPerOrg, c.o.Limits.SSHKeysPerOrg = 2, 1
+	other, err := db.CreateOrg(ctx, "other", 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []store.Org{org, other} {
+		who := Caller{OrgID: o.ID}
+		for i := range 3 {
+			_, _, err := c.CreateKey(ctx, who, "k")
+			if refused := errors.Is(err, store.ErrKeyLimit); refused != (i == 2) {
+				t.Errorf("%s: API key %d: %v", o.Name, i+1, err)
+			}
+		}
+		for i := range 2 {
+			pub, _, err := ed25519.GenerateKey(rand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, err := gossh.NewPublicKey(pub)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.AddSSHKey(ctx, who, "k", key)
+			if refused := errors.Is(err, store.ErrKeyLimit); refused != (i == 1) {
+				t.Errorf("%s: SSH key %d: %v", o.Name, i+1, err)
+			}
+		}
+	}
+	if _, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Limits: Limits{APIKeysPerOrg: -1}}); err == nil {
+		t.Error("a negative key limit was accepted")
+	}
+}

@@ -9,10 +9,17 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
+// DefaultKeysPerOrg is the most live API keys, and the most SSH keys, an
+// organization may have when Limits leave it zero.
+const DefaultKeysPerOrg = 100
+
 // CreateKey makes a new API key for the caller's organization and returns
-// it with its secret, which is shown only this once.
+// it with its secret, which is shown only this once. An organization that
+// has Limits.APIKeysPerOrg live keys gets a *store.KeyLimitError: any key
+// may make keys, and each has its own rate limit, so without a bound one
+// key could multiply its own.
 func (c *Control) CreateKey(ctx context.Context, who Caller, name string) (store.APIKey, string, error) {
-	return c.o.Store.CreateKey(ctx, who.OrgID, name)
+	return c.o.Store.CreateKeyWithin(ctx, who.OrgID, name, c.o.Limits.APIKeysPerOrg)
 }
 
 // RevokeKey revokes one of the caller's organization's keys (never its last
@@ -28,8 +35,10 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 // AddSSHKey registers an SSH public key for the caller's organization. A key
 // the organization registered already is store.ErrKeyRegistered; another
 // organization's registration of the same key neither blocks it nor shows.
+// An organization with Limits.SSHKeysPerOrg keys gets a
+// *store.KeyLimitError: each key holds its own SSH connection places.
 func (c *Control) AddSSHKey(ctx context.Context, who Caller, name string, key gossh.PublicKey) (store.SSHKey, error) {
-	return c.o.Store.AddSSHKey(ctx, who.OrgID, name, key)
+	return c.o.Store.AddSSHKey(ctx, who.OrgID, name, key, c.o.Limits.SSHKeysPerOrg)
 }
 
 // DeleteSSHKey removes one of the caller's organization's SSH keys, ends

@@ -8,6 +8,20 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
+// lockOwned takes the per-sandbox lock of one of who's sandboxes. The
+// organization is checked first, without the lock, so another
+// organization's caller with a guessed id is refused at once, as for an id
+// that does not exist (store.ErrNotFound): it never waits behind the
+// owner's mutation, and the wait cannot tell it that the id exists. A
+// sandbox never changes organization, so the check still holds once the
+// lock is taken (and the writes under it scope by organization again).
+func (c *Control) lockOwned(ctx context.Context, who Caller, id string) (unlock func(), err error) {
+	if _, err := c.o.Store.Sandbox(ctx, who.OrgID, id); err != nil {
+		return nil, err
+	}
+	return c.locks.lock(id), nil
+}
+
 // SetMode stops (ModeStopped), starts (ModeRunning) or deletes (ModeDeleted)
 // a sandbox. The cluster is made to match whatever the record's desired mode
 // was, so a sandbox stopped or started outside hiloop can be started or
@@ -21,7 +35,10 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 			return store.Sandbox{}, err
 		}
 	}
-	unlock := c.locks.lock(id)
+	unlock, err := c.lockOwned(ctx, who, id)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
 	defer unlock()
 	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode)
 	if err != nil {
@@ -89,7 +106,10 @@ func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while st
 // SetTTL sets a sandbox's expiry to now plus ttl, restoring the record's
 // expiry when the cluster write fails.
 func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Duration) (store.Sandbox, error) {
-	unlock := c.locks.lock(id)
+	unlock, err := c.lockOwned(ctx, who, id)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
 	defer unlock()
 	before, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
 	if err != nil {

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/hiloop/hiloop/control"
@@ -22,6 +23,7 @@ const (
 	CodeMethodNotAllowed      = "method_not_allowed"
 	CodeConflict              = "conflict"
 	CodeLastKey               = "last_key"
+	CodeKeyLimit              = "key_limit"
 	CodeIdempotencyConflict   = "idempotency_conflict"
 	CodeUnsupportedCapability = "unsupported_capability"
 	CodeQuotaExceeded         = "quota_exceeded"
@@ -96,6 +98,7 @@ func toAPIError(err error) *apiError {
 	var te *control.TransportError
 	var nh *control.NotHardenedError
 	var ce *control.ClusterError
+	var kl *store.KeyLimitError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -109,6 +112,12 @@ func toAPIError(err error) *apiError {
 		return errNotFound
 	case errors.Is(err, store.ErrQuota):
 		return newError(http.StatusTooManyRequests, CodeQuotaExceeded, err.Error())
+	case errors.As(err, &kl):
+		verb := "revoke"
+		if kl.Kind == "SSH" {
+			verb = "delete"
+		}
+		return newError(http.StatusConflict, CodeKeyLimit, fmt.Sprintf("your organization has %d %s, the most it may have; %s one first", kl.Max, kl.Keys(), verb))
 	case errors.Is(err, store.ErrLastKey):
 		return newError(http.StatusConflict, CodeLastKey, "this is the organization's last live key; create another key first")
 	case errors.Is(err, store.ErrConflict):

@@ -84,6 +84,8 @@ func New(o Options) (*Server, error) {
 		h := rt.handler
 		if rt.auth {
 			h = s.authenticated(h)
+		} else {
+			h = s.anonymous(h)
 		}
 		pattern := rt.pattern
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -175,37 +177,64 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 
 type ctxKey struct{}
 
+// anonymous limits a route that needs no key per client address: it is
+// open to anyone.
+func (s *Server) anonymous(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if ok, no := s.limiters.allowAddress(s.o.RateLimits, clientAddress(r)); !ok {
+			s.rateLimited(w, r, no)
+			return
+		}
+		next(w, r)
+	}
+}
+
 // authenticated resolves the bearer key and puts the key that actually
 // authenticated into the request context; handlers authorize against it.
+//
+// Rate limits come first, so a flood's excess costs no record lookup. A key
+// that has authenticated before has buckets, its own and its
+// organization's, keyed by the presented secret's hash, and takes a token
+// of each. A token that has none (a made-up one, or a real key's first
+// request) takes a token of its client address's bucket before the lookup,
+// given back if it authenticates, and gets buckets only once it has: made-up
+// tokens never get a key's buckets, so they can neither crowd a real key's
+// out nor spend anyone's budget but their address's.
 func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		lim, addr, refund := s.o.RateLimits, clientAddress(r), func() {}
 		h := r.Header.Get("Authorization")
 		secret, ok := strings.CutPrefix(h, "Bearer ")
 		if !ok || secret == "" {
+			if ok, no := s.limiters.allowAddress(lim, addr); !ok {
+				s.rateLimited(w, r, no)
+				return
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
 			s.o.Metrics.AuthFailure("api_key_missing")
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "missing bearer token"))
 			return
 		}
-		// The rate limit comes first, keyed by the presented secret's
-		// hash, so a flood's excess costs no record lookup.
 		sum := sha256.Sum256([]byte(secret))
 		keyHash := hex.EncodeToString(sum[:16])
-		if ok, no := s.limiters.allow(s.o.RateLimits, keyHash, r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"); !ok {
-			s.rateLimited(w, r, keyHash, no)
-			return
-		}
+		create := r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"
+		found, ok, no := s.limiters.allowKey(lim, keyHash, create)
 		switch {
-		case info(r).route == "GET /v1/sandboxes/{id}" && r.URL.Query().Has("while"):
-			release, ok := s.limiters.wait(keyHash)
-			defer release()
-			info(r).noWait = !ok
-		case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec"):
-			release, err := s.limiters.read(r.Context(), keyHash)
-			if err != nil {
+		case found && !ok:
+			s.rateLimited(w, r, no)
+			return
+		case found:
+			release, ok := s.slots(r, keyHash)
+			if !ok {
 				return // the client went away while waiting its turn
 			}
 			defer release()
+		default:
+			var no refusal
+			if ok, no, refund = s.limiters.takeAddress(lim, addr); !ok {
+				s.rateLimited(w, r, no)
+				return
+			}
 		}
 		key, err := s.o.Store.Authenticate(r.Context(), secret)
 		if err != nil {
@@ -213,14 +242,51 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 				s.writeError(w, r, err)
 				return
 			}
+			// Revoked, or never a key: it has no buckets from now on,
+			// and its address pays for the lookup.
+			if found {
+				s.limiters.forget(keyHash)
+				s.limiters.chargeAddress(lim, addr)
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
 			s.o.Metrics.AuthFailure("api_key_invalid")
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
 			return
 		}
+		if !found {
+			refund()
+			s.limiters.addKey(lim, keyHash, key.OrgID)
+			if _, ok, no := s.limiters.allowKey(lim, keyHash, create); !ok {
+				s.rateLimited(w, r, no)
+				return
+			}
+			release, ok := s.slots(r, keyHash)
+			if !ok {
+				return
+			}
+			defer release()
+		}
 		info(r).org = key.OrgID
 		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, key)))
 	}
+}
+
+// slots takes what a request of the key holds while it runs: a long poll
+// one of the key's and its organization's waiting slots if they are free
+// (and answers at once otherwise), any other GET but an exec stream one of
+// their read slots, waiting its turn. ok is false when the client went
+// away while waiting.
+func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool) {
+	switch {
+	case info(r).route == "GET /v1/sandboxes/{id}" && r.URL.Query().Has("while"):
+		release, ok := s.limiters.wait(keyHash)
+		info(r).noWait = !ok
+		return release, true
+	case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec"):
+		release, err := s.limiters.read(r.Context(), keyHash)
+		return release, err == nil
+	}
+	return func() {}, true
 }
 
 // caller is the organization and key that authenticated the request.

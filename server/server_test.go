@@ -869,7 +869,7 @@ func TestLongPollsHoldNoReadSlot(t *testing.T) {
 		ts.srv.limiters.mu.Lock()
 		defer ts.srv.limiters.mu.Unlock()
 		n := 0
-		for _, k := range ts.srv.limiters.m {
+		for _, k := range ts.srv.limiters.keys.m {
 			n += len(k.waits)
 		}
 		return n == waitsInFlight && ts.db.Waiting() == 1
@@ -962,15 +962,7 @@ func TestSSHKeyTakenByAnotherOrganization(t *testing.T) {
 	}
 	b := *ts
 	b.token = secretB
-	pub, _, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := gossh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"public_key":` + strconv.Quote(strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key)))) + `}`
+	body := sshKeyBody(t)
 	for _, who := range []*testServer{&b, ts} {
 		if rec := who.do("POST", "/v1/ssh-keys", body); rec.Code != http.StatusCreated {
 			t.Fatalf("registering the key: %d %s", rec.Code, rec.Body.String())
@@ -989,4 +981,18 @@ func TestSSHKeyTakenByAnotherOrganization(t *testing.T) {
 	if msgs[0] != msgs[1] || strings.Contains(msgs[0], orgB.ID) || strings.Contains(msgs[0], ts.org.ID) {
 		t.Errorf("the 409s say %q and %q: want one message naming no organization", msgs[0], msgs[1])
 	}
+}
+
+// sshKeyBody is the body of POST /v1/ssh-keys for a new public key.
+func sshKeyBody(t *testing.T) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := gossh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return `{"public_key":` + strconv.Quote(strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key)))) + `}`
 }

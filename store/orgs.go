@@ -21,6 +21,33 @@ var errNoOrg = fmt.Errorf("no organization given: %w", ErrNotFound)
 // no live key, locking it out until an operator acts offline.
 var ErrLastKey = errors.New("it is the organization's last live key")
 
+// ErrKeyLimit reports that an organization has as many live keys of a kind
+// as it may have; errors.As finds a *KeyLimitError saying which.
+var ErrKeyLimit = errors.New("key limit reached")
+
+// KeyLimitError is ErrKeyLimit for one kind of key.
+type KeyLimitError struct {
+	// Kind is "API" or "SSH".
+	Kind string
+	// Max is the most live keys of the kind an organization may have.
+	Max int
+}
+
+func (e *KeyLimitError) Error() string {
+	return fmt.Sprintf("the organization has %d %s, the most it may have", e.Max, e.Keys())
+}
+
+// Keys names what is counted: live API keys, or SSH keys.
+func (e *KeyLimitError) Keys() string {
+	if e.Kind == "API" {
+		return "live API keys"
+	}
+	return e.Kind + " keys"
+}
+
+// Is makes a *KeyLimitError match ErrKeyLimit.
+func (e *KeyLimitError) Is(target error) bool { return target == ErrKeyLimit }
+
 // orgName is what an organization may be called: a DNS label. Ids start with
 // "org_", which no name can, so a reference is never ambiguous.
 var orgName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -144,15 +171,37 @@ func (s *Store) Orgs(ctx context.Context) ([]Org, error) {
 }
 
 // CreateKey issues a new API key for an organization and returns it with its
-// secret, which is shown to the caller once and never stored.
+// secret, which is shown to the caller once and never stored. It is the
+// operator's way (bootstrap, `hiloop key create --org`), bound by no limit;
+// a caller's keys are made with CreateKeyWithin.
 func (s *Store) CreateKey(ctx context.Context, orgID, name string) (APIKey, string, error) {
+	return s.CreateKeyWithin(ctx, orgID, name, 0)
+}
+
+// CreateKeyWithin is CreateKey unless the organization already has max live
+// (not revoked) keys, which is a *KeyLimitError; max 0 sets no limit. The
+// count and the insert are one write transaction, so concurrent creates
+// cannot pass the limit together.
+func (s *Store) CreateKeyWithin(ctx context.Context, orgID, name string, max int) (APIKey, string, error) {
 	if orgID == "" {
 		return APIKey{}, "", fmt.Errorf("create key: %w", errNoOrg)
 	}
 	secret := newSecret()
 	k := APIKey{ID: NewID(apiKeyPrefix), OrgID: orgID, Name: name, CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
-	_, err := s.write.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, ?, ?, ?)`,
-		k.ID, k.OrgID, k.Name, hashKey(secret), ms(k.CreatedAt))
+	err := s.inTx(ctx, func(tx *txn) error {
+		if max > 0 {
+			var live int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM api_keys WHERE org_id = ? AND revoked_at IS NULL`, orgID).Scan(&live); err != nil {
+				return err
+			}
+			if live >= max {
+				return &KeyLimitError{Kind: "API", Max: max}
+			}
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES (?, ?, ?, ?, ?)`,
+			k.ID, k.OrgID, k.Name, hashKey(secret), ms(k.CreatedAt))
+		return err
+	})
 	if err != nil {
 		if strings.Contains(err.Error(), "FOREIGN KEY") {
 			return APIKey{}, "", fmt.Errorf("create key: org %q: %w", orgID, ErrNotFound)

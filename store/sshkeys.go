@@ -41,17 +41,36 @@ const sshKeyPrefix = "sshk"
 func IsSSHKeyID(id string) bool { return strings.HasPrefix(id, sshKeyPrefix+"_") }
 
 // AddSSHKey registers a public key (in authorized_keys form) for an
-// organization.
-func (s *Store) AddSSHKey(ctx context.Context, orgID, name string, key gossh.PublicKey) (SSHKey, error) {
+// organization, unless the organization already has max SSH keys, which is
+// a *KeyLimitError (max 0 sets no limit), or has registered this key,
+// which is ErrKeyRegistered. The count and the insert are one write
+// transaction, so concurrent adds cannot pass the limit together.
+func (s *Store) AddSSHKey(ctx context.Context, orgID, name string, key gossh.PublicKey, max int) (SSHKey, error) {
 	if orgID == "" {
 		return SSHKey{}, fmt.Errorf("add ssh key: %w", errNoOrg)
 	}
 	k := SSHKey{ID: NewID(sshKeyPrefix), OrgID: orgID, Name: name, Fingerprint: gossh.FingerprintSHA256(key),
 		PublicKey: strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key))), CreatedAt: s.now().UTC().Truncate(time.Millisecond)}
-	_, err := s.write.ExecContext(ctx, `INSERT INTO ssh_keys (id, org_id, name, fingerprint, public_key, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-		k.ID, k.OrgID, k.Name, k.Fingerprint, k.PublicKey, ms(k.CreatedAt))
+	err := s.inTx(ctx, func(tx *txn) error {
+		if max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM ssh_keys WHERE org_id = ?`, orgID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &KeyLimitError{Kind: "SSH", Max: max}
+			}
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO ssh_keys (id, org_id, name, fingerprint, public_key, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			k.ID, k.OrgID, k.Name, k.Fingerprint, k.PublicKey, ms(k.CreatedAt))
+		return err
+	})
 	if isUnique(err) {
 		return SSHKey{}, ErrKeyRegistered
+	}
+	var kl *KeyLimitError
+	if errors.As(err, &kl) {
+		return SSHKey{}, kl
 	}
 	if err != nil {
 		return SSHKey{}, fmt.Errorf("add ssh key: %w", err)

@@ -195,11 +195,11 @@ func TestSSHKeyPerOrganization(t *testing.T) {
 		}
 		orgs, sandboxes = append(orgs, org.ID), append(sandboxes, sb.ID)
 	}
-	a, err := s.AddSSHKey(ctx, orgs[0], "laptop", key)
+	a, err := s.AddSSHKey(ctx, orgs[0], "laptop", key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := s.AddSSHKey(ctx, orgs[1], "taken from a profile", key)
+	b, err := s.AddSSHKey(ctx, orgs[1], "taken from a profile", key, 0)
 	if err != nil {
 		t.Fatalf("another organization registering the same key: %v", err)
 	}
@@ -207,7 +207,7 @@ func TestSSHKeyPerOrganization(t *testing.T) {
 		t.Fatalf("registrations %+v and %+v: want two of one key", a, b)
 	}
 	for i, org := range orgs {
-		_, err := s.AddSSHKey(ctx, org, "again", key)
+		_, err := s.AddSSHKey(ctx, org, "again", key, 0)
 		if !errors.Is(err, store.ErrKeyRegistered) {
 			t.Errorf("adding the key again to org %d: %v, want ErrKeyRegistered", i, err)
 		}
@@ -241,7 +241,7 @@ func TestSSHKeyPerOrganization(t *testing.T) {
 		t.Errorf("org b's sandbox after a deleted its key: %+v, %v; want b's registration", got, err)
 	}
 	// Org a may register the key again.
-	if _, err := s.AddSSHKey(ctx, orgs[0], "back", key); err != nil {
+	if _, err := s.AddSSHKey(ctx, orgs[0], "back", key, 0); err != nil {
 		t.Errorf("org a registering its key again: %v", err)
 	}
 }
@@ -273,7 +273,7 @@ func TestSSHKeysAcrossPerOrgMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := newPublicKey(t)
-	k, err := before.AddSSHKey(ctx, org.ID, "laptop", key)
+	k, err := before.AddSSHKey(ctx, org.ID, "laptop", key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,10 +291,10 @@ func TestSSHKeysAcrossPerOrgMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.AddSSHKey(ctx, other.ID, "same", key); err != nil {
+	if _, err := s.AddSSHKey(ctx, other.ID, "same", key, 0); err != nil {
 		t.Errorf("another organization registering the key after the upgrade: %v", err)
 	}
-	if _, err := s.AddSSHKey(ctx, org.ID, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
+	if _, err := s.AddSSHKey(ctx, org.ID, "again", key, 0); !errors.Is(err, store.ErrKeyRegistered) {
 		t.Errorf("the same organization again after the upgrade: %v, want ErrKeyRegistered", err)
 	}
 }
@@ -1112,5 +1112,73 @@ func TestOrgCountsBackfill(t *testing.T) {
 		if want := i < 2; (err == nil) != want {
 			t.Fatalf("create %d after the upgrade: %v", i, err)
 		}
+	}
+}
+
+// TestKeyLimitUnderConcurrency: concurrent creates of API keys and adds of
+// SSH keys never pass an organization's limit together, the refused ones
+// are *KeyLimitError, and another organization's keys are not counted.
+func TestKeyLimitUnderConcurrency(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "kl.db"), nil)
+	org, err := s.CreateOrg(ctx, "a", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.CreateOrg(ctx, "b", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, _, err := s.CreateKey(ctx, other.ID, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.AddSSHKey(ctx, other.ID, "b", newPublicKey(t), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const max = 5
+	var wg sync.WaitGroup
+	var api, ssh, refused atomic.Int32
+	for range 20 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, _, err := s.CreateKeyWithin(ctx, org.ID, "k", max)
+			count(t, err, &api, &refused, "API")
+		}()
+		go func() {
+			defer wg.Done()
+			_, err := s.AddSSHKey(ctx, org.ID, "k", newPublicKey(t), max)
+			count(t, err, &ssh, &refused, "SSH")
+		}()
+	}
+	wg.Wait()
+	if api.Load() != max || ssh.Load() != max || refused.Load() != 30 {
+		t.Errorf("%d API and %d SSH keys made, %d refused; want %d, %d and 30", api.Load(), ssh.Load(), refused.Load(), max, max)
+	}
+	keys, _ := s.Keys(ctx, org.ID)
+	sshKeys, _ := s.SSHKeys(ctx, org.ID)
+	if len(keys) != max || len(sshKeys) != max {
+		t.Errorf("%d API and %d SSH keys recorded, want %d each", len(keys), len(sshKeys), max)
+	}
+	if err := s.RevokeKey(ctx, org.ID, keys[0].ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreateKeyWithin(ctx, org.ID, "after a revoke", max); err != nil {
+		t.Errorf("a key after a revoke: %v", err)
+	}
+}
+
+// count counts a create's outcome: made, or refused at the key limit.
+func count(t *testing.T, err error, made, refused *atomic.Int32, kind string) {
+	var kl *store.KeyLimitError
+	switch {
+	case err == nil:
+		made.Add(1)
+	case errors.As(err, &kl) && errors.Is(err, store.ErrKeyLimit) && kl.Kind == kind && kl.Max == 5:
+		refused.Add(1)
+	default:
+		t.Errorf("create a %s key: %v", kind, err)
 	}
 }

@@ -143,7 +143,7 @@ type ServeCmd struct {
 	// tokens (docs/api.md, "Rate limits").
 	OrgRateLimit       float64 `name:"org-rate-limit" default:"200" env:"HILOOP_ORG_RATE_LIMIT" help:"Requests per second all of one organization's API keys may make together (burst twice that); 0 turns it off."`
 	OrgCreateRateLimit float64 `name:"org-create-rate-limit" default:"40" env:"HILOOP_ORG_CREATE_RATE_LIMIT" help:"Sandbox creates per second all of one organization's API keys may make together (burst five times that); 0 turns it off."`
-	AddressRateLimit   float64 `name:"address-rate-limit" default:"10" env:"HILOOP_ADDRESS_RATE_LIMIT" help:"Requests per second one client address (an IPv6 /64) may make without a valid API key: a missing, unknown or revoked token, and /healthz, /readyz and the OpenAPI document (burst twice that); 0 turns it off."`
+	AddressRateLimit   float64 `name:"address-rate-limit" default:"10" env:"HILOOP_ADDRESS_RATE_LIMIT" help:"Requests per second one client address (an IPv6 /64) may make without a valid API key: a missing, unknown or revoked token, and the OpenAPI document (burst twice that; the probes /healthz and /readyz are not limited); 0 turns it off."`
 	MaxAPIKeysPerOrg   int     `name:"max-api-keys-per-org" default:"100" env:"HILOOP_MAX_API_KEYS_PER_ORG" help:"Most live API keys one organization may have; creating one more through the API answers 409 key_limit."`
 	MaxSSHKeysPerOrg   int     `name:"max-ssh-keys-per-org" default:"100" env:"HILOOP_MAX_SSH_KEYS_PER_ORG" help:"Most SSH keys one organization may register; one more answers 409 key_limit."`
 

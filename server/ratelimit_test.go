@@ -11,7 +11,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
@@ -215,9 +217,10 @@ func TestOrgRateLimit(t *testing.T) {
 }
 
 // TestAddressLimit: requests without a valid key, and the routes that need
-// none, are limited per client address; another address is not, and a key
-// that has authenticated is not held to its address's limit. A revoked
-// key loses its buckets and is held to its address's from then on.
+// none but the kubelet's probes, are limited per client address; another
+// address is not, and a key that has authenticated is not held to its
+// address's limit. A revoked key loses its buckets and is held to its
+// address's from then on.
 func TestAddressLimit(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 		o.RateLimits = RateLimits{PerAddress: 0.001, AddressBurst: 3}
@@ -232,20 +235,29 @@ func TestAddressLimit(t *testing.T) {
 		t.Fatalf("a key's first request: %d", rec.Code)
 	}
 	const addr = "192.0.2.1"
-	for _, path := range []string{"/healthz", "/v1/openapi.json"} {
-		if rec := ts.from(addr, "", "GET", path, ""); rec.Code != 200 {
-			t.Fatalf("GET %s within the address's burst: %d", path, rec.Code)
+	if rec := ts.from(addr, "", "GET", "/v1/openapi.json", ""); rec.Code != 200 {
+		t.Fatalf("the OpenAPI document within the address's burst: %d", rec.Code)
+	}
+	for range 2 {
+		if rec := ts.from(addr, "", "GET", "/v1/org", ""); rec.Code != 401 {
+			t.Fatalf("no token within the address's burst: %d", rec.Code)
 		}
 	}
-	if rec := ts.from(addr, "", "GET", "/v1/org", ""); rec.Code != 401 {
-		t.Fatalf("no token within the address's burst: %d", rec.Code)
-	}
-	for _, tc := range []struct{ token, path string }{{"", "/healthz"}, {"", "/v1/org"}, {"hl_madeup", "/v1/org"}, {"", "/readyz"}} {
+	for _, tc := range []struct{ token, path string }{{"", "/v1/openapi.json"}, {"", "/v1/org"}, {"hl_madeup", "/v1/org"}} {
 		if rec := ts.from(addr, tc.token, "GET", tc.path, ""); refusedBy(t, rec) != scopeAddress {
 			t.Errorf("GET %s with token %q past the address's burst: %d %s", tc.path, tc.token, rec.Code, rec.Body.String())
 		}
 	}
-	if rec := ts.from("192.0.2.2", "", "GET", "/healthz", ""); rec.Code != 200 {
+	// The kubelet's probes are never held to an address's limit: behind a
+	// NAT it shares its address with anyone.
+	for range 10 {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if rec := ts.from(addr, "", "GET", path, ""); rec.Code != 200 {
+				t.Fatalf("GET %s from the spent address: %d %s", path, rec.Code, rec.Body.String())
+			}
+		}
+	}
+	if rec := ts.from("192.0.2.2", "", "GET", "/v1/openapi.json", ""); rec.Code != 200 {
 		t.Errorf("another address: %d", rec.Code)
 	}
 	for i := range 5 {
@@ -338,5 +350,47 @@ func TestKeyLimit(t *testing.T) {
 	}
 	if rec := ts.do("POST", "/v1/ssh-keys", sshKeyBody(t)); rec.Code != 201 {
 		t.Errorf("an SSH key after a delete freed a place: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestReadyzOneCheckAtATime: /readyz is open to anyone and held to no
+// address limit, so what bounds it is that concurrent requests share one
+// readiness check: a flood while the check hangs starts no second one, and
+// every request still answers within ReadyTimeout.
+func TestReadyzOneCheckAtATime(t *testing.T) {
+	var checks atomic.Int32
+	release := make(chan struct{})
+	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
+		o.ReadyTimeout = 200 * time.Millisecond
+		o.Ready = func(ctx context.Context) error {
+			checks.Add(1)
+			<-release // hangs, ignoring ctx, as a hung API server's call can
+			return nil
+		}
+	})
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if rec := ts.from("192.0.2.1", "", "GET", "/readyz", ""); rec.Code != 503 || errCode(t, rec) != CodeNotReady {
+				t.Errorf("readyz while the check hangs: %d %s", rec.Code, rec.Body.String())
+			}
+		}()
+	}
+	wg.Wait()
+	if n := checks.Load(); n != 1 {
+		t.Errorf("%d readiness checks for 100 concurrent requests, want 1", n)
+	}
+	close(release)
+	waitFor(t, "a new check once the hung one ended", func() bool {
+		return ts.from("192.0.2.1", "", "GET", "/readyz", "").Code == 200
+	})
+	before := checks.Load()
+	if rec := ts.from("192.0.2.1", "", "GET", "/readyz", ""); rec.Code != 200 {
+		t.Fatalf("readyz: %d", rec.Code)
+	}
+	if n := checks.Load(); n != before+1 {
+		t.Errorf("a request with no check in flight ran %d checks, want its own", n-before)
 	}
 }

@@ -63,6 +63,8 @@ type Server struct {
 	limiters limiters
 	// held bounds the refusals held back at once (see rateLimited).
 	held chan struct{}
+	// ready runs /readyz's checks one at a time.
+	ready readiness
 }
 
 // New builds the API.
@@ -82,9 +84,10 @@ func New(o Options) (*Server, error) {
 	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(), held: make(chan struct{}, maxHeld)}
 	for _, rt := range s.routes() {
 		h := rt.handler
-		if rt.auth {
+		switch {
+		case rt.auth:
 			h = s.authenticated(h)
-		} else {
+		case !slices.Contains(probes, rt.pattern):
 			h = s.anonymous(h)
 		}
 		pattern := rt.pattern
@@ -103,6 +106,13 @@ type route struct {
 	auth    bool
 	handler http.HandlerFunc
 }
+
+// probes are the kubelet's probes, which no address limit holds: the
+// kubelet can share an address with anyone behind the same NAT, and a
+// flood there must not fail them (a failed liveness probe restarts hiloop).
+// /healthz costs nothing, and /readyz runs one check at a time (see
+// readiness).
+var probes = []string{"GET /healthz", "GET /readyz"}
 
 func (s *Server) routes() []route {
 	return []route{
@@ -177,8 +187,8 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 
 type ctxKey struct{}
 
-// anonymous limits a route that needs no key per client address: it is
-// open to anyone.
+// anonymous limits a route that needs no key, but the probes, per client
+// address: it is open to anyone.
 func (s *Server) anonymous(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if ok, no := s.limiters.allowAddress(s.o.RateLimits, clientAddress(r)); !ok {
@@ -385,16 +395,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // readyz answers within ReadyTimeout even when the check hangs (a hung API
 // server). Why it is not ready is logged, not sent.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.o.ReadyTimeout)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- s.o.Ready(ctx) }()
-	var err error
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("readiness check did not answer within %s", s.o.ReadyTimeout)
-	}
+	err := s.ready.check(r.Context(), s.o.Ready, s.o.ReadyTimeout)
 	var nh *control.NotHardenedError
 	switch {
 	case errors.As(err, &nh):

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -275,8 +277,10 @@ func TestNetworkPolicyReadBack(t *testing.T) {
 }
 
 // TestLeastPrivilege runs hiloop serve with only the chart's ServiceAccount
-// token, through the whole lifecycle, exec and ssh, and checks with
-// `kubectl auth can-i` what that account cannot do.
+// token, under the chart's admission policies, through the whole lifecycle
+// (a sandbox with the session helper and volumes), exec, ssh, ssh -L and a
+// gateway key rotation, and checks with `kubectl auth can-i` what that
+// account cannot do.
 func TestLeastPrivilege(t *testing.T) {
 	requireSSH(t)
 	c := e2e.SharedCluster(t)
@@ -292,8 +296,10 @@ contexts: [{name: c, context: {cluster: c, user: hiloop}}]
 current-context: c
 `, server, ca, token))
 
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), k8s.DefaultNamespace, "--kubeconfig", kubeconfig)
-	sb := in.Create(in.Token, "busybox", "--wait")
+	dir := e2e.Helpers(t)
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), k8s.DefaultNamespace, "--kubeconfig", kubeconfig,
+		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local")
+	sb := in.Create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--volume", "cache:1Gi:/cache:kwok-volume", "--ttl", "1h", "--wait")
 	if _, _, code := in.CLI(in.Token, "sandbox", "exec", sb.ID, "--", "sh", "-c", "exit 3"); code != 3 {
 		t.Errorf("exec as the service account: exit %d", code)
 	}
@@ -301,6 +307,24 @@ current-context: c
 	if _, errOut, code := u.run(sb.ID, "exit 7"); code != 7 {
 		t.Errorf("ssh as the service account: exit %d %s", code, errOut)
 	}
+	waitHelper(t, in, dir, sb.ID)
+	port := echoServer(t)
+	local, _, _ := forward(t, u, sb.ID, port)
+	roundTrip(t, local, 1<<20)
+	in.MustCLI(in.Token, "sandbox", "ttl", sb.ID, "2h")
+	in.MustCLI("", "ssh-rotate-agent-key", "--kubeconfig", kubeconfig, "--namespace", k8s.DefaultNamespace)
+	local2, _, _ := forward(t, u, sb.ID, port)
+	e2e.Eventually(t, "-L with the rotated key", 60*time.Second, func() (bool, error) {
+		c, err := net.Dial("tcp", local2)
+		if err != nil {
+			return false, err
+		}
+		defer c.Close()
+		c.Write([]byte("ping"))
+		c.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(c)
+		return string(got) == "ping", err
+	})
 	in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
 	in.WaitState(in.Token, sb.ID, "stopped")
 	in.MustCLI(in.Token, "sandbox", "start", sb.ID)

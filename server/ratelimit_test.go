@@ -257,6 +257,10 @@ func TestAddressLimit(t *testing.T) {
 			}
 		}
 	}
+	huge := "hl_" + strings.Repeat("x", 1<<20)
+	if rec := ts.from("192.0.2.4", huge, "GET", "/v1/org", ""); rec.Code != 401 || keyBuckets(ts, huge) != nil {
+		t.Errorf("a token of a megabyte: %d, want 401 and no buckets", rec.Code)
+	}
 	if rec := ts.from("192.0.2.2", "", "GET", "/v1/openapi.json", ""); rec.Code != 200 {
 		t.Errorf("another address: %d", rec.Code)
 	}

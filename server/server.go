@@ -187,6 +187,11 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 
 type ctxKey struct{}
 
+// maxSecretLen is well above the length of any key hiloop makes (46
+// bytes): a longer bearer token, up to the server's header limit, is
+// refused before it is hashed.
+const maxSecretLen = 128
+
 // anonymous limits a route that needs no key, but the probes, per client
 // address: it is open to anyone.
 func (s *Server) anonymous(next http.HandlerFunc) http.HandlerFunc {
@@ -223,6 +228,18 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
 			s.o.Metrics.AuthFailure("api_key_missing")
 			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "missing bearer token"))
+			return
+		}
+		if len(secret) > maxSecretLen {
+			// Never a key: refused without hashing it, as a made-up
+			// token, against its address.
+			if ok, no := s.limiters.allowAddress(lim, addr); !ok {
+				s.rateLimited(w, r, no)
+				return
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
+			s.o.Metrics.AuthFailure("api_key_invalid")
+			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
 			return
 		}
 		sum := sha256.Sum256([]byte(secret))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -348,6 +349,10 @@ var escapes = append([]escape{
 	})},
 	{name: "the empty storage class", rule: "storage-class", createOnly: true, sandbox: addClaim(func(c *v1beta1.PersistentVolumeClaimTemplate) {
 		c.Spec.StorageClassName = ptr.To("")
+	})},
+	{name: "a claim in place of the key volume", rule: "claim-templates", createOnly: true, sandbox: addClaim(func(c *v1beta1.PersistentVolumeClaimTemplate) {
+		// The controller would mount the claim where the helper's key is.
+		c.Name = k8s.GatewayKeyVolume
 	})},
 	{name: "a claim bound to a volume by name", rule: "claim-templates", createOnly: true, sandbox: addClaim(func(c *v1beta1.PersistentVolumeClaimTemplate) {
 		c.Spec.VolumeName = "pv-of-another-tenant"
@@ -865,6 +870,22 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	tolerant.Spec.Tolerations = append(tolerant.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
 	if _, err := admin.Kube.CoreV1().Pods(ns).Update(ctx, tolerant, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, k8s.PolicyPod, "tolerations") {
 		t.Errorf("toleration added to the live pod: want refused [tolerations], got %v", err)
+	}
+	// A service account hiloop's account made with an image pull secret:
+	// the API server copies the secret onto every pod that runs as it, and
+	// the pod policy refuses the pod.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "hiloop-org-pullsecret", Namespace: ns},
+		AutomountServiceAccountToken: ptr.To(false), ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}}}
+	if _, err := hiloop.Kube.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pulling := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-pullsecret", Namespace: ns}, Spec: *pod.Spec.DeepCopy()}
+	pulling.Spec.NodeName, pulling.Spec.ServiceAccountName, pulling.Spec.DeprecatedServiceAccount = "", sa.Name, ""
+	// The key volume stays; the claim is the other pod's.
+	pulling.Spec.Volumes = slices.DeleteFunc(pulling.Spec.Volumes, func(v corev1.Volume) bool { return v.Name != k8s.GatewayKeyVolume })
+	pulling.Spec.Containers[0].VolumeMounts = nil
+	if _, err := admin.Kube.CoreV1().Pods(ns).Create(ctx, pulling, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, k8s.PolicyPod, "pod-fields") {
+		t.Errorf("a pod whose service account carries an image pull secret: want refused [pod-fields], got %v", err)
 	}
 	annotated := pod.DeepCopy()
 	annotated.Annotations["example.com/note"] = "x"

@@ -914,3 +914,92 @@ func applyCreate(ctx context.Context, cl *k8s.Clients, ns string) error {
 		metav1.PatchOptions{FieldManager: "other", DryRun: []string{metav1.DryRunAll}})
 	return err
 }
+
+// TestAdmissionValues: the chart's admission values widen the allowlist by
+// exactly what they name. A cluster of its own (the policies are
+// cluster-wide) gets the chart rendered with a priority class, a
+// toleration, a node selector (its own and the RuntimeClass's) and claim
+// bounds; Sandboxes with those are admitted, and with anything next to them
+// refused.
+func TestAdmissionValues(t *testing.T) {
+	c := e2e.NewCluster(t)
+	ctx := context.Background()
+	rendering := helmTemplate(t, "-f", e2e.Path(t, "deploy/chart/values-local.yaml"),
+		"--set", "admission.priorityClassNames={sandbox-low}",
+		"--set", "admission.tolerations[0].key=pool,admission.tolerations[0].operator=Equal,admission.tolerations[0].value=sandboxes,admission.tolerations[0].effect=NoSchedule",
+		"--set", "admission.tolerations[1].key=spot,admission.tolerations[1].operator=Exists,admission.tolerations[1].effect=NoExecute,admission.tolerations[1].tolerationSeconds=60",
+		"--set", "admission.nodeSelector.pool=sandboxes",
+		"--set", "gvisor.scheduling.nodeSelector.runtime=gvisor",
+		"--set", "admission.claims.maxCount=2,admission.claims.maxSize=10Gi",
+		"--set", "admission.claims.storageClasses={kwok-volume,fast}")
+	if out, err := c.Kubectl(ctx, "apply", "-f", writeTemp(t, rendering)); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	cfg := rest.CopyConfig(c.Clients.Config)
+	cfg.WarningHandler = rest.NoWarnings{}
+	admin, err := k8s.NewClients(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(mutate func(*v1beta1.Sandbox)) error {
+		obj, err := k8s.Render(store.Sandbox{ID: "sbx_values", OrgID: "org_values", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox",
+			Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data", StorageClass: "fast"}}}},
+			k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutate(obj)
+		_, err = admin.Sandbox.AgentsV1beta1().Sandboxes(c.Namespace).Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	spec := func(f func(*corev1.PodSpec)) func(*v1beta1.Sandbox) {
+		return func(sb *v1beta1.Sandbox) { f(&sb.Spec.PodTemplate.Spec) }
+	}
+	allowed := spec(func(s *corev1.PodSpec) {
+		s.PriorityClassName = "sandbox-low"
+		s.Tolerations = []corev1.Toleration{{Key: "pool", Operator: corev1.TolerationOpEqual, Value: "sandboxes", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "spot", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(60))}}
+		s.NodeSelector = map[string]string{"pool": "sandboxes", "runtime": "gvisor"}
+	})
+	// Admission picks up the changed policies a moment later.
+	e2e.Eventually(t, "the values admitted", 30*time.Second, func() (bool, error) {
+		err := create(allowed)
+		return err == nil, err
+	})
+	for _, tc := range []struct {
+		name, rule string
+		mutate     func(*v1beta1.Sandbox)
+	}{
+		{"another priority class", "priority-class", spec(func(s *corev1.PodSpec) { s.PriorityClassName = "sandbox-high" })},
+		{"the toleration with another value", "tolerations", spec(func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Key: "pool", Operator: corev1.TolerationOpEqual, Value: "control-plane", Effect: corev1.TaintEffectNoSchedule}}
+		})},
+		{"the toleration for longer", "tolerations", spec(func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Key: "spot", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(3600))}}
+		})},
+		{"the toleration for every effect", "tolerations", spec(func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Key: "pool", Operator: corev1.TolerationOpEqual, Value: "sandboxes"}}
+		})},
+		{"the selected label with another value", "node-selector", spec(func(s *corev1.PodSpec) { s.NodeSelector = map[string]string{"pool": "system"} })},
+		{"another node label", "node-selector", spec(func(s *corev1.PodSpec) {
+			s.NodeSelector = map[string]string{"pool": "sandboxes", "kubernetes.io/hostname": "kwok-node-0"}
+		})},
+		{"a claim over the bound", "claim-size", func(sb *v1beta1.Sandbox) {
+			sb.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("11Gi")
+		}},
+		{"three claims", "claim-size", func(sb *v1beta1.Sandbox) {
+			for _, n := range []string{"b", "c"} {
+				cl := *sb.Spec.VolumeClaimTemplates[0].DeepCopy()
+				cl.Name = n
+				sb.Spec.VolumeClaimTemplates = append(sb.Spec.VolumeClaimTemplates, cl)
+			}
+		}},
+		{"a storage class not listed", "storage-class", func(sb *v1beta1.Sandbox) {
+			sb.Spec.VolumeClaimTemplates[0].Spec.StorageClassName = ptr.To("slow")
+		}},
+	} {
+		if err := create(func(sb *v1beta1.Sandbox) { allowed(sb); tc.mutate(sb) }); !refusedBy(err, k8s.PolicySandbox, tc.rule) {
+			t.Errorf("%s: want refused [%s], got %v", tc.name, tc.rule, err)
+		}
+	}
+}

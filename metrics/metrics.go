@@ -60,7 +60,7 @@ func New() *Metrics {
 	m.selfCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hiloop_self_check",
 		Help: "The isolation self-check, per boundary object: 1 holds, 0 fails, 0.5 fails in a way the deployment allows (--insecure-no-gvisor)."}, []string{"check", "object"})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
-		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.sshRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

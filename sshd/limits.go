@@ -17,6 +17,7 @@ const (
 	defaultMaxStartups          = 64
 	defaultMaxStartupsPerSource = 10
 	defaultMaxConnsPerKey       = 32
+	defaultMaxConnsPerOrg       = 256
 	defaultHelperDialTimeout    = 10 * time.Second
 )
 
@@ -27,14 +28,19 @@ const (
 	refusedPerSource = "startups_per_source"
 	refusedGrace     = "login_grace"
 	refusedPerKey    = "per_key"
+	refusedPerOrg    = "per_org"
 	// refusedHelperDial counts -L channels refused because the session
 	// helper did not finish the dial and handshake within
 	// HelperDialTimeout; the client's connection stays.
 	refusedHelperDial = "helper_dial_timeout"
 )
 
-// errPerKey refuses a login past MaxConnsPerKey.
-var errPerKey = errors.New("too many connections for this key")
+// errPerKey refuses a login past MaxConnsPerKey, errPerOrg one past
+// MaxConnsPerOrg.
+var (
+	errPerKey = errors.New("too many connections for this key")
+	errPerOrg = errors.New("too many connections for this organization")
+)
 
 // limits counts the connections that are held against the caps: those not
 // yet authenticated, in all and per source address, and those
@@ -47,6 +53,7 @@ type limits struct {
 	startups int
 	bySource map[string]int
 	byKey    map[string]int
+	byOrg    map[string]int
 }
 
 // heldConn is one accepted connection, held against the caps from accept until
@@ -63,10 +70,10 @@ type heldConn struct {
 	// it did or it closed. While it is set, the connection holds a place
 	// among those not yet authenticated.
 	grace *time.Timer
-	// key is the fingerprint of the key whose place the connection holds;
-	// empty when it holds none.
-	key    string
-	closed bool
+	// key is the fingerprint of the key whose place the connection holds,
+	// org the organization whose place it holds; empty when it holds none.
+	key, org string
+	closed   bool
 }
 
 // accept is the server's ConnCallback: it holds a new connection against
@@ -179,6 +186,46 @@ func (c *heldConn) dropKey() {
 	c.key = ""
 }
 
+// takeOrg takes a place among the connections of the organization the
+// connection authenticates as, once its key was checked: the cap per key
+// would otherwise be multiplied by the organization's keys. It fails with
+// errPerOrg past MaxConnsPerOrg, and when the connection closed or already
+// holds a place.
+func (c *heldConn) takeOrg(org string) error {
+	l := &c.g.limits
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.org != "" || org == "" {
+		return errors.New("the connection is closed or already authenticated")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byOrg[org] >= c.g.o.MaxConnsPerOrg {
+		return errPerOrg
+	}
+	if l.byOrg == nil {
+		l.byOrg = map[string]int{}
+	}
+	l.byOrg[org]++
+	c.org = org
+	return nil
+}
+
+// dropOrg gives back the place takeOrg took, for a login that failed after
+// it.
+func (c *heldConn) dropOrg() {
+	l := &c.g.limits
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.org == "" || c.closed {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dec(l.byOrg, c.org)
+	c.org = ""
+}
+
 // authenticated ends the login grace and gives back the connection's place
 // among those not yet authenticated. It fails once the connection closed.
 func (c *heldConn) authenticated() error {
@@ -218,6 +265,9 @@ func (c *heldConn) Close() error {
 	}
 	if c.key != "" {
 		dec(l.byKey, c.key)
+	}
+	if c.org != "" {
+		dec(l.byOrg, c.org)
 	}
 	return err
 }

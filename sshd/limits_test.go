@@ -313,6 +313,40 @@ func TestConnsPerKeyCap(t *testing.T) {
 	})
 }
 
+// TestConnsPerOrgCap: all of one organization's SSH keys together hold at
+// most MaxConnsPerOrg authenticated connections, so registering more keys
+// does not multiply MaxConnsPerKey; one more fails to log in and is
+// counted, another organization still logs in, and a connection closed
+// frees its place.
+func TestConnsPerOrgCap(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey, o.MaxConnsPerOrg = 10, 2 })
+	orgA, orgB := g.org("a"), g.org("b")
+	first, _ := g.key(orgA)
+	second, _ := g.key(orgA)
+	third, _ := g.key(orgA)
+	keyB, _ := g.key(orgB)
+	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+
+	c := g.login(idA, first)
+	g.login(idA, second)
+	if _, err := g.dial(idA, gossh.PublicKeys(third)); err == nil {
+		t.Error("a third connection of one organization logged in with a third key, past MaxConnsPerOrg 2")
+	}
+	if got := refused(t, met, "per_org"); got != 1 {
+		t.Errorf("refused per organization: %d, want 1", got)
+	}
+	g.login(idB, keyB)
+	g.login(idB, keyB)
+	c.Close()
+	eventually(t, "a closed connection's place free for its organization", func() bool {
+		c, err := g.dial(idA, gossh.PublicKeys(third))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
 // TestKeepAliveWithoutChannel: keepalives start at authentication, so an
 // authenticated connection that never opens a channel and stops answering
 // is closed.

@@ -56,6 +56,11 @@ type Options struct {
 	// MaxConnsPerKey bounds the authenticated connections of one SSH key; a
 	// login past it fails. 32 when zero.
 	MaxConnsPerKey int
+	// MaxConnsPerOrg bounds the authenticated connections of all of one
+	// organization's SSH keys together, so that registering more keys
+	// does not multiply MaxConnsPerKey; a login past it fails. 256 when
+	// zero.
+	MaxConnsPerOrg int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
 	// connect and SSH handshake together; 10s when zero.
 	HelperDialTimeout time.Duration
@@ -111,6 +116,9 @@ func New(o Options) (*Gateway, error) {
 	}
 	if o.MaxConnsPerKey == 0 {
 		o.MaxConnsPerKey = defaultMaxConnsPerKey
+	}
+	if o.MaxConnsPerOrg == 0 {
+		o.MaxConnsPerOrg = defaultMaxConnsPerOrg
 	}
 	if o.HelperDialTimeout == 0 {
 		o.HelperDialTimeout = defaultHelperDialTimeout
@@ -170,7 +178,19 @@ func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.P
 	if !ok {
 		return nil, errors.New("permission denied")
 	}
+	c, _ := ctx.Value(connKey{}).(*heldConn)
+	if c == nil {
+		return nil, errors.New("permission denied")
+	}
+	if err := c.takeOrg(who.OrgID); err != nil {
+		if errors.Is(err, errPerOrg) {
+			g.o.Metrics.SSHRefused(refusedPerOrg)
+			g.log.Info("ssh login refused: too many connections for the organization", "org", who.OrgID, "max", g.o.MaxConnsPerOrg)
+		}
+		return nil, err
+	}
 	if err := g.register(ctx, conn, who); err != nil {
+		c.dropOrg()
 		return nil, err
 	}
 	g.log.Info("ssh login", "fingerprint", gossh.FingerprintSHA256(key), "sandbox", conn.User(), "org", who.OrgID, "key", who.KeyID)

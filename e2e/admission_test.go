@@ -243,6 +243,16 @@ var escapes = append([]escape{
 	{name: "unsafe sysctl", rule: "sysctls", spec: func(s *corev1.PodSpec) {
 		podSC(s).Sysctls = []corev1.Sysctl{{Name: "kernel.msgmax", Value: "65536"}}
 	}, pss: true},
+	{name: "a subPath", rule: "volume-mounts", spec: func(s *corev1.PodSpec) {
+		helperOf(s).VolumeMounts[0].SubPath = "gateway.pub"
+	}},
+	{name: "a subPathExpr", rule: "volume-mounts", spec: func(s *corev1.PodSpec) {
+		s.Containers[0].VolumeMounts[0].SubPathExpr = "$(POD)"
+		s.Containers[0].Env = []corev1.EnvVar{{Name: "POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+	}},
+	{name: "mount propagation from the host", rule: "volume-mounts", spec: func(s *corev1.PodSpec) {
+		s.Containers[0].VolumeMounts[0].MountPropagation = ptr.To(corev1.MountPropagationHostToContainer)
+	}},
 	{name: "env from a Secret", rule: "env", spec: addEnv(&corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 		LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}})},
 	{name: "env from a ConfigMap", rule: "env", spec: addEnv(&corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{

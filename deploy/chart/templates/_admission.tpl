@@ -167,6 +167,10 @@ template's), name (the Sandbox's or the pod's name).
     {{- end }}))
   message: "[volumes] a sandbox's only volumes are persistentVolumeClaims from its own claim templates and the session helper's downwardAPI volume of the gateway key"
 - expression: >-
+    variables.containers.all(c, c.?volumeMounts.orValue([]).all(m, dyn(m).all(k, k in ['name', 'mountPath', 'readOnly', 'recursiveReadOnly', 'mountPropagation'])
+    && m.?mountPropagation.orValue('None') == 'None'))
+  message: "[volume-mounts] a container mounts whole volumes: no subPath or subPathExpr (the kubelet resolves them on the node), no mount propagation"
+- expression: >-
     variables.containers.all(c, !has(c.envFrom)
     && c.?env.orValue([]).all(e, !has(e.valueFrom) || (dyn(e.valueFrom).all(k, k in ['fieldRef', 'resourceFieldRef'])
     && e.valueFrom.?fieldRef.?fieldPath.orValue('metadata.').startsWith('metadata.'))))

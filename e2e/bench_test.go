@@ -308,7 +308,7 @@ func createEach(b *testing.B, in *e2e.Instance, token string, n, conc int, body 
 func BenchmarkCreateToRunning(b *testing.B) {
 	const n = 100
 	ns := e2e.NewNamespace(b)
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0")
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0", "--org-create-rate-limit", "0", "--org-rate-limit", "0")
 	in.HTTP = e2e.KeepAlive()
 	key := in.NewOrg("bench", 5000, 5000)
 	// The test process watches hiloop's Sandboxes as it watches the
@@ -441,7 +441,7 @@ func timeReads(b *testing.B, in *e2e.Instance, token string, ids []string, k int
 // the loaded/idle ratio.
 func BenchmarkReadsDuringCreates(b *testing.B) {
 	c := e2e.NewCluster(b)
-	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c), "--create-rate-limit", "0", "--rate-limit", "0")
+	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c), "--create-rate-limit", "0", "--rate-limit", "0", "--org-create-rate-limit", "0", "--org-rate-limit", "0")
 	key := in.NewOrg("reads", 20000, 20000)
 	var ids []string
 	// What each size measured, for the plot.
@@ -541,7 +541,7 @@ func timeCmd(b *testing.B, env []string, name string, args ...string) time.Durat
 // BenchmarkExecRoundTrip compares `hiloop sandbox exec ID -- true` with
 // `kubectl exec POD -- true` on the same pod, interleaved, 50 runs each.
 func BenchmarkExecRoundTrip(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0", "--org-create-rate-limit", "0", "--org-rate-limit", "0")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	b.ResetTimer()
@@ -560,7 +560,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 // BenchmarkExecThroughput compares bulk output through hiloop's streaming
 // API (the CLI) with `kubectl exec ... cat` of the same 256 MB file.
 func BenchmarkExecThroughput(b *testing.B) {
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0")
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), "--create-rate-limit", "0", "--rate-limit", "0", "--org-create-rate-limit", "0", "--org-rate-limit", "0")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	env := []string{"HILOOP_URL=" + in.URL, "HILOOP_TOKEN=" + in.Token}
 	const size = 256 << 20

@@ -34,7 +34,7 @@ func TestCrashSafety(t *testing.T) {
 	}
 	ns := e2e.NewNamespace(t)
 	db := filepath.Join(t.TempDir(), "h.db")
-	in := e2e.Serve(t, db, ns, "--rate-limit", "0", "--create-rate-limit", "0")
+	in := e2e.Serve(t, db, ns, "--rate-limit", "0", "--create-rate-limit", "0", "--org-rate-limit", "0", "--org-create-rate-limit", "0")
 	token := in.NewOrg("crash", 100000, 100000)
 	var mu sync.Mutex
 	created, deleted := map[string]bool{}, map[string]bool{}
@@ -87,7 +87,7 @@ func TestCrashSafety(t *testing.T) {
 		if err := store.CheckIntegrity(context.Background(), db); err != nil {
 			t.Fatalf("kill %d: %v", k, err)
 		}
-		in = e2e.Serve(t, db, ns, "--rate-limit", "0", "--create-rate-limit", "0")
+		in = e2e.Serve(t, db, ns, "--rate-limit", "0", "--create-rate-limit", "0", "--org-rate-limit", "0", "--org-create-rate-limit", "0")
 		checkConverged(t, in, token, ns, created, deleted)
 	}
 	t.Logf("%d kills survived in %s: %d acknowledged creates, %d acknowledged deletes, nothing lost",

@@ -145,9 +145,26 @@ func TestSSHRefusals(t *testing.T) {
 	b := newSSHUser(t, in, orgB)
 	sbB := in.Create(orgB, "busybox", "--wait")
 
-	// The same key in a second organization is refused.
+	// Org B registers org A's public key (public keys are public): that
+	// neither blocks A nor tells B anything, only a second registration in
+	// one organization conflicts, and the key reaches each organization's
+	// sandboxes through that organization's registration alone.
+	in.MustCLI(orgB, "ssh-key", "add", u.key+".pub")
 	if _, errOut, code := in.CLI(orgB, "ssh-key", "add", u.key+".pub"); code == 0 || !strings.Contains(errOut, "ssh_key_registered") {
-		t.Fatalf("registering org A's key in org B: code %d %s", code, errOut)
+		t.Fatalf("registering the key twice in org B: code %d %s", code, errOut)
+	}
+	if _, errOut, code := u.run(sb.ID, "true"); code != 0 {
+		t.Fatalf("A's key into A's sandbox once B registered it too: %d %q", code, errOut)
+	}
+	if _, errOut, code := u.run(sbB.ID, "true"); code != 0 {
+		t.Fatalf("the key into B's sandbox through B's registration: %d %q", code, errOut)
+	}
+	in.MustCLI(orgB, "ssh-key", "delete", keyID(t, in, orgB, u.key))
+	if _, errOut, code := u.run(sbB.ID, "true"); code != 255 || !strings.Contains(errOut, "Permission denied (publickey)") {
+		t.Fatalf("the key into B's sandbox once B deleted its registration: %d %q", code, errOut)
+	}
+	if _, errOut, code := u.run(sb.ID, "true"); code != 0 {
+		t.Fatalf("A's key into A's sandbox once B deleted its registration: %d %q", code, errOut)
 	}
 
 	ids := regexp.MustCompile(`sbx_[a-z0-9]+`)

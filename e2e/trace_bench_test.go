@@ -33,7 +33,7 @@ type createTrace struct {
 // machine's.
 func BenchmarkCreateTrace(b *testing.B) {
 	ns := e2e.NewNamespace(b)
-	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0",
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), ns, "--create-rate-limit", "0", "--rate-limit", "0", "--org-create-rate-limit", "0", "--org-rate-limit", "0",
 		"--log-format", "json", "--log-level", "debug")
 	in.HTTP = e2e.KeepAlive()
 	key := in.NewOrg("trace", 5000, 5000)

@@ -38,7 +38,7 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 	pods := c.Clients.Kube.CoreV1().Pods(c.Namespace)
 
 	sb := &v1beta1.Sandbox{
-		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: c.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: "sbx-smoke", Namespace: c.Namespace},
 		Spec: v1beta1.SandboxSpec{SandboxBlueprint: v1beta1.SandboxBlueprint{PodTemplate: v1beta1.PodTemplate{
 			Spec: corev1.PodSpec{
 				Containers:                   []corev1.Container{{Name: "workload", Image: "busybox"}},
@@ -54,11 +54,11 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 
 	var podUID string
 	eventually(t, "pod Running/Ready and Sandbox Ready=True", 60*time.Second, func() (bool, error) {
-		p, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		p, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		got, err := sandboxes.Get(ctx, "smoke", metav1.GetOptions{})
+		got, err := sandboxes.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -77,25 +77,25 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 	patch := func(mode v1beta1.SandboxOperatingMode) {
 		t.Helper()
 		body := fmt.Sprintf(`{"spec":{"operatingMode":%q}}`, mode)
-		if _, err := sandboxes.Patch(ctx, "smoke", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
+		if _, err := sandboxes.Patch(ctx, "sbx-smoke", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	patch(v1beta1.SandboxOperatingModeSuspended)
 	eventually(t, "Suspended removes the pod", 60*time.Second, func() (bool, error) {
-		_, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		_, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})
 	patch(v1beta1.SandboxOperatingModeRunning)
 	eventually(t, "Running creates a replacement pod", 60*time.Second, func() (bool, error) {
-		p, err := pods.Get(ctx, "smoke", metav1.GetOptions{})
+		p, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		return string(p.UID) != podUID && podReady(p), nil
 	})
 
-	if err := sandboxes.Delete(ctx, "smoke", metav1.DeleteOptions{}); err != nil {
+	if err := sandboxes.Delete(ctx, "sbx-smoke", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "deleting the Sandbox collects its pod", 60*time.Second, func() (bool, error) {

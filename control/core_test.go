@@ -41,10 +41,12 @@ func TestExecOutcome(t *testing.T) {
 		name string
 		run  func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
 		// timeout bounds the caller's context; left cancels it first; end
-		// ends the session from outside first.
+		// ends the session from outside first; hang never opens the
+		// stream (against a hung API server).
 		timeout time.Duration
 		left    bool
 		end     error
+		hang    bool
 		want    func(k8s.ExitStatus, error) bool
 	}{
 		{name: "exited", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
@@ -64,6 +66,15 @@ func TestExecOutcome(t *testing.T) {
 		}},
 		{name: "timed out", timeout: time.Millisecond,
 			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrExecTimeout) }},
+		// The caller's timeout passed while the stream was being opened:
+		// no command ran, so none timed out.
+		{name: "timeout before the stream opened", timeout: time.Millisecond, hang: true,
+			want: func(_ k8s.ExitStatus, err error) bool {
+				var ce *ClusterError
+				return errors.As(err, &ce) && errors.Is(err, ErrClusterUnavailable) && !errors.Is(err, ErrExecTimeout)
+			}},
+		{name: "caller left before the stream opened", left: true, hang: true,
+			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
 		{name: "caller left", left: true,
 			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
 		{name: "key revoked", end: ErrKeyRevoked, want: func(_ k8s.ExitStatus, err error) bool {
@@ -80,7 +91,7 @@ func TestExecOutcome(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			c, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Exec: controltest.Exec{Run: tc.run},
+			c, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Exec: controltest.Exec{Run: tc.run, Hang: tc.hang},
 				Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 				Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}})
 			if err != nil {

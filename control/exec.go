@@ -14,9 +14,12 @@ func (s *Session) Context() context.Context { return s.ctx }
 // once for every way in: nil with the command's exit status, or
 //   - an *EndedError when the session was ended from outside (its key
 //     revoked, its sandbox stopped, deleted or quarantined, shutdown);
-//   - a *ClusterError when the stream to the sandbox could not be opened;
-//   - ErrExecTimeout when ctx's deadline passed (the caller's timeout);
 //   - ErrCallerGone when ctx was cancelled by the caller;
+//   - a *ClusterError (ErrClusterUnavailable) when the stream to the
+//     sandbox never opened, even when ctx's deadline passed while it was
+//     being opened: no command ran, so none timed out;
+//   - ErrExecTimeout when ctx's deadline passed once the stream was open
+//     (the command outlived the caller's timeout);
 //   - a *StreamError when the stream broke before the exit status arrived.
 //
 // ctx should derive from Context.
@@ -30,18 +33,16 @@ func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus
 	}
 	var ce *k8s.ConnectError
 	connect := errors.As(err, &ce)
-	if connect {
-		s.c.o.Metrics.ClusterError("exec", "unavailable")
-	}
 	switch cause := s.Ended(); {
 	case cause != nil:
 		return st, &EndedError{Cause: cause, Err: err}
+	case errors.Is(ctx.Err(), context.Canceled):
+		return st, ErrCallerGone
 	case connect:
+		s.c.o.Metrics.ClusterError("exec", "unavailable")
 		return st, &ClusterError{Kind: ErrClusterUnavailable, Err: err}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return st, ErrExecTimeout
-	case ctx.Err() != nil:
-		return st, ErrCallerGone
 	}
 	return st, &StreamError{Err: err}
 }

@@ -110,7 +110,8 @@ func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
 // TestAnswersWhileTheAPIServerHangs stops the API server for 35 s (longer
 // than the stall after which a leader-electing scheduler gives up): reads
 // still answer from the record, /readyz answers not ready, stop and exec
-// answer 503 cluster_unavailable with Retry-After instead of hanging, and a
+// answer 503 cluster_unavailable with Retry-After instead of hanging (an
+// exec whose own timeout passes first too: no command ran), and a
 // create is accepted (its write may land when the server wakes). After the
 // resume everything converges: ready again, the create runs exactly once
 // (the scheduler and controller manager survived), and the server's memory
@@ -149,6 +150,20 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["true"]}`); status != 503 ||
 		errorCode(t, body) != "cluster_unavailable" || h.Get("Retry-After") == "" {
 		t.Fatalf("exec during the outage: %d %s", status, body)
+	}
+	// A timeout shorter than the cluster's that passes while the stream is
+	// being opened: no command ran, so none timed out.
+	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["true"],"timeout":"1s"}`); status != 503 ||
+		errorCode(t, body) != "cluster_unavailable" || h.Get("Retry-After") == "" {
+		t.Fatalf("exec with a short timeout during the outage: %d %s", status, body)
+	}
+	// The same through the CLI's stream, whose exit frame says so.
+	cli, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	streamed := exec.CommandContext(cli, e2e.Binary(t), "sandbox", "exec", "--timeout", "1s", sb.ID, "--", "true")
+	streamed.Env = in.Env(in.Token)
+	if out, _ := streamed.CombinedOutput(); streamed.ProcessState.ExitCode() != 255 || !strings.Contains(string(out), "cluster_unavailable") {
+		t.Fatalf("streamed exec with a short timeout during the outage: %v %q", streamed.ProcessState, out)
 	}
 	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/stop", ""); status != 503 ||
 		errorCode(t, body) != "cluster_unavailable" || h.Get("Retry-After") == "" {

@@ -68,8 +68,11 @@ var (
 )
 
 // ConnectError reports that the exec stream could not be set up: the API
-// server or the node could not be reached, or refused the stream. No command
-// ran.
+// server or the node could not be reached, or refused the stream, or the
+// caller's context ended first (its deadline included; Err then wraps
+// ctx.Err()). No command ran. The stream is set up once the upgrade is
+// answered and, with SPDY, its streams are created: the kubelet starts the
+// command only after that.
 type ConnectError struct{ Err error }
 
 func (e *ConnectError) Error() string { return "exec: connect: " + e.Err.Error() }
@@ -158,11 +161,10 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 	}
 	conn, err := websocket.Negotiate(rt, holder, hreq, remotecommand.StreamProtocolV5Name)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ExitStatus{}, ctx.Err()
-		}
+		// cctx ends with ctx too: a caller's deadline that passes before
+		// the stream opens is no command that ran out of time.
 		if cctx.Err() != nil {
-			return ExitStatus{}, &ConnectError{err}
+			return ExitStatus{}, connectError(ctx, err)
 		}
 		return ExitStatus{}, &upgradeError{err}
 	}
@@ -270,10 +272,7 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 	}
 	conn, proto, err := spdy.Negotiate(upgrader, &http.Client{Transport: rt}, hreq, remotecommand.StreamProtocolV4Name)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ExitStatus{}, ctx.Err()
-		}
-		return ExitStatus{}, &ConnectError{err}
+		return ExitStatus{}, connectError(ctx, err)
 	}
 	defer conn.Close()
 	if proto != remotecommand.StreamProtocolV4Name {
@@ -282,21 +281,27 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 
+	// The kubelet runs the command once every stream is created: until
+	// then, a failure is one to set the stream up.
 	create := func(kind string) (httpstream.Stream, error) {
 		h := http.Header{}
 		h.Set(corev1.StreamType, kind)
-		return conn.CreateStream(h)
+		s, err := conn.CreateStream(h)
+		if err != nil {
+			return nil, connectError(ctx, fmt.Errorf("create %s stream: %w", kind, err))
+		}
+		return s, nil
 	}
 	errStream, err := create(corev1.StreamTypeError)
 	if err != nil {
-		return ExitStatus{}, fmt.Errorf("exec: %w", err)
+		return ExitStatus{}, err
 	}
 	errStream.Close() // the client never writes to it
 	var copies sync.WaitGroup
 	if req.Stdin != nil {
 		s, err := create(corev1.StreamTypeStdin)
 		if err != nil {
-			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+			return ExitStatus{}, err
 		}
 		go func() {
 			io.Copy(s, req.Stdin)
@@ -312,7 +317,7 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 		}
 		s, err := create(out.kind)
 		if err != nil {
-			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+			return ExitStatus{}, err
 		}
 		copies.Add(1)
 		go func() {
@@ -323,7 +328,7 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 	if req.TTY {
 		s, err := create(corev1.StreamTypeResize)
 		if err != nil {
-			return ExitStatus{}, fmt.Errorf("exec: %w", err)
+			return ExitStatus{}, err
 		}
 		if req.Resize != nil {
 			go func() {
@@ -349,6 +354,21 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 		return ExitStatus{}, ErrNoStatus
 	}
 	return decodeStatus(status)
+}
+
+// connectError is a failure to set up the stream, with the caller's own
+// context error when it ended first.
+func connectError(ctx context.Context, err error) *ConnectError {
+	cerr := ctx.Err()
+	// A dial cut short by the deadline may fail a moment before ctx
+	// itself says so.
+	if d, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(d) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
+		return &ConnectError{fmt.Errorf("%w (%v)", cerr, err)}
+	}
+	return &ConnectError{err}
 }
 
 // goExitRE matches the text of a Go exec error that a runtime wrapped into

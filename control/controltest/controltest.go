@@ -143,10 +143,15 @@ func (f *Cluster) Delete(_ context.Context, id string) error {
 }
 
 // Exec runs every command with Run when set; otherwise it fails with Err,
-// or runs until its context ends.
+// or, with Hang, never opens the stream, or runs until its context ends (a
+// command that outlives its caller's timeout).
 type Exec struct {
 	Err error
 	Run func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
+	// Hang makes the stream's set-up wait for the context to end, as
+	// against a hung API server, and then fail as the cluster adapter
+	// does: a *k8s.ConnectError wrapping the context's error.
+	Hang bool
 }
 
 // Exec implements control.Executor.
@@ -158,6 +163,9 @@ func (e Exec) Exec(ctx context.Context, _ string, req k8s.ExecRequest) (k8s.Exit
 		return k8s.ExitStatus{}, e.Err
 	}
 	<-ctx.Done()
+	if e.Hang {
+		return k8s.ExitStatus{}, &k8s.ConnectError{Err: ctx.Err()}
+	}
 	return k8s.ExitStatus{}, ctx.Err()
 }
 

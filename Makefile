@@ -17,20 +17,26 @@ cluster:
 	@testdata/cluster/build.sh
 
 # chart writes the chart's renderings that are checked in: deploy/hiloop.yaml
-# (the default values, for kubectl apply) and the local cluster's boundary
-# (values-local.yaml). TestRenderingsMatchChart keeps them in sync.
+# (the default values, for kubectl apply), the local cluster's boundary
+# (values-local.yaml), and the boundary's templates at the default values,
+# which hiloop's self-check holds a cluster to unless --boundary-file says
+# otherwise (the ConfigMap hiloop-boundary holds the same for an install).
+# TestRenderingsMatchChart keeps them in sync.
+BOUNDARY_TEMPLATES := namespaces runtimeclass admission networkpolicy quota
 chart:
 	@helm=$$(testdata/cluster/build.sh | tail -n1)/helm && \
 	  $$helm template hiloop deploy/chart --include-crds > deploy/hiloop.yaml && \
-	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > k8s/localcluster/assets/boundary.yaml
+	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > k8s/localcluster/assets/boundary.yaml && \
+	  $$helm template hiloop deploy/chart $(foreach t,$(BOUNDARY_TEMPLATES),--show-only templates/$(t).yaml) > k8s/chart-boundary.yaml
 
 # image builds the OCI image of the static binary without a container
 # daemon (deploy/image), tagged as the chart's default image, into a tarball
-# for docker load, kind load image-archive or ctr import.
+# for docker load, kind load image-archive or ctr import, and prints its
+# digest (also in bin/hiloop-image.digest) for the chart's image.digest.
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/chart/Chart.yaml)
 IMAGE ?= hiloop/hiloop:$(APP_VERSION)
 image: build
-	$(GO) run ./deploy/image -binary bin/hiloop -tag $(IMAGE) -o bin/hiloop-image.tar
+	$(GO) run ./deploy/image -binary bin/hiloop -tag $(IMAGE) -o bin/hiloop-image.tar -digest-file bin/hiloop-image.digest
 
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 

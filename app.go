@@ -100,7 +100,8 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	}
 
 	writer, err := k8s.NewWriter(clients, k8s.RenderOptions{Namespace: cfg.Namespace, RuntimeClass: cfg.RuntimeClass, NoGVisor: cfg.NoGVisor,
-		Transports: cfg.Transports, AgentImage: cfg.AgentImage, SessionPort: cfg.SessionPort})
+		Transports: cfg.Transports, AgentImage: cfg.AgentImage, SessionPort: cfg.SessionPort,
+		DefaultCPULimit: cfg.DefaultCPULimit, DefaultMemoryLimit: cfg.DefaultMemoryLimit})
 	if err != nil {
 		return nil, err
 	}
@@ -150,17 +151,16 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 			PerOrg: rate.Limit(cfg.OrgRateLimit), OrgBurst: max(1, int(2*cfg.OrgRateLimit)),
 			OrgCreates: rate.Limit(cfg.OrgCreateRateLimit), OrgCreateBurst: max(1, int(5*cfg.OrgCreateRateLimit)),
 			PerAddress: rate.Limit(cfg.AddressRateLimit), AddressBurst: max(1, int(2*cfg.AddressRateLimit))},
+		// Ready means hiloop can serve: the record answers and the mirror
+		// has synced. Neither the cluster nor the isolation self-check
+		// counts: while the boundary fails, creates and starts are refused
+		// (503 cluster_not_hardened), and reads, stops, deletes and
+		// sessions must go on, so hiloop stays in its Services.
 		Ready: func(ctx context.Context) error {
 			if !a.mirror.Ready() {
 				return errors.New("status mirror has not synced yet")
 			}
-			if err := a.db.Probe(ctx); err != nil {
-				return err
-			}
-			if err := clients.CheckSandboxAPI(ctx); err != nil {
-				return err
-			}
-			return a.core.Hardened()
+			return a.db.Probe(ctx)
 		},
 	})
 	if err != nil {

@@ -8,8 +8,10 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 )
 
-// DoctorCmd checks the cluster the way serve's self-check does, and prints
-// every check with the fix for each failure.
+// DoctorCmd checks the cluster the way serve's self-check does, and what
+// serve's account may not read: whether the sandboxes' egress reaches the
+// API server or a node. It prints every check with the fix for each
+// failure.
 type DoctorCmd struct {
 	ClusterFlags `embed:""`
 }
@@ -22,8 +24,9 @@ type errChecksFailed int
 
 func (e errChecksFailed) Error() string { return fmt.Sprintf("%d checks failed", int(e)) }
 
-// Run prints one line per check: ok, FAIL (with the fix), or allowed (a
-// failure --insecure-no-gvisor accepts).
+// Run prints one line per check: ok, FAIL (with the fix), allowed (a
+// failure --insecure-no-gvisor accepts) or warn (reported, refuses
+// nothing).
 func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 	clients, err := d.clients(ctx)
 	if err != nil {
@@ -42,6 +45,9 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 	bctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
 	checks = append(checks, clients.CheckBoundary(bctx, d.boundaryOptions())...)
 	cancel()
+	ectx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
+	checks = append(checks, clients.CheckEgress(ectx, d.Namespace))
+	cancel()
 	failed := 0
 	for _, c := range checks {
 		switch {
@@ -50,6 +56,8 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 			continue
 		case c.Allowed:
 			fmt.Fprintf(stdout, "allowed %s: %s\n", c.Object, c.Problem)
+		case c.Warning:
+			fmt.Fprintf(stdout, "warn    %s: %s\n", c.Object, c.Problem)
 		default:
 			failed++
 			fmt.Fprintf(stdout, "FAIL    %s: %s\n", c.Object, c.Problem)
@@ -60,7 +68,7 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "        fix: %s\n", c.Fix)
 	}
 	if failed > 0 {
-		fmt.Fprintf(stdout, "\n%d of %d checks failed: hiloop serve refuses creates and starts until they pass.\n", failed, len(checks))
+		fmt.Fprintf(stdout, "\n%d of %d checks failed: hiloop serve refuses creates and starts until they pass (the egress check is doctor's own).\n", failed, len(checks))
 		return errChecksFailed(failed)
 	}
 	fmt.Fprintf(stdout, "\nall %d checks pass.\n", len(checks))

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
@@ -66,6 +68,11 @@ type ClusterFlags struct {
 	SessionPort    int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
 	ClusterTimeout time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
 	NoGVisor       bool          `name:"insecure-no-gvisor" env:"HILOOP_INSECURE_NO_GVISOR" help:"DEVELOPMENT ONLY (kind): run sandboxes without the gVisor runtime class. Every receipt and sandbox says so, and the self-check reports it."`
+	BoundaryFile   string        `name:"boundary-file" default:"" env:"HILOOP_BOUNDARY_FILE" help:"The chart's rendering of the isolation boundary that the self-check holds the cluster to (the chart mounts it from the ConfigMap hiloop-boundary; helm template's output also works). Default: the chart's default values, built in."`
+
+	// expected is the boundary BoundaryFile holds, read by validate; nil
+	// for the built-in one.
+	expected *k8s.Boundary
 }
 
 func (f *ClusterFlags) validate() error {
@@ -86,12 +93,22 @@ func (f *ClusterFlags) validate() error {
 	if f.ClusterTimeout <= 0 {
 		return errors.New("--cluster-timeout: must be positive")
 	}
+	if f.BoundaryFile != "" {
+		raw, err := os.ReadFile(f.BoundaryFile)
+		if err != nil {
+			return fmt.Errorf("--boundary-file: %w", err)
+		}
+		if f.expected, err = k8s.ParseBoundary(raw); err != nil {
+			return fmt.Errorf("--boundary-file: %s is not a rendering of the hiloop chart: %w", f.BoundaryFile, err)
+		}
+	}
 	return nil
 }
 
 // boundaryOptions are what the isolation self-check holds the cluster to.
 func (f *ClusterFlags) boundaryOptions() k8s.BoundaryOptions {
-	return k8s.BoundaryOptions{Namespace: f.Namespace, RuntimeClass: f.RuntimeClass, SessionPort: f.SessionPort, NoGVisor: f.NoGVisor}
+	return k8s.BoundaryOptions{Namespace: f.Namespace, RuntimeClass: f.RuntimeClass, SessionPort: f.SessionPort, NoGVisor: f.NoGVisor,
+		Expected: f.expected}
 }
 
 // clients loads the kubeconfig and checks the API server answers.
@@ -109,27 +126,29 @@ func (f *ClusterFlags) clients(ctx context.Context) (*k8s.Clients, error) {
 
 // ServeCmd runs the control plane.
 type ServeCmd struct {
-	ClusterFlags    `embed:""`
-	Listen          string              `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
-	MetricsListen   string              `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
-	SSHListen       string              `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
-	SSHKeepAlive    time.Duration       `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
-	SSHIdleTimeout  time.Duration       `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
-	DB              string              `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
-	BootstrapKey    string              `name:"bootstrap-key-file" default:"" env:"HILOOP_BOOTSTRAP_KEY_FILE" help:"File the admin organization's first API key is written to on first start, mode 0600 (default: the --db path with .admin-key appended). The key is printed too only when stdout is a terminal."`
-	StorageClasses  []string            `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
-	Transports      []sandbox.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
-	AgentImage      string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
-	RateLimit       float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
-	CreateRateLimit float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
-	ExecPerSandbox  int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
-	ExecPerOrg      int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
-	AdminOrg        string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
-	ShutdownTimeout time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
-	LogLevel        string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
-	LogFormat       string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
-	EventRetention  time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
-	SelfCheck       time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
+	ClusterFlags       `embed:""`
+	Listen             string              `default:"127.0.0.1:8080" env:"HILOOP_LISTEN" help:"Address of the HTTP API."`
+	MetricsListen      string              `default:"" env:"HILOOP_METRICS_LISTEN" help:"Address of the Prometheus metrics endpoint (/metrics); off when empty."`
+	SSHListen          string              `default:"127.0.0.1:2222" env:"HILOOP_SSH_LISTEN" help:"Address of the SSH gateway; empty turns it off."`
+	SSHKeepAlive       time.Duration       `name:"ssh-keepalive" default:"15s" env:"HILOOP_SSH_KEEPALIVE" help:"How often the SSH gateway checks that a client is still there; three unanswered checks close the connection."`
+	SSHIdleTimeout     time.Duration       `default:"0s" env:"HILOOP_SSH_IDLE_TIMEOUT" help:"Close an SSH connection that moved no bytes for this long (0: never)."`
+	DB                 string              `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
+	BootstrapKey       string              `name:"bootstrap-key-file" default:"" env:"HILOOP_BOOTSTRAP_KEY_FILE" help:"File the admin organization's first API key is written to on first start, mode 0600 (default: the --db path with .admin-key appended). The key is printed too only when stdout is a terminal."`
+	StorageClasses     []string            `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
+	Transports         []sandbox.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
+	AgentImage         string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
+	RateLimit          float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
+	CreateRateLimit    float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
+	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
+	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	AdminOrg           string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
+	ShutdownTimeout    time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
+	LogLevel           string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
+	LogFormat          string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
+	EventRetention     time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
+	DefaultCPULimit    string              `name:"default-cpu-limit" default:"2" env:"HILOOP_DEFAULT_CPU_LIMIT" help:"CPU limit of a sandbox whose create sets none (its request is then 10m). Every sandbox states its resources, so the sandbox namespace's quota can count them."`
+	DefaultMemoryLimit string              `name:"default-memory-limit" default:"4Gi" env:"HILOOP_DEFAULT_MEMORY_LIMIT" help:"Memory limit of a sandbox whose create sets none (its request is then 16Mi)."`
+	SelfCheck          time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 
 	// Limits of the SSH gateway on what a stranger can open (docs/ssh.md,
 	// "Limits").
@@ -209,6 +228,11 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.EventRetention < 0 {
 		return errors.New("--event-retention: must not be negative")
+	}
+	for flag, v := range map[string]string{"--default-cpu-limit": s.DefaultCPULimit, "--default-memory-limit": s.DefaultMemoryLimit} {
+		if q, err := resource.ParseQuantity(v); err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("%s: %q is not a positive quantity", flag, v)
+		}
 	}
 	if s.SelfCheck < time.Second {
 		return errors.New("--self-check-interval: must be at least 1s")
@@ -299,6 +323,13 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	d.Kubeconfig = c.Kubeconfig
+	if d.BoundaryFile == "" {
+		// The local cluster installs the chart with values-local.yaml, and
+		// its self-check holds it to that rendering.
+		if d.expected, err = k8s.ParseBoundary(localcluster.Boundary); err != nil {
+			return err
+		}
+	}
 	if len(d.StorageClasses) == 0 {
 		d.StorageClasses = []string{"kwok-volume"}
 	}

@@ -57,6 +57,10 @@ func (c *Control) CheckBoundary(ctx context.Context) *BoundaryReport {
 	r := &BoundaryReport{At: c.o.Now(), Checks: c.o.Boundary(ctx)}
 	prev := c.boundary.Swap(r)
 	for _, ch := range r.Checks {
+		if ch.Name == k8s.CheckForeignSandboxes {
+			c.foreign(ch, prev)
+			continue
+		}
 		c.o.Metrics.SelfCheck(ch.Name, ch.Object, ch.OK, ch.Allowed)
 	}
 	err, was := r.Err(), error(nil)
@@ -91,4 +95,53 @@ func (c *Control) Hardened() error {
 		return &NotHardenedError{Failed: []k8s.Check{{Object: "isolation self-check", Problem: "it has not run yet"}}}
 	}
 	return r.Err()
+}
+
+// foreign reports Sandboxes in the namespace that hiloop did not make: a
+// gauge every run, and a log line when what is found changes. No record
+// can say so: the product record holds only sandboxes an organization made
+// through hiloop, and these belong to none.
+func (c *Control) foreign(ch k8s.Check, prev *BoundaryReport) {
+	c.o.Metrics.ForeignSandboxes(ch.Count)
+	was := ""
+	if prev != nil {
+		for _, p := range prev.Checks {
+			if p.Name == k8s.CheckForeignSandboxes {
+				was = p.Problem
+			}
+		}
+	}
+	switch {
+	case ch.Problem == was:
+	case ch.Problem != "":
+		c.log.Warn("sandbox namespace holds Sandboxes hiloop did not make; hiloop does not mirror or manage them",
+			"count", ch.Count, "problem", ch.Problem, "detail", ch.Detail, "fix", ch.Fix)
+	default:
+		c.log.Info("sandbox namespace holds no Sandboxes hiloop did not make")
+	}
+}
+
+// Boundary states, as /readyz names them.
+const (
+	BoundaryHardened    = "hardened"
+	BoundaryNotHardened = "not_hardened"
+	BoundaryInsecure    = "insecure"
+)
+
+// BoundaryState names the boundary's state alone, without objects, for
+// answers anyone may read: not_hardened while creates and starts are
+// refused (before the first check too), insecure while only failures the
+// deployment allows remain (--insecure-no-gvisor), hardened otherwise.
+func (c *Control) BoundaryState() string {
+	if err := c.Hardened(); err != nil {
+		return BoundaryNotHardened
+	}
+	if r := c.boundary.Load(); r != nil {
+		for _, ch := range r.Checks {
+			if !ch.OK && ch.Allowed {
+				return BoundaryInsecure
+			}
+		}
+	}
+	return BoundaryHardened
 }

@@ -19,6 +19,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -59,6 +60,9 @@ func TestRenderingsMatchChart(t *testing.T) {
 	}{
 		{"hiloop.yaml", []string{"template", "hiloop", "deploy/chart", "--include-crds"}},
 		{"../k8s/localcluster/assets/boundary.yaml", []string{"template", "hiloop", "deploy/chart", "-f", "deploy/chart/values-local.yaml"}},
+		{"../k8s/chart-boundary.yaml", []string{"template", "hiloop", "deploy/chart", "--show-only", "templates/namespaces.yaml",
+			"--show-only", "templates/runtimeclass.yaml", "--show-only", "templates/admission.yaml",
+			"--show-only", "templates/networkpolicy.yaml", "--show-only", "templates/quota.yaml"}},
 	} {
 		want := helm(t, r.args...)
 		got, err := os.ReadFile(r.file)
@@ -71,8 +75,26 @@ func TestRenderingsMatchChart(t *testing.T) {
 	}
 }
 
+// subchartPatch is the one change to upstream's chart: its image may be
+// pinned by digest (image.digest), which upstream's helper cannot express
+// (a digest in image.tag would also land in a label, where it is invalid).
+var subchartPatch = map[string][2]string{
+	"templates/_helpers.tpl": {`{{- define "agent-sandbox.image" -}}
+{{- $tag := required "image.tag is required" .Values.image.tag }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}`, `{{- define "agent-sandbox.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- $tag := required "image.tag is required" .Values.image.tag }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}`},
+}
+
 // TestVendoredAgentSandboxChart: the subchart is upstream's chart at the
-// pinned module version, unchanged, without the extension CRDs.
+// pinned module version, without the extension CRDs, unchanged but for
+// subchartPatch.
 func TestVendoredAgentSandboxChart(t *testing.T) {
 	out, err := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/agent-sandbox@v0.5.6").Output()
 	if err != nil {
@@ -94,6 +116,12 @@ func TestVendoredAgentSandboxChart(t *testing.T) {
 			return nil
 		}
 		want, _ := os.ReadFile(path)
+		if p, ok := subchartPatch[filepath.ToSlash(rel)]; ok {
+			if !bytes.Contains(want, []byte(p[0])) {
+				t.Errorf("upstream %s no longer has the text the patch replaces", rel)
+			}
+			want = bytes.Replace(want, []byte(p[0]), []byte(p[1]), 1)
+		}
 		got, err := os.ReadFile(filepath.Join(vendored, rel))
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("%s: differs from upstream %s", filepath.Join(vendored, rel), rel)
@@ -166,7 +194,7 @@ func TestDefaultRendering(t *testing.T) {
 
 	ns := decode[corev1.Namespace](t, objs, "Namespace/hiloop-sandboxes")
 	for k, v := range map[string]string{"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/audit": "restricted",
-		"pod-security.kubernetes.io/warn": "restricted", "hiloop.dev/sandbox-namespace": "true"} {
+		"pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"} {
 		if ns.Labels[k] != v {
 			t.Errorf("sandbox namespace label %s = %q, want %q", k, ns.Labels[k], v)
 		}
@@ -189,14 +217,44 @@ func TestDefaultRendering(t *testing.T) {
 		if b.Spec.PolicyName != name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
 			t.Errorf("binding %s: policy %q, actions %v", name, b.Spec.PolicyName, b.Spec.ValidationActions)
 		}
+		// By the name the API server gives the namespace, not by a label
+		// anyone who may edit the namespace could remove.
+		sel := b.Spec.MatchResources.NamespaceSelector
+		if len(sel.MatchLabels) != 0 || len(sel.MatchExpressions) != 1 || sel.MatchExpressions[0].Key != corev1.LabelMetadataName ||
+			!slices.Equal(sel.MatchExpressions[0].Values, []string{"hiloop-sandboxes"}) {
+			t.Errorf("binding %s selects %v", name, sel)
+		}
 	}
 	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+k8s.NetworkPolicy)
-	if problems := k8s.NetworkPolicyProblems(&np, k8s.DefaultSessionPort); len(problems) > 0 {
-		t.Errorf("NetworkPolicy: %v", problems)
+	var excepts []string
+	for _, r := range np.Spec.Egress {
+		for _, p := range r.To {
+			if p.IPBlock != nil {
+				excepts = append(excepts, p.IPBlock.Except...)
+			}
+		}
+	}
+	for _, d := range k8s.DeniedCIDRs {
+		if !slices.Contains(excepts, d) {
+			t.Errorf("NetworkPolicy: egress does not except %s", d)
+		}
 	}
 	q := decode[corev1.ResourceQuota](t, objs, "ResourceQuota/"+k8s.QuotaName)
-	if _, ok := q.Spec.Hard["count/sandboxes.agents.x-k8s.io"]; !ok {
-		t.Errorf("quota: %v", q.Spec.Hard)
+	for _, r := range []corev1.ResourceName{"count/sandboxes.agents.x-k8s.io", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory",
+		"requests.storage", "persistentvolumeclaims"} {
+		if _, ok := q.Spec.Hard[r]; !ok {
+			t.Errorf("quota sets no %s: %v", r, q.Spec.Hard)
+		}
+	}
+	for _, name := range []string{"hiloop-system", "agent-sandbox-system"} {
+		ns := decode[corev1.Namespace](t, objs, "Namespace/"+name)
+		if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+			t.Errorf("namespace %s does not enforce restricted: %v", name, ns.Labels)
+		}
+	}
+	sys := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/hiloop-system")
+	if sys.Namespace != "hiloop-system" || len(sys.Spec.PolicyTypes) != 2 || len(sys.Spec.PodSelector.MatchLabels) != 0 {
+		t.Errorf("hiloop-system's NetworkPolicy: %+v", sys.Spec)
 	}
 
 	d := decode[appsv1.Deployment](t, objs, "Deployment/hiloop")
@@ -208,6 +266,10 @@ func TestDefaultRendering(t *testing.T) {
 		t.Errorf("deployment: %d replicas, strategy %s", *d.Spec.Replicas, d.Spec.Strategy.Type)
 	case c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz":
 		t.Error("deployment: probes are not /healthz and /readyz")
+	case c.StartupProbe == nil || c.StartupProbe.HTTPGet.Path != "/healthz" || c.StartupProbe.FailureThreshold*c.StartupProbe.PeriodSeconds < 300:
+		t.Errorf("deployment: no startup probe giving migrations 5 minutes: %+v", c.StartupProbe)
+	case !slices.Contains(c.Args, "--boundary-file=/etc/hiloop/boundary.yaml"):
+		t.Errorf("deployment: the self-check is not given the release's boundary: %v", c.Args)
 	case sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot:
 		t.Error("deployment: not non-root with a read-only root filesystem")
 	case !slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.PersistentVolumeClaim != nil }):
@@ -218,7 +280,27 @@ func TestDefaultRendering(t *testing.T) {
 	for _, svc := range []string{"Service/hiloop-api", "Service/hiloop-ssh"} {
 		decode[corev1.Service](t, objs, svc)
 	}
-	decode[appsv1.Deployment](t, objs, "Deployment/agent-sandbox-controller")
+	ctl := decode[appsv1.Deployment](t, objs, "Deployment/agent-sandbox-controller")
+	cc, cpsc := ctl.Spec.Template.Spec.Containers[0], ctl.Spec.Template.Spec.SecurityContext
+	switch {
+	case cpsc == nil || cpsc.RunAsNonRoot == nil || !*cpsc.RunAsNonRoot || cpsc.SeccompProfile == nil || cpsc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("controller: pod securityContext %+v", cpsc)
+	case cc.SecurityContext == nil || cc.SecurityContext.AllowPrivilegeEscalation == nil || *cc.SecurityContext.AllowPrivilegeEscalation ||
+		cc.SecurityContext.Capabilities == nil || !slices.Contains(cc.SecurityContext.Capabilities.Drop, "ALL"):
+		t.Errorf("controller: container securityContext %+v", cc.SecurityContext)
+	case cc.Resources.Limits.Cpu().IsZero() || cc.Resources.Limits.Memory().IsZero() || cc.Resources.Requests.Memory().IsZero():
+		t.Errorf("controller: resources %+v", cc.Resources)
+	}
+	// The ConfigMap the self-check reads holds exactly the boundary built
+	// into hiloop for the default values.
+	cm := decode[corev1.ConfigMap](t, objs, "ConfigMap/hiloop-boundary")
+	fromMap, err := k8s.ParseBoundary([]byte(cm.Data["boundary.yaml"]))
+	if err != nil {
+		t.Fatalf("ConfigMap hiloop-boundary: %v", err)
+	}
+	if !equality.Semantic.DeepEqual(fromMap, k8s.ChartBoundary()) {
+		t.Error("ConfigMap hiloop-boundary differs from k8s/chart-boundary.yaml")
+	}
 
 	// hiloop's RBAC: named verbs only, no Secrets, no pod creation.
 	for key := range objs {
@@ -237,5 +319,54 @@ func TestDefaultRendering(t *testing.T) {
 				t.Errorf("%s: pods beyond reading: %v", key, rule.Verbs)
 			}
 		}
+	}
+}
+
+// TestRenderingOptions: metrics stay on a ClusterIP Service whatever
+// service.type, images are pinned by digest when values give one, and the
+// cluster's own addresses land in the sandboxes' egress exceptions, by
+// family.
+func TestRenderingOptions(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "r.yaml")
+	out := helm(t, "template", "hiloop", "deploy/chart", "--set", "service.type=LoadBalancer",
+		"--set", "image.digest=sha256:"+strings.Repeat("a", 64), "--set", "agent-sandbox.image.digest=sha256:"+strings.Repeat("b", 64),
+		"--set", "networkPolicy.cluster.apiServer={203.0.113.7,2001:db8::7}", "--set", "networkPolicy.cluster.podCIDRs={10.244.0.0/16,fd00:10:244::/56}")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, file)
+	if m := decode[corev1.Service](t, objs, "Service/hiloop-metrics"); m.Spec.Type != corev1.ServiceTypeClusterIP {
+		t.Errorf("metrics Service is %s", m.Spec.Type)
+	}
+	for _, svc := range []string{"Service/hiloop-api", "Service/hiloop-ssh"} {
+		s := decode[corev1.Service](t, objs, svc)
+		if s.Spec.Type != corev1.ServiceTypeLoadBalancer || slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "metrics" }) {
+			t.Errorf("%s: type %s, ports %v", svc, s.Spec.Type, s.Spec.Ports)
+		}
+	}
+	d := decode[appsv1.Deployment](t, objs, "Deployment/hiloop")
+	want := "hiloop/hiloop@sha256:" + strings.Repeat("a", 64)
+	if c := d.Spec.Template.Spec.Containers[0]; c.Image != want || !slices.Contains(c.Args, "--agent-image="+want) {
+		t.Errorf("hiloop's image %s, args %v", c.Image, c.Args)
+	}
+	ctl := decode[appsv1.Deployment](t, objs, "Deployment/agent-sandbox-controller")
+	if img := ctl.Spec.Template.Spec.Containers[0].Image; img != "registry.k8s.io/agent-sandbox/agent-sandbox-controller@sha256:"+strings.Repeat("b", 64) {
+		t.Errorf("controller image %s", img)
+	}
+	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+k8s.NetworkPolicy)
+	v4, v6 := np.Spec.Egress[1].To[0].IPBlock, np.Spec.Egress[1].To[1].IPBlock
+	for _, c := range []struct {
+		block *networkingv1.IPBlock
+		cidr  string
+	}{{v4, "203.0.113.7/32"}, {v4, "10.244.0.0/16"}, {v6, "2001:db8::7/128"}, {v6, "fd00:10:244::/56"}} {
+		if !slices.Contains(c.block.Except, c.cidr) {
+			t.Errorf("%s excepts no %s: %v", c.block.CIDR, c.cidr, c.block.Except)
+		}
+	}
+	sys := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/hiloop-system")
+	api := sys.Spec.Egress[len(sys.Spec.Egress)-1]
+	if len(api.To) != 2 || api.To[0].IPBlock.CIDR != "203.0.113.7/32" {
+		t.Errorf("hiloop-system's egress to the API server: %+v", api)
 	}
 }

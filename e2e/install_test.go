@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,13 +18,18 @@ import (
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
-// doctor runs `hiloop doctor` as a user does.
+// doctor runs `hiloop doctor` as a user does, against the local cluster's
+// rendering of the chart unless args name another (--boundary-file).
 func doctor(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	if !slices.Contains(args, "--boundary-file") {
+		args = append(args, "--boundary-file", e2e.LocalBoundary(t))
+	}
 	cmd := exec.Command(e2e.Binary(t), append([]string{"doctor"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	code := 0
@@ -35,11 +41,28 @@ func doctor(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
+// boundaryChecks is how many checks doctor prints: the cluster, the Sandbox
+// API, the self-check's nine (namespace, RuntimeClass, two policies, two
+// bindings, quota, NetworkPolicies, foreign Sandboxes) and the egress check.
+const boundaryChecks = 12
+
+// allowAll is a NetworkPolicy that allows every connection both ways.
+const allowAll = `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-all}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress, Egress]
+  ingress: [{}]
+  egress: [{}]
+`
+
 // TestSelfCheck weakens the boundary of a cluster of its own (the shared
 // one's policies are everyone's) and checks that hiloop refuses creates and
-// starts within the check interval, says why in the answer and in /readyz,
-// keeps serving reads and mirroring, and lifts the refusal once the boundary
-// is back. hiloop doctor reports the same.
+// starts within the check interval, says why in the answer, stays ready
+// (/readyz names only the state), keeps serving reads and mirroring, and
+// lifts the refusal once the boundary is back. hiloop doctor reports the
+// same, and shows the egress check with the API server's real address.
 func TestSelfCheck(t *testing.T) {
 	c := e2e.NewCluster(t)
 	ctx := context.Background()
@@ -48,9 +71,18 @@ func TestSelfCheck(t *testing.T) {
 	stopped := in.Create(in.Token, "busybox", "--wait")
 	in.MustCLI(in.Token, "sandbox", "stop", stopped.ID)
 	in.WaitState(in.Token, stopped.ID, "stopped")
-	if out, code := doctor(t, "--kubeconfig", c.Kubeconfig); code != 0 || !strings.Contains(out, "all 10 checks pass") {
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("all %d checks pass", boundaryChecks)) {
 		t.Fatalf("doctor on a hardened cluster: exit %d\n%s", code, out)
 	}
+	// The egress check names the API server's address as the cluster
+	// publishes it.
+	apiAddr := apiServerAddr(t, c) + ":" + strings.TrimSpace(kc(t, c, "get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes",
+		"-o", "jsonpath={.items[0].ports[0].port}"))
+	if want := "ok      Egress from namespace " + c.Namespace + " to the API server (" + apiAddr + ")"; !strings.Contains(out, want) {
+		t.Errorf("doctor: no %q in\n%s", want, out)
+	}
+	t.Logf("doctor on the local cluster:\n%s", out)
 
 	refused := func(object string) {
 		t.Helper()
@@ -62,10 +94,11 @@ func TestSelfCheck(t *testing.T) {
 		if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+stopped.ID+"/start", ""); status != 503 || errorCode(t, body) != "cluster_not_hardened" {
 			t.Errorf("start while not hardened: %d %s", status, body)
 		}
-		if status, body := in.Call("", "GET", "/readyz", ""); status != 503 || errorCode(t, body) != "cluster_not_hardened" || !strings.Contains(body, object) {
+		// Ready all the same, and saying only the state.
+		if status, body := in.Call("", "GET", "/readyz", ""); status != 200 || !strings.Contains(body, `"not_hardened"`) || strings.Contains(body, object) {
 			t.Errorf("/readyz while not hardened: %d %s", status, body)
 		}
-		// Reads, stops and deletes go on; the mirror goes on.
+		// Reads go on; the mirror goes on.
 		if status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+running.ID, ""); status != 200 || !strings.Contains(body, `"running"`) {
 			t.Errorf("read while not hardened: %d %s", status, body)
 		}
@@ -74,22 +107,22 @@ func TestSelfCheck(t *testing.T) {
 		t.Helper()
 		e2e.Eventually(t, "refusal lifted", 15*time.Second, func() (bool, error) {
 			status, body := in.Call("", "GET", "/readyz", "")
-			return status == 200, fmt.Errorf("%d %s", status, body)
+			return status == 200 && strings.Contains(body, `"hardened"`), fmt.Errorf("%d %s", status, body)
 		})
 		sb := in.Create(in.Token, "busybox", "--wait")
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
 	}
 	kubectl := func(args ...string) {
 		t.Helper()
-		if _, err := c.Kubectl(ctx, args...); err != nil {
-			t.Fatal(err)
+		if out, err := c.Kubectl(ctx, args...); err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
 		}
 	}
 
 	// The binding deleted.
 	kubectl("delete", "validatingadmissionpolicybinding", k8s.PolicySandbox)
 	refused("ValidatingAdmissionPolicyBinding " + k8s.PolicySandbox)
-	out, code := doctor(t, "--kubeconfig", c.Kubeconfig)
+	out, code = doctor(t, "--kubeconfig", c.Kubeconfig)
 	if code != 1 || !strings.Contains(out, "FAIL    ValidatingAdmissionPolicyBinding "+k8s.PolicySandbox+": missing") || !strings.Contains(out, "fix: ") {
 		t.Errorf("doctor without the binding: exit %d\n%s", code, out)
 	}
@@ -100,6 +133,8 @@ func TestSelfCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	lifted()
+	in.MustCLI(in.Token, "sandbox", "start", running.ID)
+	in.WaitState(in.Token, running.ID, "running")
 
 	// failurePolicy relaxed.
 	kubectl("patch", "validatingadmissionpolicy", k8s.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Ignore"}}`)
@@ -113,15 +148,101 @@ func TestSelfCheck(t *testing.T) {
 	kubectl("label", "--overwrite", "namespace", c.Namespace, "pod-security.kubernetes.io/enforce=baseline")
 	lifted()
 
+	// A second NetworkPolicy that allows everything, beside the chart's.
+	kubectl("apply", "-n", c.Namespace, "-f", writeTemp(t, allowAll))
+	refused("NetworkPolicy allow-all allows more than the chart's")
+	kubectl("delete", "networkpolicy", "-n", c.Namespace, "allow-all")
+	lifted()
+
 	// A namespace with none of the boundary fails every namespaced check.
 	kubectl("create", "namespace", "plain")
 	out, code = doctor(t, "--kubeconfig", c.Kubeconfig, "--namespace", "plain")
 	for _, want := range []string{"FAIL    Namespace plain: Pod Security enforce", "FAIL    ResourceQuota plain/hiloop-sandboxes: missing",
-		"FAIL    NetworkPolicy plain/hiloop-sandbox-isolation: missing", "does not select namespace plain", "fix: kubectl label"} {
+		"FAIL    NetworkPolicies in namespace plain: no NetworkPolicy that selects every pod restricts ingress",
+		"does not select namespace plain", "fix: kubectl label", "sandboxes can reach the API server at"} {
 		if code != 1 || !strings.Contains(out, want) {
 			t.Errorf("doctor on an unhardened namespace: exit %d, no %q in\n%s", code, want, out)
 		}
 	}
+}
+
+// kc runs kubectl against cluster c.
+func kc(t *testing.T, c *localcluster.Cluster, args ...string) string {
+	t.Helper()
+	out, err := c.Kubectl(context.Background(), args...)
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+// apiServerAddr is the address the cluster's API server advertises, as its
+// kubernetes EndpointSlice names it: the local cluster's is the machine's.
+func apiServerAddr(t *testing.T, c *localcluster.Cluster) string {
+	t.Helper()
+	addr := strings.TrimSpace(kc(t, c, "get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes",
+		"-o", "jsonpath={.items[0].endpoints[0].addresses[0]}"))
+	if addr == "" {
+		t.Fatal("the API server's EndpointSlice names no address")
+	}
+	return addr
+}
+
+// TestBrokenBoundaryServes breaks one boundary object while hiloop serves,
+// as an attacker or a careless upgrade would: /readyz stays 200, reads,
+// exec, stops and deletes go on, and creates and starts answer 503
+// cluster_not_hardened naming the object, until it is back.
+func TestBrokenBoundaryServes(t *testing.T) {
+	c := e2e.NewCluster(t)
+	ctx := context.Background()
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
+	var sbs []e2e.Sandbox
+	for range 3 {
+		sbs = append(sbs, in.Create(in.Token, "busybox", "--wait"))
+	}
+	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, k8s.QuotaName, "--type=merge",
+		"-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"1000000"}}}`); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	object := "ResourceQuota " + c.Namespace + "/" + k8s.QuotaName
+	e2e.Eventually(t, "creates refused naming the quota", 15*time.Second, func() (bool, error) {
+		status, body := tryCreate(t, in)
+		return status == 503 && errorCode(t, body) == "cluster_not_hardened" && strings.Contains(body, object) &&
+			strings.Contains(body, "above the chart's"), fmt.Errorf("%d %s", status, body)
+	})
+	if status, body := in.Call("", "GET", "/readyz", ""); status != 200 || !strings.Contains(body, `"not_hardened"`) || strings.Contains(body, "ResourceQuota") {
+		t.Errorf("/readyz: %d %s", status, body)
+	}
+	for _, sb := range sbs {
+		if got := in.Get(in.Token, sb.ID); got.State != "running" {
+			t.Errorf("read %s while not hardened: %s", sb.ID, got.State)
+		}
+	}
+	if _, _, code := in.CLI(in.Token, "sandbox", "exec", sbs[0].ID, "--", "sh", "-c", "exit 4"); code != 4 {
+		t.Errorf("exec while not hardened: exit %d", code)
+	}
+	in.MustCLI(in.Token, "sandbox", "stop", sbs[1].ID)
+	in.WaitState(in.Token, sbs[1].ID, "stopped")
+	if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sbs[1].ID+"/start", ""); status != 503 || errorCode(t, body) != "cluster_not_hardened" ||
+		!strings.Contains(body, object) {
+		t.Errorf("start while not hardened: %d %s", status, body)
+	}
+	in.MustCLI(in.Token, "sandbox", "delete", sbs[2].ID)
+	in.WaitState(in.Token, sbs[2].ID, "deleted")
+	if status, body := in.Call("", "GET", "/readyz", ""); status != 200 {
+		t.Errorf("/readyz after the stop and delete: %d %s", status, body)
+	}
+
+	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, k8s.QuotaName, "--type=merge",
+		"-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"100000"}}}`); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e2e.Eventually(t, "refusal lifted", 15*time.Second, func() (bool, error) {
+		status, body := in.Call("", "GET", "/readyz", "")
+		return status == 200 && strings.Contains(body, `"hardened"`), fmt.Errorf("%d %s", status, body)
+	})
+	in.MustCLI(in.Token, "sandbox", "start", sbs[1].ID)
+	in.WaitState(in.Token, sbs[1].ID, "running")
 }
 
 // TestInsecureNoGVisor: the development mode for clusters without gVisor.
@@ -158,7 +279,8 @@ func TestInsecureNoGVisor(t *testing.T) {
 	token := in.Token
 
 	// The chart for a cluster without gVisor.
-	rendering := helmTemplate(t, "-f", e2e.Path(t, "deploy/chart/values-local.yaml"), "--set", "gvisor.required=false")
+	rendering := helmTemplate(t, "-f", e2e.Path(t, "deploy/chart/values-local.yaml"), "--set", "gvisor.required=false",
+		"--set", "networkPolicy.cluster.apiServer={"+apiServerAddr(t, c)+"}")
 	if _, err := c.Kubectl(ctx, "apply", "-f", writeTemp(t, rendering)); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +296,7 @@ func TestInsecureNoGVisor(t *testing.T) {
 	})
 	in = e2e.Serve(t, db, c.Namespace, "--kubeconfig", c.Kubeconfig, "--insecure-no-gvisor")
 	status, body = in.Call("", "GET", "/readyz", "")
-	if status != 200 || !strings.Contains(body, "insecure") || !strings.Contains(body, "without gVisor") {
+	if status != 200 || !strings.Contains(body, `"boundary": "insecure"`) {
 		t.Errorf("/readyz in insecure mode: %d %s", status, body)
 	}
 	sb := in.Create(token, "busybox", "--wait")
@@ -249,17 +371,25 @@ func TestClusterQuota(t *testing.T) {
 	}
 }
 
-// TestNetworkPolicyReadBack: the API server accepts the chart's
-// NetworkPolicy and it holds every denied range (nothing enforces it in the
-// local cluster: there is no CNI).
-func TestNetworkPolicyReadBack(t *testing.T) {
+// TestBoundaryReadBack: the chart's boundary as the real API server stores
+// it (defaults filled in) passes the self-check, field for field, and the
+// NetworkPolicy read back denies every default range (nothing enforces it
+// in the local cluster: there is no CNI).
+func TestBoundaryReadBack(t *testing.T) {
 	c := e2e.SharedCluster(t)
-	np, err := c.Clients.Kube.NetworkingV1().NetworkPolicies(k8s.DefaultNamespace).Get(context.Background(), k8s.NetworkPolicy, metav1.GetOptions{})
+	exp, err := k8s.ParseBoundary(localcluster.Boundary)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if problems := k8s.NetworkPolicyProblems(np, k8s.DefaultSessionPort); len(problems) > 0 {
-		t.Errorf("read back: %v", problems)
+	for _, ch := range c.Clients.CheckBoundary(context.Background(), k8s.BoundaryOptions{Namespace: k8s.DefaultNamespace,
+		RuntimeClass: k8s.DefaultRuntimeClass, SessionPort: k8s.DefaultSessionPort, Expected: exp}) {
+		if !ch.OK {
+			t.Errorf("%s: %s (%s)", ch.Object, ch.Problem, ch.Detail)
+		}
+	}
+	np, err := c.Clients.Kube.NetworkingV1().NetworkPolicies(k8s.DefaultNamespace).Get(context.Background(), k8s.NetworkPolicy, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
 	var excepts []string
 	for _, r := range np.Spec.Egress {
@@ -270,7 +400,7 @@ func TestNetworkPolicyReadBack(t *testing.T) {
 		}
 	}
 	for _, d := range k8s.DeniedCIDRs {
-		if !strings.Contains(strings.Join(excepts, " "), d) {
+		if !slices.Contains(excepts, d) {
 			t.Errorf("egress does not except %s: %v", d, excepts)
 		}
 	}
@@ -388,8 +518,23 @@ func TestInstallManifestApplies(t *testing.T) {
 	if phase, err := c.Kubectl(ctx, "get", "pvc", "-n", "hiloop-system", "hiloop-data", "-o", "jsonpath={.status.phase}"); err != nil || phase != "Bound" {
 		t.Errorf("hiloop's volume: %q %v", phase, err)
 	}
-	out, code := doctor(t, "--kubeconfig", c.Kubeconfig)
-	if code != 0 {
+	// The default rendering is what doctor holds a cluster to without
+	// --boundary-file. Its egress exceptions do not know this cluster's
+	// addresses: the API server advertises the machine's own address, and
+	// unless that is in a range denied whatever the cluster, doctor's
+	// egress check fails naming it, and only that check.
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig, "--boundary-file", e2e.Path(t, "k8s/chart-boundary.yaml"))
+	fails := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "FAIL") {
+			fails++
+			if !strings.Contains(l, "Egress from namespace") || !strings.Contains(l, "sandboxes can reach the API server at") {
+				t.Errorf("doctor after kubectl apply: %s", l)
+			}
+		}
+	}
+	if (code == 0) != (fails == 0) || fails > 1 {
 		t.Errorf("doctor after kubectl apply: exit %d\n%s", code, out)
 	}
+	t.Logf("doctor after kubectl apply of the default rendering:\n%s", out)
 }

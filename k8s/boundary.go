@@ -1,22 +1,30 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
 	"fmt"
-	"net/netip"
+	"io"
 	"slices"
+	"sort"
 	"strings"
+	"sync"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 // The objects of the isolation boundary, as the chart (deploy/chart) names
-// them. The self-check reads each by name.
+// them. The self-check reads each by name, and every NetworkPolicy of the
+// sandbox namespace.
 const (
 	PolicySandbox    = "hiloop-sandbox-isolation"
 	PolicyPod        = "hiloop-pod-isolation"
@@ -27,14 +35,145 @@ const (
 	ruleRuntimeClass = "runtime-class"
 )
 
-// PolicyRules are the ids of the rules every isolation policy holds; each
-// rule's message starts with its id in brackets.
+// CheckForeignSandboxes names the finding of Sandboxes in the namespace
+// that hiloop did not make: reported, never a failure.
+const CheckForeignSandboxes = "foreign_sandboxes"
+
+// PolicyRules are the ids of some of the rules every isolation policy
+// holds; each rule's message starts with its id in brackets. The
+// self-check compares the policies whole, with the chart's rendering.
 var PolicyRules = []string{ruleRuntimeClass, "host-namespaces", "service-account-token", "privileged", "helper-hardened"}
 
-// DeniedCIDRs are the ranges sandbox egress must never reach: private,
-// carrier-grade NAT, link-local (the metadata service), and their IPv6
-// counterparts.
-var DeniedCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "fc00::/7", "fe80::/10"}
+// DeniedCIDRs are the ranges the chart's default values keep sandbox egress
+// from, whatever the cluster: private, carrier-grade NAT, link-local (the
+// metadata services), loopback, "this network", benchmarking, reserved,
+// Azure's WireServer; IPv6 unique-local, link-local, loopback and NAT64.
+// The cluster's own networks come on top, from values.
+var DeniedCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
+	"0.0.0.0/8", "198.18.0.0/15", "240.0.0.0/4", "168.63.129.16/32",
+	"fc00::/7", "fe80::/10", "::1/128", "64:ff9b::/96", "64:ff9b:1::/48"}
+
+// Boundary is the isolation boundary as the chart renders it: what the
+// self-check holds a cluster to.
+type Boundary struct {
+	// Namespace is the sandbox namespace (its Pod Security labels count).
+	Namespace *corev1.Namespace
+	Policies  map[string]*admissionv1.ValidatingAdmissionPolicy
+	Bindings  map[string]*admissionv1.ValidatingAdmissionPolicyBinding
+	// NetworkPolicy is the sandbox namespace's policy: the widest the
+	// namespace's policies together may allow.
+	NetworkPolicy *networkingv1.NetworkPolicy
+	Quota         *corev1.ResourceQuota
+}
+
+// chartBoundary is the chart's boundary templates rendered with the default
+// values (make chart).
+//
+//go:embed chart-boundary.yaml
+var chartBoundary []byte
+
+// ChartBoundary is the boundary of the chart's default values, built in.
+var ChartBoundary = sync.OnceValue(func() *Boundary {
+	b, err := ParseBoundary(chartBoundary)
+	if err != nil {
+		panic("k8s/chart-boundary.yaml: " + err.Error()) // TestChartBoundary parses it
+	}
+	return b
+})
+
+// ParseBoundary reads a rendering of the chart (helm template's output, or
+// the ConfigMap hiloop-boundary's boundary.yaml) and picks the boundary's
+// objects out of it; other objects are ignored. The sandbox namespace is
+// the quota's.
+func ParseBoundary(raw []byte) (*Boundary, error) {
+	b := &Boundary{Policies: map[string]*admissionv1.ValidatingAdmissionPolicy{}, Bindings: map[string]*admissionv1.ValidatingAdmissionPolicyBinding{}}
+	var namespaces []*corev1.Namespace
+	var nps []*networkingv1.NetworkPolicy
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var doc json.RawMessage
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(doc) == 0 || string(doc) == "null" {
+			continue
+		}
+		var meta metav1.TypeMeta
+		if err := json.Unmarshal(doc, &meta); err != nil {
+			return nil, err
+		}
+		var into any
+		switch meta.Kind {
+		case "Namespace":
+			into = &corev1.Namespace{}
+		case "ValidatingAdmissionPolicy":
+			into = &admissionv1.ValidatingAdmissionPolicy{}
+		case "ValidatingAdmissionPolicyBinding":
+			into = &admissionv1.ValidatingAdmissionPolicyBinding{}
+		case "NetworkPolicy":
+			into = &networkingv1.NetworkPolicy{}
+		case "ResourceQuota":
+			into = &corev1.ResourceQuota{}
+		default:
+			continue
+		}
+		if err := json.Unmarshal(doc, into); err != nil {
+			return nil, fmt.Errorf("%s: %w", meta.Kind, err)
+		}
+		switch o := into.(type) {
+		case *corev1.Namespace:
+			namespaces = append(namespaces, o)
+		case *admissionv1.ValidatingAdmissionPolicy:
+			b.Policies[o.Name] = o
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			b.Bindings[o.Name] = o
+		case *networkingv1.NetworkPolicy:
+			nps = append(nps, o)
+		case *corev1.ResourceQuota:
+			if o.Name == QuotaName {
+				b.Quota = o
+			}
+		}
+	}
+	if b.Quota == nil {
+		return nil, fmt.Errorf("no ResourceQuota %s", QuotaName)
+	}
+	ns := b.Quota.Namespace
+	for _, n := range namespaces {
+		if n.Name == ns {
+			b.Namespace = n
+		}
+	}
+	for _, np := range nps {
+		if np.Namespace == ns && np.Name == NetworkPolicy {
+			b.NetworkPolicy = np
+		}
+	}
+	switch {
+	case b.Namespace == nil:
+		return nil, fmt.Errorf("no Namespace %s", ns)
+	case b.NetworkPolicy == nil:
+		return nil, fmt.Errorf("no NetworkPolicy %s/%s", ns, NetworkPolicy)
+	}
+	return b, b.complete()
+}
+
+// complete checks that both policies and their bindings are there.
+func (b *Boundary) complete() error {
+	for _, name := range []string{PolicySandbox, PolicyPod} {
+		if b.Policies[name] == nil {
+			return fmt.Errorf("no ValidatingAdmissionPolicy %s", name)
+		}
+		if b.Bindings[name] == nil {
+			return fmt.Errorf("no ValidatingAdmissionPolicyBinding %s", name)
+		}
+	}
+	return nil
+}
 
 // BoundaryOptions say what the boundary must hold for this deployment.
 type BoundaryOptions struct {
@@ -44,19 +183,36 @@ type BoundaryOptions struct {
 	// NoGVisor is the development mode without gVisor: a missing runtime
 	// class and a policy that does not require it are failures it allows.
 	NoGVisor bool
+	// Expected is the chart's rendering the cluster is held to
+	// (--boundary-file); ChartBoundary when nil. Its sandbox namespace
+	// stands for Namespace.
+	Expected *Boundary
+}
+
+func (o BoundaryOptions) expected() *Boundary {
+	if o.Expected != nil {
+		return o.Expected
+	}
+	return ChartBoundary()
 }
 
 // Check is one finding of the self-check.
 type Check struct {
 	// Name is a fixed name, fit for a metric label.
 	Name string `json:"name"`
-	// Object is the cluster object checked ("Namespace hiloop-sandboxes").
+	// Object is the cluster object checked ("Namespace hiloop-sandboxes"),
+	// fixed for a deployment, fit for a metric label.
 	Object string `json:"object"`
 	OK     bool   `json:"ok"`
 	// Allowed marks a failure this deployment accepts (--insecure-no-gvisor).
-	Allowed bool   `json:"allowed,omitempty"`
+	Allowed bool `json:"allowed,omitempty"`
+	// Warning marks a finding that is reported (log, metric, doctor) but
+	// refuses nothing: Sandboxes hiloop did not make.
+	Warning bool   `json:"warning,omitempty"`
 	Problem string `json:"problem,omitempty"`
 	Fix     string `json:"fix,omitempty"`
+	// Count is how many objects a warning is about.
+	Count int `json:"count,omitempty"`
 	// Detail is the cluster's own error when the object could not be read.
 	// It can name hiloop's service account, so it goes to the log and to
 	// `hiloop doctor`, never into an API answer.
@@ -64,26 +220,23 @@ type Check struct {
 }
 
 // Failed reports whether the check fails and the failure is not allowed.
-func (c Check) Failed() bool { return !c.OK && !c.Allowed }
+func (c Check) Failed() bool { return !c.OK && !c.Allowed && !c.Warning }
 
 const fixChart = "install or upgrade the hiloop chart (docs/install.md)"
 
 // CheckBoundary reads every object the isolation boundary depends on and
-// reports, for each, whether it exists and holds. It makes one request per
-// object; an object it cannot read is a failure.
+// compares it with the chart's rendering (o.Expected): the namespace's Pod
+// Security labels, the RuntimeClass, both admission policies and their
+// bindings, the quota, and every NetworkPolicy of the namespace together.
+// It also reports Sandboxes in the namespace that hiloop did not make. An
+// object it cannot read is a failure.
 func (c *Clients) CheckBoundary(ctx context.Context, o BoundaryOptions) []Check {
-	var out []Check
-	ns, nsCheck := c.checkNamespace(ctx, o)
-	out = append(out, nsCheck)
-	out = append(out, c.checkRuntimeClass(ctx, o))
-	for _, p := range []struct{ name, group, resource string }{
-		{PolicySandbox, SandboxGroup, SandboxResource},
-		{PolicyPod, "", "pods"},
-	} {
-		out = append(out, c.checkPolicy(ctx, o, p.name, p.group, p.resource))
-		out = append(out, c.checkBinding(ctx, ns, p.name))
+	exp := o.expected()
+	out := []Check{c.checkNamespace(ctx, o, exp), c.checkRuntimeClass(ctx, o)}
+	for _, name := range []string{PolicySandbox, PolicyPod} {
+		out = append(out, c.checkPolicy(ctx, o, exp, name), c.checkBinding(ctx, o, exp, name))
 	}
-	out = append(out, c.checkQuota(ctx, o), c.checkNetworkPolicy(ctx, o))
+	out = append(out, c.checkQuota(ctx, o, exp), c.checkNetworkPolicies(ctx, o, exp), c.checkForeignSandboxes(ctx, o))
 	return out
 }
 
@@ -98,29 +251,61 @@ func readFailure(ch Check, err error) Check {
 	return ch
 }
 
-func (c *Clients) checkNamespace(ctx context.Context, o BoundaryOptions) (*corev1.Namespace, Check) {
+// Pod Security levels, weakest first.
+var psaLevels = []string{"privileged", "baseline", "restricted"}
+
+func (c *Clients) checkNamespace(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
 	ch := Check{Name: "namespace", Object: "Namespace " + o.Namespace}
 	ns, err := c.Kube.CoreV1().Namespaces().Get(ctx, o.Namespace, metav1.GetOptions{})
 	if err != nil {
-		return nil, readFailure(ch, err)
+		return readFailure(ch, err)
 	}
-	l := ns.Labels
-	var problems []string
-	if e := l["pod-security.kubernetes.io/enforce"]; e != "baseline" && e != "restricted" {
-		problems = append(problems, fmt.Sprintf("Pod Security enforce is %q, not baseline or restricted", e))
-	}
-	for _, mode := range []string{"audit", "warn"} {
-		if v := l["pod-security.kubernetes.io/"+mode]; v != "restricted" {
-			problems = append(problems, fmt.Sprintf("Pod Security %s is %q, not restricted", mode, v))
+	if problems := podSecurityProblems(ns.Labels, exp.Namespace.Labels); len(problems) > 0 {
+		var fix []string
+		for _, mode := range []string{"enforce", "audit", "warn"} {
+			for _, k := range []string{"pod-security.kubernetes.io/" + mode, "pod-security.kubernetes.io/" + mode + "-version"} {
+				if v, ok := exp.Namespace.Labels[k]; ok {
+					fix = append(fix, k+"="+v)
+				}
+			}
 		}
-	}
-	if len(problems) > 0 {
 		ch.Problem = strings.Join(problems, "; ")
-		ch.Fix = fmt.Sprintf("kubectl label --overwrite namespace %s pod-security.kubernetes.io/enforce=baseline pod-security.kubernetes.io/audit=restricted pod-security.kubernetes.io/warn=restricted", o.Namespace)
-		return ns, ch
+		ch.Fix = fmt.Sprintf("kubectl label --overwrite namespace %s %s", o.Namespace, strings.Join(fix, " "))
+		return ch
 	}
 	ch.OK = true
-	return ns, ch
+	return ch
+}
+
+// podSecurityProblems says where the namespace's Pod Security labels are
+// weaker than the chart's: a lower level in any mode, or a version other
+// than the chart's (a version pinned to an older release lacks the newer
+// checks; no version label means latest).
+func podSecurityProblems(have, want map[string]string) []string {
+	var problems []string
+	for _, mode := range []string{"enforce", "audit", "warn"} {
+		key := "pod-security.kubernetes.io/" + mode
+		w, ok := want[key]
+		if !ok {
+			continue
+		}
+		h := have[key]
+		if slices.Index(psaLevels, h) < slices.Index(psaLevels, w) {
+			problems = append(problems, fmt.Sprintf("Pod Security %s is %q, not %s or stricter", mode, h, w))
+		}
+		wv, hv := orLatest(want[key+"-version"]), orLatest(have[key+"-version"])
+		if hv != wv && hv != "latest" {
+			problems = append(problems, fmt.Sprintf("Pod Security %s-version is %q, not %s", mode, hv, wv))
+		}
+	}
+	return problems
+}
+
+func orLatest(v string) string {
+	if v == "" {
+		return "latest"
+	}
+	return v
 }
 
 func (c *Clients) checkRuntimeClass(ctx context.Context, o BoundaryOptions) Check {
@@ -144,82 +329,100 @@ func (c *Clients) checkRuntimeClass(ctx context.Context, o BoundaryOptions) Chec
 	return ch
 }
 
-func (c *Clients) checkPolicy(ctx context.Context, o BoundaryOptions, name, group, resource string) Check {
+// withoutRuntimeClass is a policy spec without its [runtime-class] rule.
+func withoutRuntimeClass(s admissionv1.ValidatingAdmissionPolicySpec) admissionv1.ValidatingAdmissionPolicySpec {
+	s.Validations = slices.DeleteFunc(slices.Clone(s.Validations), isRuntimeClassRule)
+	return s
+}
+
+func isRuntimeClassRule(v admissionv1.Validation) bool {
+	return strings.HasPrefix(v.Message, "["+ruleRuntimeClass+"]")
+}
+
+func (c *Clients) checkPolicy(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) Check {
 	ch := Check{Name: "admission_policy", Object: "ValidatingAdmissionPolicy " + name}
 	p, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
 	}
-	var problems []string
-	var allowed []string
-	if p.Spec.FailurePolicy != nil && *p.Spec.FailurePolicy != admissionv1.Fail {
-		problems = append(problems, fmt.Sprintf("failurePolicy is %s, not Fail", *p.Spec.FailurePolicy))
-	}
-	if !policyMatches(p.Spec.MatchConstraints, group, resource) {
-		problems = append(problems, fmt.Sprintf("it does not match %s on create and update", resource))
-	}
-	for _, rule := range PolicyRules {
-		i := slices.IndexFunc(p.Spec.Validations, func(v admissionv1.Validation) bool {
-			return strings.HasPrefix(v.Message, "["+rule+"]")
-		})
-		switch {
-		case i < 0 && rule == ruleRuntimeClass && o.NoGVisor:
-			allowed = append(allowed, "the runtime class is not required (--insecure-no-gvisor)")
-		case i < 0:
-			problems = append(problems, fmt.Sprintf("rule [%s] is missing", rule))
-		case rule == ruleRuntimeClass && !o.NoGVisor && !strings.Contains(p.Spec.Validations[i].Expression, "'"+o.RuntimeClass+"'"):
-			problems = append(problems, fmt.Sprintf("rule [%s] does not require runtime class %s", rule, o.RuntimeClass))
-		}
-	}
+	have, want := *p.Spec.DeepCopy(), *exp.Policies[name].Spec.DeepCopy()
+	defaultPolicy(&have)
+	defaultPolicy(&want)
+	wantRC := slices.IndexFunc(want.Validations, isRuntimeClassRule)
 	switch {
-	case len(problems) > 0:
-		ch.Problem, ch.Fix = strings.Join(problems, "; "), fixChart
-	case len(allowed) > 0:
-		ch.Allowed, ch.Problem = true, strings.Join(allowed, "; ")
+	case o.NoGVisor && len(specDiff(have, withoutRuntimeClass(want))) == 0:
+		ch.Allowed, ch.Problem = true, "the runtime class is not required (--insecure-no-gvisor)"
 		ch.Fix = "install the chart with gvisor.required=true on a cluster with gVisor"
-	default:
-		ch.OK = true
+		return ch
+	case !o.NoGVisor && wantRC < 0:
+		ch.Problem = "the chart's rendering does not require a runtime class (gvisor.required=false): run with --insecure-no-gvisor, or install the chart with gvisor.required=true"
+		ch.Fix = fixChart
+		return ch
+	case !o.NoGVisor && !strings.Contains(want.Validations[wantRC].Expression, "'"+o.RuntimeClass+"'"):
+		ch.Problem = fmt.Sprintf("the chart's rendering requires another runtime class than %s (--runtime-class)", o.RuntimeClass)
+		ch.Fix = "install the chart with gvisor.runtimeClass=" + o.RuntimeClass + ", or pass --boundary-file with its rendering"
+		return ch
 	}
+	if diff := specDiff(have, want); len(diff) > 0 {
+		if !o.NoGVisor && !slices.ContainsFunc(have.Validations, isRuntimeClassRule) {
+			diff = append([]string{"rule [" + ruleRuntimeClass + "] is missing"}, diff...)
+		}
+		ch.Problem = "differs from the chart's rendering: " + strings.Join(diff, "; ")
+		ch.Fix = fixChart + "; if it was installed with other values, pass their rendering with --boundary-file"
+		return ch
+	}
+	ch.OK = true
 	return ch
 }
 
-// policyMatches reports whether match constraints cover CREATE and UPDATE
-// of the resource.
-func policyMatches(m *admissionv1.MatchResources, group, resource string) bool {
-	if m == nil {
-		return false
+// selectedNames is the set of namespace names a selector selects by
+// kubernetes.io/metadata.name, in either form the chart could write; ok is
+// false for a selector that selects by anything else.
+func selectedNames(s *metav1.LabelSelector) (sets.Set[string], bool) {
+	if s == nil {
+		return nil, false
 	}
-	anyOf := func(list []string, want string) bool {
-		return slices.Contains(list, want) || slices.Contains(list, "*")
-	}
-	for _, r := range m.ResourceRules {
-		ops := make([]string, 0, len(r.Operations))
-		for _, op := range r.Operations {
-			ops = append(ops, string(op))
+	switch {
+	case len(s.MatchLabels) == 1 && len(s.MatchExpressions) == 0:
+		if v, ok := s.MatchLabels[corev1.LabelMetadataName]; ok {
+			return sets.New(v), true
 		}
-		if anyOf(r.APIGroups, group) && anyOf(r.Resources, resource) &&
-			(slices.Contains(ops, "*") || (slices.Contains(ops, "CREATE") && slices.Contains(ops, "UPDATE"))) {
-			return true
+	case len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 1:
+		e := s.MatchExpressions[0]
+		if e.Key == corev1.LabelMetadataName && e.Operator == metav1.LabelSelectorOpIn {
+			return sets.New(e.Values...), true
 		}
 	}
-	return false
+	return nil, false
 }
 
-func (c *Clients) checkBinding(ctx context.Context, ns *corev1.Namespace, name string) Check {
+func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) Check {
 	ch := Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding " + name}
 	b, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
 	}
+	have, want := b.Spec.DeepCopy(), exp.Bindings[name].Spec.DeepCopy()
 	var problems []string
-	if b.Spec.PolicyName != name {
-		problems = append(problems, fmt.Sprintf("binds policy %q, not %s", b.Spec.PolicyName, name))
+	// The namespaces: by name, and this one among them. The chart's own
+	// namespace stands for this one, and more names only bind more.
+	if have.MatchResources == nil {
+		problems = append(problems, "it selects every resource in every namespace, not the sandbox namespace by name")
+	} else if names, ok := selectedNames(have.MatchResources.NamespaceSelector); !ok {
+		problems = append(problems, "it does not select namespaces by "+corev1.LabelMetadataName+" alone, so a label edit can lift it")
+	} else if !names.Has(o.Namespace) {
+		problems = append(problems, "it does not select namespace "+o.Namespace)
 	}
-	if !slices.Contains(b.Spec.ValidationActions, admissionv1.Deny) {
-		problems = append(problems, "its validation actions do not include Deny")
+	if have.MatchResources != nil {
+		have.MatchResources.NamespaceSelector = nil
 	}
-	if ns != nil && !bindingSelects(b.Spec.MatchResources, ns) {
-		problems = append(problems, "it does not select namespace "+ns.Name)
+	if want.MatchResources != nil {
+		want.MatchResources.NamespaceSelector = nil
+	}
+	defaultMatch(have.MatchResources)
+	defaultMatch(want.MatchResources)
+	if diff := specDiff(have, want); len(problems) == 0 && len(diff) > 0 {
+		problems = append(problems, "differs from the chart's rendering: "+strings.Join(diff, "; "))
 	}
 	if len(problems) > 0 {
 		ch.Problem, ch.Fix = strings.Join(problems, "; "), fixChart
@@ -229,40 +432,32 @@ func (c *Clients) checkBinding(ctx context.Context, ns *corev1.Namespace, name s
 	return ch
 }
 
-// bindingSelects reports whether a binding's namespace selector selects ns.
-// A nil selector selects every namespace.
-func bindingSelects(m *admissionv1.MatchResources, ns *corev1.Namespace) bool {
-	if m == nil || m.NamespaceSelector == nil {
-		return true
-	}
-	sel, err := metav1.LabelSelectorAsSelector(m.NamespaceSelector)
-	if err != nil {
-		return false
-	}
-	return sel.Matches(labels.Set(ns.Labels))
-}
-
-func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions) Check {
+func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
 	ch := Check{Name: "quota", Object: "ResourceQuota " + o.Namespace + "/" + QuotaName}
 	q, err := c.Kube.CoreV1().ResourceQuotas(o.Namespace).Get(ctx, QuotaName, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
 	}
-	if _, ok := q.Spec.Hard[quotaResource]; !ok {
-		ch.Problem, ch.Fix = "it sets no limit on "+quotaResource, fixChart
-		return ch
+	var problems []string
+	if len(q.Spec.Scopes) > 0 || q.Spec.ScopeSelector != nil {
+		problems = append(problems, "it has scopes, so it counts only some of the namespace's objects")
 	}
-	ch.OK = true
-	return ch
-}
-
-func (c *Clients) checkNetworkPolicy(ctx context.Context, o BoundaryOptions) Check {
-	ch := Check{Name: "network_policy", Object: "NetworkPolicy " + o.Namespace + "/" + NetworkPolicy}
-	np, err := c.Kube.NetworkingV1().NetworkPolicies(o.Namespace).Get(ctx, NetworkPolicy, metav1.GetOptions{})
-	if err != nil {
-		return readFailure(ch, err)
+	names := make([]string, 0, len(exp.Quota.Spec.Hard))
+	for r := range exp.Quota.Spec.Hard {
+		names = append(names, string(r))
 	}
-	if problems := NetworkPolicyProblems(np, o.SessionPort); len(problems) > 0 {
+	sort.Strings(names)
+	for _, r := range names {
+		want := exp.Quota.Spec.Hard[corev1.ResourceName(r)]
+		have, ok := q.Spec.Hard[corev1.ResourceName(r)]
+		switch {
+		case !ok:
+			problems = append(problems, "it sets no limit on "+r)
+		case have.Cmp(want) > 0:
+			problems = append(problems, fmt.Sprintf("its %s is %s, above the chart's %s", r, have.String(), want.String()))
+		}
+	}
+	if len(problems) > 0 {
 		ch.Problem, ch.Fix = strings.Join(problems, "; "), fixChart
 		return ch
 	}
@@ -270,82 +465,58 @@ func (c *Clients) checkNetworkPolicy(ctx context.Context, o BoundaryOptions) Che
 	return ch
 }
 
-// NetworkPolicyProblems says how a sandbox NetworkPolicy falls short: it must
-// select every pod, restrict ingress and egress, allow ingress only from
-// selected peers on the session port, allow in-cluster egress only to DNS,
-// and keep every denied range out of any wider block it allows.
-func NetworkPolicyProblems(np *networkingv1.NetworkPolicy, sessionPort int) []string {
-	var problems []string
-	if len(np.Spec.PodSelector.MatchLabels) > 0 || len(np.Spec.PodSelector.MatchExpressions) > 0 {
-		problems = append(problems, "it does not select every pod")
-	}
-	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
-		problems = append(problems, "it does not restrict both ingress and egress")
-	}
-	for _, r := range np.Spec.Ingress {
-		if len(r.From) == 0 || len(r.Ports) == 0 || slices.ContainsFunc(r.From, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil }) {
-			problems = append(problems, "an ingress rule admits more than hiloop's pod")
-			continue
-		}
-		for _, p := range r.Ports {
-			if p.Port == nil || p.Port.IntValue() != sessionPort || p.EndPort != nil {
-				problems = append(problems, fmt.Sprintf("an ingress rule opens more than the session port %d", sessionPort))
-				break
-			}
-		}
-	}
-	for _, r := range np.Spec.Egress {
-		if len(r.To) == 0 {
-			problems = append(problems, "an egress rule allows every destination")
-			continue
-		}
-		for _, peer := range r.To {
-			if peer.IPBlock == nil {
-				if !dnsOnly(r.Ports) {
-					problems = append(problems, "an in-cluster egress rule allows more than DNS")
-				}
-				continue
-			}
-			if missing := uncovered(peer.IPBlock); len(missing) > 0 {
-				problems = append(problems, fmt.Sprintf("egress to %s does not except %s", peer.IPBlock.CIDR, strings.Join(missing, ", ")))
-			}
-		}
-	}
-	return slices.Compact(problems)
-}
-
-func dnsOnly(ports []networkingv1.NetworkPolicyPort) bool {
-	if len(ports) == 0 {
-		return false
-	}
-	for _, p := range ports {
-		if p.Port == nil || p.Port.IntValue() != 53 || p.EndPort != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// uncovered lists the denied ranges that fall inside the block's CIDR and
-// that no except entry covers.
-func uncovered(b *networkingv1.IPBlock) []string {
-	block, err := netip.ParsePrefix(b.CIDR)
+// checkNetworkPolicies evaluates every NetworkPolicy of the namespace
+// together (see netpol.go): some must isolate every pod both ways, and none
+// may allow a peer or port the chart's policy does not.
+func (c *Clients) checkNetworkPolicies(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
+	ch := Check{Name: "network_policy", Object: "NetworkPolicies in namespace " + o.Namespace}
+	list, err := c.Kube.NetworkingV1().NetworkPolicies(o.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return []string{"(unparseable " + b.CIDR + ")"}
+		return readFailure(ch, err)
 	}
-	var missing []string
-	for _, d := range DeniedCIDRs {
-		denied := netip.MustParsePrefix(d)
-		if denied.Addr().Is4() != block.Addr().Is4() || !block.Overlaps(denied) {
-			continue
-		}
-		covered := slices.ContainsFunc(b.Except, func(e string) bool {
-			ex, err := netip.ParsePrefix(e)
-			return err == nil && ex.Bits() <= denied.Bits() && ex.Contains(denied.Addr())
-		})
-		if !covered {
-			missing = append(missing, d)
-		}
+	nps := make([]*networkingv1.NetworkPolicy, len(list.Items))
+	for i := range list.Items {
+		nps[i] = &list.Items[i]
 	}
-	return missing
+	if problems := policyExcess(nps, exp.NetworkPolicy, o.Namespace); len(problems) > 0 {
+		ch.Problem = strings.Join(problems, "; ")
+		ch.Fix = fmt.Sprintf("delete or narrow the NetworkPolicies named (kubectl -n %s get networkpolicies), and install or upgrade the hiloop chart", o.Namespace)
+		return ch
+	}
+	ch.OK = true
+	return ch
+}
+
+// ForeignLimit bounds how many foreign Sandboxes one check lists.
+const ForeignLimit = 500
+
+// checkForeignSandboxes finds Sandboxes in the namespace without hiloop's
+// managed-by label, which the mirror, watching hiloop's label only, never
+// sees. The admission policies hold them like any other, so they refuse
+// nothing; they are reported.
+func (c *Clients) checkForeignSandboxes(ctx context.Context, o BoundaryOptions) Check {
+	ch := Check{Name: CheckForeignSandboxes, Object: "Sandboxes in namespace " + o.Namespace + " that hiloop did not make"}
+	list, err := c.Sandbox.AgentsV1beta1().Sandboxes(o.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: LabelManagedBy + "!=" + ManagedBy, Limit: ForeignLimit})
+	if err != nil {
+		ch.Warning, ch.Problem, ch.Detail = true, "cannot list them", shortError(err)
+		ch.Fix = "give hiloop's service account list on sandboxes (the chart's RBAC does)"
+		return ch
+	}
+	if len(list.Items) == 0 {
+		ch.OK = true
+		return ch
+	}
+	names := make([]string, 0, len(list.Items))
+	for _, sb := range list.Items {
+		names = append(names, sb.Name)
+	}
+	more := ""
+	if list.Continue != "" {
+		more = fmt.Sprintf(" (the first %d)", ForeignLimit)
+	}
+	ch.Warning, ch.Count = true, len(names)
+	ch.Problem = fmt.Sprintf("%d Sandboxes without hiloop's label %s=%s%s: %s", len(names), LabelManagedBy, ManagedBy, more, strings.Join(names, ", "))
+	ch.Fix = fmt.Sprintf("find who made them (kubectl -n %s get sandboxes -l '%s!=%s' -o yaml) and delete them: the sandbox namespace is hiloop's alone", o.Namespace, LabelManagedBy, ManagedBy)
+	return ch
 }

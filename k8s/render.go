@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -77,7 +78,23 @@ type RenderOptions struct {
 	// GatewayKey is the gateway's public key (authorized_keys form), which
 	// the helper accepts.
 	GatewayKey string
+	// DefaultCPULimit and DefaultMemoryLimit are the workload's limits when
+	// the spec sets none (serve --default-cpu-limit, --default-memory-limit);
+	// DefaultCPULimit and DefaultMemoryLimit of this package when empty.
+	DefaultCPULimit, DefaultMemoryLimit string
 }
+
+// The workload's resources when its spec states none. Every container
+// states requests and limits, so that the sandbox namespace's quota, which
+// bounds their totals, counts it: the quota refuses a pod that states none.
+// Requests default to the least a sandbox may ask for; a request above the
+// default limit raises the limit to it.
+const (
+	DefaultCPURequest    = "10m"
+	DefaultMemoryRequest = "16Mi"
+	DefaultCPULimit      = "2"
+	DefaultMemoryLimit   = "4Gi"
+)
 
 func (o RenderOptions) sessionPort() int {
 	if o.SessionPort == 0 {
@@ -147,7 +164,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 
 	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image}
 	var err error
-	if container.Resources, err = resources(sb.Spec); err != nil {
+	if container.Resources, err = resources(sb.Spec, o); err != nil {
 		return nil, err
 	}
 	var claims []v1beta1.PersistentVolumeClaimTemplate
@@ -233,29 +250,52 @@ func operatingMode(m store.Mode) v1beta1.SandboxOperatingMode {
 	return v1beta1.SandboxOperatingModeRunning
 }
 
-func resources(s store.Spec) (corev1.ResourceRequirements, error) {
-	var r corev1.ResourceRequirements
+// resources are the workload's requests and limits: the spec's, and for
+// what it leaves out, the defaults. A limit alone is also the request, as
+// the API server would make it.
+func resources(s store.Spec, o RenderOptions) (corev1.ResourceRequirements, error) {
+	r := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
-		list  *corev1.ResourceList
-		name  corev1.ResourceName
-		value string
+		name                                 corev1.ResourceName
+		request, limit, defRequest, defLimit string
 	}{
-		{&r.Requests, corev1.ResourceCPU, s.CPURequest},
-		{&r.Requests, corev1.ResourceMemory, s.MemoryRequest},
-		{&r.Limits, corev1.ResourceCPU, s.CPULimit},
-		{&r.Limits, corev1.ResourceMemory, s.MemoryLimit},
+		{corev1.ResourceCPU, s.CPURequest, s.CPULimit, DefaultCPURequest, cmp.Or(o.DefaultCPULimit, DefaultCPULimit)},
+		{corev1.ResourceMemory, s.MemoryRequest, s.MemoryLimit, DefaultMemoryRequest, cmp.Or(o.DefaultMemoryLimit, DefaultMemoryLimit)},
 	} {
-		if q.value == "" {
-			continue
+		parse := func(v string) (resource.Quantity, error) {
+			qv, err := resource.ParseQuantity(v)
+			if err != nil {
+				return qv, fmt.Errorf("%s: %w", q.name, err)
+			}
+			return qv, nil
 		}
-		v, err := resource.ParseQuantity(q.value)
-		if err != nil {
-			return r, fmt.Errorf("%s: %w", q.name, err)
+		switch {
+		case q.limit != "":
+			limit, err := parse(q.limit)
+			if err != nil {
+				return r, err
+			}
+			request := limit
+			if q.request != "" {
+				if request, err = parse(q.request); err != nil {
+					return r, err
+				}
+			}
+			r.Requests[q.name], r.Limits[q.name] = request, limit
+		default:
+			request, err := parse(cmp.Or(q.request, q.defRequest))
+			if err != nil {
+				return r, err
+			}
+			limit, err := parse(q.defLimit)
+			if err != nil {
+				return r, err
+			}
+			if request.Cmp(limit) > 0 {
+				limit = request
+			}
+			r.Requests[q.name], r.Limits[q.name] = request, limit
 		}
-		if *q.list == nil {
-			*q.list = corev1.ResourceList{}
-		}
-		(*q.list)[q.name] = v
 	}
 	return r, nil
 }

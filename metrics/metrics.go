@@ -29,6 +29,7 @@ type Metrics struct {
 	mirrorLag     prometheus.Histogram
 	sessionBytes  *prometheus.CounterVec
 	selfCheck     *prometheus.GaugeVec
+	foreign       prometheus.Gauge
 	sshRefused    *prometheus.CounterVec
 }
 
@@ -59,9 +60,11 @@ func New() *Metrics {
 		Help: "Bytes moved by sessions, by transport (exec, ssh, forward) and direction (in to the sandbox, out of it)."}, []string{"transport", "direction"})
 	m.selfCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hiloop_self_check",
 		Help: "The isolation self-check, per boundary object: 1 holds, 0 fails, 0.5 fails in a way the deployment allows (--insecure-no-gvisor)."}, []string{"check", "object"})
+	m.foreign = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_foreign_sandboxes",
+		Help: "Sandboxes in the sandbox namespace without hiloop's label, which hiloop did not make and does not mirror, as the last self-check found them (at most 500)."})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
 		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.sshRefused,
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -147,6 +150,15 @@ func (m *Metrics) SelfCheck(check, object string, ok, allowed bool) {
 		v = 0.5
 	}
 	m.selfCheck.WithLabelValues(check, object).Set(v)
+}
+
+// ForeignSandboxes sets how many Sandboxes hiloop did not make the last
+// self-check found.
+func (m *Metrics) ForeignSandboxes(n int) {
+	if m == nil {
+		return
+	}
+	m.foreign.Set(float64(n))
 }
 
 // MirrorQueue sets the mirror's queue depth.

@@ -28,7 +28,9 @@ func TestImage(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	archive := filepath.Join(dir, "image.tar")
-	if out, err := exec.Command("go", "run", ".", "-binary", bin, "-tag", "hiloop/hiloop:test", "-o", archive).CombinedOutput(); err != nil {
+	digestFile := filepath.Join(dir, "digest")
+	out, err := exec.Command("go", "run", ".", "-binary", bin, "-tag", "hiloop/hiloop:test", "-o", archive, "-digest-file", digestFile).CombinedOutput()
+	if err != nil {
 		t.Fatalf("go run ./deploy/image: %v\n%s", err, out)
 	}
 
@@ -44,6 +46,17 @@ func TestImage(t *testing.T) {
 	img, err := tarball.ImageFromPath(archive, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The digest printed, and pinned with the chart's image.digest, is the
+	// one the tarball's image has, which a push that keeps the manifest
+	// keeps.
+	digest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	written, _ := os.ReadFile(digestFile)
+	if !strings.Contains(string(out), "digest "+digest.String()) || strings.TrimSpace(string(written)) != digest.String() {
+		t.Errorf("digest %s; printed %q, written %q", digest, out, written)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -96,7 +109,7 @@ func TestImage(t *testing.T) {
 			t.Errorf("the image holds %s: it needs no shell or userland", n)
 		}
 	}
-	out, err := exec.Command(extracted, "version").CombinedOutput()
+	out, err = exec.Command(extracted, "version").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "hiloop image-test" {
 		t.Fatalf("the binary from the layer: %v %q", err, out)
 	}

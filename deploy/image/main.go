@@ -36,32 +36,45 @@ func main() {
 	tag := flag.String("tag", "hiloop/hiloop:dev", "the image's name and tag")
 	out := flag.String("o", "bin/hiloop-image.tar", "the tarball to write")
 	arch := flag.String("arch", runtime.GOARCH, "the binary's architecture")
+	digestFile := flag.String("digest-file", "", "also write the image's manifest digest to this file")
 	flag.Parse()
-	if err := build(*binary, *tag, *arch, *out); err != nil {
+	digest, err := build(*binary, *tag, *arch, *out)
+	if err == nil && *digestFile != "" {
+		err = os.WriteFile(*digestFile, []byte(digest+"\n"), 0o644)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 	fmt.Println(*out)
+	// The digest the chart pins with image.digest, kept by a push that
+	// keeps the manifest (crane push).
+	fmt.Println("digest", digest)
 }
 
-func build(binary, tag, arch, out string) error {
+// build writes the image's tarball and returns its manifest digest.
+func build(binary, tag, arch, out string) (string, error) {
 	ref, err := name.NewTag(tag)
 	if err != nil {
-		return err
+		return "", err
 	}
 	bin, err := os.ReadFile(binary)
 	if err != nil {
-		return err
+		return "", err
 	}
 	img, err := Image(bin, arch, ref.TagStr())
 	if err != nil {
-		return err
+		return "", err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return "", err
 	}
 	tmp := out + ".tmp"
 	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
-		return err
+		return "", err
 	}
-	return os.Rename(tmp, out)
+	return digest.String(), os.Rename(tmp, out)
 }
 
 // Image is the image of a hiloop binary.

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -274,6 +275,9 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 		}
 	}
 	before, _ := os.ReadFile(in.KeyFile)
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--boundary-file") }) {
+		args = append([]string{"--boundary-file", LocalBoundary(t)}, args...)
+	}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
 	in.Cmd = exec.Command(Binary(t), full...)
@@ -528,17 +532,32 @@ func Kubectl(t testing.TB, args ...string) string {
 }
 
 // WithoutAdmission lifts a sandbox namespace's admission (the chart's
-// policies, whose bindings select the namespace by label, and Pod Security)
+// policies, whose bindings select the namespace by name, and Pod Security)
 // until the returned func restores it. A test plays with it an attacker who
 // got past admission, whom the mirror must still catch. hiloop's self-check
 // would see the gap: the instance serving ns must run with a
 // --self-check-interval longer than the test.
 func WithoutAdmission(t testing.TB, ns string) (restore func()) {
 	t.Helper()
-	Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace-", "pod-security.kubernetes.io/enforce-")
-	return func() {
-		Kubectl(t, "label", "namespace", ns, "hiloop.dev/sandbox-namespace=true", "pod-security.kubernetes.io/enforce=baseline")
+	c := SharedCluster(t)
+	Kubectl(t, "label", "namespace", ns, "pod-security.kubernetes.io/enforce-")
+	if err := c.BindNamespace(context.Background(), ns, false); err != nil {
+		t.Fatal(err)
 	}
+	return func() {
+		Kubectl(t, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
+		if err := c.BindNamespace(context.Background(), ns, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// LocalBoundary is the local cluster's rendering of the chart
+// (values-local.yaml), which serve's and doctor's self-check hold the local
+// cluster to (--boundary-file); ServeOn passes it unless told another.
+func LocalBoundary(t testing.TB) string {
+	t.Helper()
+	return Path(t, "k8s/localcluster/assets/boundary.yaml")
 }
 
 // Eventually polls cond every 100ms until it holds, and fails t with the

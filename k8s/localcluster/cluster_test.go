@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
@@ -41,7 +42,11 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "sbx-smoke", Namespace: c.Namespace},
 		Spec: v1beta1.SandboxSpec{SandboxBlueprint: v1beta1.SandboxBlueprint{PodTemplate: v1beta1.PodTemplate{
 			Spec: corev1.PodSpec{
-				Containers:                   []corev1.Container{{Name: "workload", Image: "busybox"}},
+				// Requests and limits stated, as hiloop states them: the
+				// namespace's quota refuses a pod without them.
+				Containers: []corev1.Container{{Name: "workload", Image: "busybox", Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{"cpu": resource.MustParse("10m"), "memory": resource.MustParse("16Mi")},
+					Limits:   corev1.ResourceList{"cpu": resource.MustParse("1"), "memory": resource.MustParse("64Mi")}}}},
 				RestartPolicy:                corev1.RestartPolicyNever,
 				RuntimeClassName:             ptr.To(localcluster.RuntimeClass),
 				AutomountServiceAccountToken: ptr.To(false),

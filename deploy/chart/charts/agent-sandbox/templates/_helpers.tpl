@@ -44,6 +44,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 The controller image reference.
 */}}
 {{- define "agent-sandbox.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- $tag := required "image.tag is required" .Values.image.tag }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
 {{- end }}

@@ -40,6 +40,11 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		nc.Reject(gossh.Prohibited, "not authenticated")
 		return
 	}
+	l, ok := g.open(ctx, nc, false)
+	if !ok {
+		return
+	}
+	defer l.leave(false)
 	var p forward.DirectTCPIP
 	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
 		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")

@@ -26,6 +26,9 @@ type link struct {
 	mu sync.Mutex
 	// open counts the session channels being served.
 	open int
+	// channels counts the channels being served, sessions and -L
+	// channels alike; at most max.
+	channels, max int
 	// cause is why the core hung up; nil until it did. From then on no
 	// session channel is accepted.
 	cause error
@@ -47,7 +50,7 @@ func (g *Gateway) register(ctx ssh.Context, md gossh.ConnMetadata, who control.C
 		g.log.Error("ssh login refused: the connection cannot be closed from outside", "type", fmt.Sprintf("%T", md))
 		return errors.New("permission denied")
 	}
-	l := &link{idle: make(chan struct{})}
+	l := &link{idle: make(chan struct{}), max: g.o.MaxChannelsPerConn}
 	reg, err := g.o.Control.Connect(ctx, who, md.User(), func(cause error) { g.hangUp(l, conn, who, cause) })
 	if err != nil {
 		return err
@@ -84,23 +87,64 @@ func (g *Gateway) hangUp(l *link, conn gossh.Conn, who control.Caller, cause err
 	}()
 }
 
-// enter counts a session channel in; once the core hung up, it refuses
-// with the reason.
-func (l *link) enter() error {
+// open counts a new channel of an authenticated connection in, or rejects
+// it and says why: the core hung up on the connection, or it has
+// MaxChannelsPerConn channels open. The caller calls leave once the channel
+// is done.
+func (g *Gateway) open(ctx ssh.Context, nc gossh.NewChannel, session bool) (*link, bool) {
+	l := linkOf(ctx)
+	if l == nil {
+		nc.Reject(gossh.Prohibited, "not authenticated")
+		return nil, false
+	}
+	err := l.enter(session)
+	var tooMany errChannels
+	switch {
+	case errors.As(err, &tooMany):
+		g.o.Metrics.SSHRefused(refusedChannels)
+		g.log.Info("ssh channel refused: too many open on the connection", "type", nc.ChannelType(), "sandbox", ctx.User(), "max", int(tooMany))
+		nc.Reject(gossh.ResourceShortage, err.Error())
+		return nil, false
+	case err != nil:
+		nc.Reject(gossh.Prohibited, err.Error())
+		return nil, false
+	}
+	return l, true
+}
+
+// errChannels refuses a channel past MaxChannelsPerConn.
+type errChannels int
+
+func (e errChannels) Error() string {
+	return fmt.Sprintf("too many channels open on this connection (at most %d); close one, or open another connection", int(e))
+}
+
+// enter counts a channel in, a session or not; it refuses one past max
+// with errChannels and, once the core hung up, any with the reason.
+func (l *link) enter(session bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.cause != nil {
 		return l.cause
 	}
-	l.open++
+	if l.channels >= l.max {
+		return errChannels(l.max)
+	}
+	l.channels++
+	if session {
+		l.open++
+	}
 	return nil
 }
 
-// leave counts a session channel out.
-func (l *link) leave() {
+// leave counts a channel out.
+func (l *link) leave(session bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.open--
+	l.channels--
+	if session {
+		l.open--
+	}
 	l.settle()
 }
 

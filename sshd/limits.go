@@ -18,6 +18,7 @@ const (
 	defaultMaxStartupsPerSource = 10
 	defaultMaxConnsPerKey       = 32
 	defaultMaxConnsPerOrg       = 256
+	defaultMaxChannelsPerConn   = 32
 	defaultHelperDialTimeout    = 10 * time.Second
 )
 
@@ -29,6 +30,10 @@ const (
 	refusedGrace     = "login_grace"
 	refusedPerKey    = "per_key"
 	refusedPerOrg    = "per_org"
+	// refusedChannels counts channels (a session, an -L channel) refused
+	// because their connection had MaxChannelsPerConn open; the
+	// connection stays.
+	refusedChannels = "channels_per_conn"
 	// refusedHelperDial counts -L channels refused because the session
 	// helper did not finish the dial and handshake within
 	// HelperDialTimeout; the client's connection stays.

@@ -507,3 +507,54 @@ func TestHelperDialAbandoned(t *testing.T) {
 		})
 	}
 }
+
+// TestChannelsPerConnCap: one connection holds at most MaxChannelsPerConn
+// channels, sessions and -L channels together: each may hold an SSH window
+// of data its client sent and nobody read, so without a cap one connection
+// could hold any amount of the gateway's memory. Sessions that never start
+// count. One past the cap is refused with the reason and counted, the
+// connection stays, another connection has its own, and a channel closed
+// frees its place.
+func TestChannelsPerConnCap(t *testing.T) {
+	g, met := limited(t, setup{sessionPort: 2223}, func(o *sshd.Options) { o.MaxChannelsPerConn = 3 })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	var open []gossh.Channel
+	for range 3 {
+		ch, _, err := c.OpenChannel("session", nil)
+		if err != nil {
+			t.Fatalf("a session within the cap: %v", err)
+		}
+		open = append(open, ch)
+	}
+	for _, tc := range []struct {
+		typ   string
+		extra []byte
+	}{
+		{"session", nil},
+		{"direct-tcpip", gossh.Marshal(directTCPIP{"localhost", 8080, "127.0.0.1", 40000})},
+	} {
+		_, _, err := c.OpenChannel(tc.typ, tc.extra)
+		var oce *gossh.OpenChannelError
+		if !errors.As(err, &oce) || oce.Reason != gossh.ResourceShortage || !strings.Contains(oce.Message, "too many channels") {
+			t.Errorf("a %s channel past MaxChannelsPerConn 3: %v, want refused as too many channels", tc.typ, err)
+		}
+	}
+	if got := refused(t, met, "channels_per_conn"); got != 2 {
+		t.Errorf("channels refused per connection: %d, want 2", got)
+	}
+	// Another connection of the same key has places of its own.
+	if got := run(t, g.login(id, key), "print"); got.Stdout != "out\n" {
+		t.Errorf("a command on a second connection: %+v", got)
+	}
+	open[0].Close()
+	eventually(t, "a closed channel's place free on its connection", func() bool {
+		ch, _, err := c.OpenChannel("session", nil)
+		if err == nil {
+			ch.Close()
+		}
+		return err == nil
+	})
+}

@@ -46,17 +46,16 @@ type session struct {
 // session handles a "session" channel.
 func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
 	who, ok := caller(conn)
-	l := linkOf(ctx)
-	if !ok || l == nil {
+	if !ok {
 		nc.Reject(gossh.Prohibited, "not authenticated")
 		return
 	}
 	// Once the core closes the connection, it opens no more sessions.
-	if err := l.enter(); err != nil {
-		nc.Reject(gossh.Prohibited, err.Error())
+	l, ok := g.open(ctx, nc, true)
+	if !ok {
 		return
 	}
-	defer l.leave()
+	defer l.leave(true)
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return

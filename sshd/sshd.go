@@ -61,6 +61,13 @@ type Options struct {
 	// does not multiply MaxConnsPerKey; a login past it fails. 256 when
 	// zero.
 	MaxConnsPerOrg int
+	// MaxChannelsPerConn bounds the channels open at once on one
+	// authenticated connection, sessions and -L channels together, as
+	// sshd's MaxSessions: each holds up to an SSH window (2 MiB) of what
+	// its client sent and nobody read yet, so without a bound one
+	// connection could hold any amount of the process's memory. One past
+	// it is refused, and the connection stays. 32 when zero.
+	MaxChannelsPerConn int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
 	// connect and SSH handshake together; 10s when zero.
 	HelperDialTimeout time.Duration
@@ -119,6 +126,9 @@ func New(o Options) (*Gateway, error) {
 	}
 	if o.MaxConnsPerOrg == 0 {
 		o.MaxConnsPerOrg = defaultMaxConnsPerOrg
+	}
+	if o.MaxChannelsPerConn == 0 {
+		o.MaxChannelsPerConn = defaultMaxChannelsPerConn
 	}
 	if o.HelperDialTimeout == 0 {
 		o.HelperDialTimeout = defaultHelperDialTimeout

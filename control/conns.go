@@ -79,15 +79,21 @@ func (c *Control) keyLive(ctx context.Context, who Caller) error {
 // end ends the live sessions and closes the registered connections whose
 // key and sandbox match, with cause.
 func (c *Control) end(cause error, match func(keyID, sandboxID string) bool) {
+	c.endSessions(cause, match)
+	for _, k := range c.conns.list() {
+		if match(k.KeyID, k.SandboxID) {
+			k.close(cause)
+		}
+	}
+}
+
+// endSessions ends the live sessions whose key and sandbox match, with
+// cause, and leaves the connections open.
+func (c *Control) endSessions(cause error, match func(keyID, sandboxID string) bool) {
 	c.ends.Add(1)
 	for _, s := range c.sessions.list() {
 		if match(s.KeyID, s.SandboxID) {
 			s.cancel(cause)
-		}
-	}
-	for _, k := range c.conns.list() {
-		if match(k.KeyID, k.SandboxID) {
-			k.close(cause)
 		}
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/sandbox"
@@ -104,6 +106,16 @@ type Options struct {
 	// EventRetention is how long state transitions are kept; Run prunes
 	// older ones at start and every hour. Zero keeps them forever.
 	EventRetention time.Duration
+	// DefaultIdleTimeout is the idle timeout of a sandbox whose create
+	// names none and whose organization sets none; zero is off.
+	DefaultIdleTimeout time.Duration
+	// WakeTimeout bounds how long a wake waits for the sandbox to run; 2m
+	// when zero.
+	WakeTimeout time.Duration
+	// ActivityFlush is how often, at most, the use of one sandbox is
+	// written to the record beyond the start of a use; 30s when zero.
+	// Run checks for idle sandboxes every SweepInterval.
+	ActivityFlush time.Duration
 }
 
 // Caller is who asks: the organization and the key that actually
@@ -136,6 +148,11 @@ type Control struct {
 	ends atomic.Uint64
 
 	boundary atomic.Pointer[BoundaryReport]
+
+	// activity is the use of sandboxes; wakes makes concurrent wakes of
+	// one sandbox one.
+	activity activity
+	wakes    singleflight.Group
 
 	changedMu sync.Mutex
 	changed   map[string]bool
@@ -177,10 +194,31 @@ func New(o Options) (*Control, error) {
 	if o.Limits.SSHKeysPerOrg == 0 {
 		o.Limits.SSHKeysPerOrg = DefaultKeysPerOrg
 	}
+	if o.DefaultIdleTimeout < 0 {
+		return nil, errors.New("control: the default idle timeout must not be negative")
+	}
+	if o.WakeTimeout == 0 {
+		o.WakeTimeout = 2 * time.Minute
+	}
+	if o.ActivityFlush == 0 {
+		o.ActivityFlush = 30 * time.Second
+	}
 	base, cancel := context.WithCancelCause(context.Background())
 	c := &Control{o: o, log: o.Log.With("component", "control"), base: base, cancel: cancel,
 		changed: map[string]bool{}, notify: make(chan struct{}, 1)}
 	c.sessions.init()
+	// Before anything is admitted: a use the previous process left open
+	// is taken to have lasted until now (see activity.go).
+	ctx, stop := context.WithTimeout(base, 10*time.Second)
+	defer stop()
+	n, err := o.Store.ResumeActivity(ctx, o.Now())
+	if err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	if n > 0 {
+		c.log.Info("resumed the idle clocks of sandboxes in use when hiloop last stopped", "sandboxes", n)
+	}
 	return c, nil
 }
 
@@ -240,8 +278,10 @@ func (c *Control) SessionsByTransport() map[sandbox.Transport]int {
 // Run sweeps live sessions and registered connections every SweepInterval
 // until ctx ends: a session whose key was revoked (offline too) or whose
 // sandbox stopped running ends within one sweep, and so does a connection
-// whose key was revoked or whose sandbox was quarantined or is gone. It
-// repeats the isolation self-check every BoundaryInterval.
+// whose key was revoked or whose sandbox was quarantined or is gone. At
+// the same pace it writes the use of sandboxes that is due and stops the
+// sandboxes that went unused for their idle timeout. It repeats the
+// isolation self-check every BoundaryInterval.
 func (c *Control) Run(ctx context.Context) error {
 	if c.o.Boundary != nil {
 		// The first check ran before serving (CheckBoundary).
@@ -258,6 +298,8 @@ func (c *Control) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			c.sweep(ctx)
+			c.flushUse(ctx, false)
+			c.stopIdle(ctx)
 		}
 	}
 }
@@ -298,8 +340,9 @@ func (c *Control) every(ctx context.Context, interval time.Duration, now bool, f
 }
 
 // Close ends every live session and closes every registered connection
-// with ErrShuttingDown, registers no more, stops background resolution, and
-// waits up to ctx for sessions to end.
+// with ErrShuttingDown, registers no more, stops background resolution,
+// waits up to ctx for sessions to end, and writes the use of sandboxes
+// that the record does not have yet.
 func (c *Control) Close(ctx context.Context) error {
 	c.cancel(ErrShuttingDown)
 	c.conns.close()
@@ -310,12 +353,16 @@ func (c *Control) Close(ctx context.Context) error {
 		c.bg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("control: %d sessions still open at shutdown", c.sessions.count())
+		err = fmt.Errorf("control: %d sessions still open at shutdown", c.sessions.count())
 	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	c.flushUse(fctx, true)
+	return err
 }
 
 // keyedMutex serialises mutations of one sandbox, so that the record and the

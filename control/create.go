@@ -19,6 +19,10 @@ type CreateRequest struct {
 	// sandbox; RequestHash is the canonical request's hash.
 	IdempotencyKey string
 	RequestHash    string
+	// IdleTimeout stops the sandbox once it went unused for this long (0
+	// never does); nil takes its organization's, else the deployment's
+	// default (Options.DefaultIdleTimeout).
+	IdleTimeout *time.Duration
 }
 
 // Outcome says how a create ended.
@@ -81,9 +85,13 @@ func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (st
 		at := c.o.Now().Add(time.Duration(req.Spec.TTLSeconds) * time.Second).UTC().Truncate(time.Second)
 		expires = &at
 	}
+	idle, err := c.idleTimeout(ctx, who, req.IdleTimeout)
+	if err != nil {
+		return store.Sandbox{}, 0, err
+	}
 	receipt := c.o.Cluster.Receipt(who.OrgID, req.Spec).Encode()
 	sb, created, err := c.o.Store.CreateSandbox(ctx, store.NewSandbox{OrgID: who.OrgID, Spec: req.Spec, ExpiresAt: expires,
-		Receipt: receipt, IdempotencyKey: req.IdempotencyKey, RequestHash: req.RequestHash})
+		Receipt: receipt, IdleTimeout: idle, IdempotencyKey: req.IdempotencyKey, RequestHash: req.RequestHash})
 	if err != nil {
 		return store.Sandbox{}, 0, err
 	}
@@ -104,6 +112,20 @@ func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (st
 		c.resolveLater(sb.ID)
 	}
 	return sb, outcome, nil
+}
+
+// idleTimeout is the idle timeout of a sandbox that asked for asked: its
+// own, else its organization's, else the deployment's default. The default
+// is taken at create: a sandbox keeps its timeout until it is changed.
+func (c *Control) idleTimeout(ctx context.Context, who Caller, asked *time.Duration) (time.Duration, error) {
+	if asked != nil {
+		return *asked, nil
+	}
+	org, err := c.o.Store.OrgIdleTimeout(ctx, who.OrgID)
+	if err != nil || org == nil {
+		return c.o.DefaultIdleTimeout, err
+	}
+	return *org, nil
 }
 
 // createObject makes the cluster match a pending record, with the lock held:

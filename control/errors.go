@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"syscall"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
@@ -58,6 +59,10 @@ var (
 	ErrShuttingDown   = errors.New("hiloop is shutting down")
 	ErrKeyRevoked     = errors.New("the key this session authenticated with was revoked")
 	ErrSandboxChanged = errors.New("the sandbox stopped, was deleted or was quarantined")
+	// ErrIdleStopped ends the sessions of a sandbox stopped for idleness.
+	// Unlike ErrSandboxChanged it leaves their connections open: the next
+	// session or -L channel on one wakes the sandbox.
+	ErrIdleStopped = errors.New("the sandbox was stopped for idleness")
 
 	// ErrExecTimeout: a command ran past the timeout its caller gave it.
 	ErrExecTimeout = errors.New("the command ran past its timeout")
@@ -69,8 +74,8 @@ var (
 )
 
 // EndedError: a session was ended from outside while a command ran. Cause
-// is ErrShuttingDown, ErrKeyRevoked or ErrSandboxChanged; Err is what the
-// exec stream returned, for the log.
+// is ErrShuttingDown, ErrKeyRevoked, ErrSandboxChanged or ErrIdleStopped;
+// Err is what the exec stream returned, for the log.
 type EndedError struct {
 	Cause error
 	Err   error
@@ -102,12 +107,46 @@ func (e *FieldError) Unwrap() error { return e.Err }
 type StateError struct {
 	State store.State
 	Mode  store.Mode
+	// StopCause is who asked it to stop, when it was asked to.
+	StopCause store.StopCause
 }
 
 func (e *StateError) Error() string {
+	switch {
+	case e.Idle():
+		return fmt.Sprintf("sandbox is %s for idleness, not running", e.State)
+	case e.Mode == store.ModeStopped:
+		return fmt.Sprintf("sandbox is %s (stopped by its owner), not running", e.State)
+	}
 	return fmt.Sprintf("sandbox is %s, not running", e.State)
 }
 func (e *StateError) Unwrap() error { return ErrNotRunning }
+
+// Idle reports whether the sandbox was stopped for idleness, so a wake
+// (Wake) would start it.
+func (e *StateError) Idle() bool {
+	return e.Mode == store.ModeStopped && e.StopCause == store.StopIdle
+}
+
+// stateError is the StateError of a record that is not running.
+func stateError(sb store.Sandbox) *StateError {
+	se := &StateError{State: sb.State, Mode: sb.DesiredMode}
+	if sb.DesiredMode == store.ModeStopped {
+		se.StopCause = sb.StopCause
+	}
+	return se
+}
+
+// WakeTimeoutError: a woken sandbox did not come up within the wake
+// timeout. State is the state it was in then; it may still come up.
+type WakeTimeoutError struct {
+	State store.State
+	After time.Duration
+}
+
+func (e *WakeTimeoutError) Error() string {
+	return fmt.Sprintf("the sandbox did not come up within %s of being woken; it is %s", e.After, e.State)
+}
 
 // TransportError: the sandbox was not created with the transport a way in
 // needs (its receipt does not list it).

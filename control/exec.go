@@ -48,11 +48,11 @@ func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus
 }
 
 // Ended reports why the session was ended from outside: ErrShuttingDown,
-// ErrKeyRevoked or ErrSandboxChanged; nil while it is live or when only
-// its caller's own context ended.
+// ErrKeyRevoked, ErrSandboxChanged or ErrIdleStopped; nil while it is live
+// or when only its caller's own context ended.
 func (s *Session) Ended() error {
 	cause := context.Cause(s.ctx)
-	for _, c := range []error{ErrShuttingDown, ErrKeyRevoked, ErrSandboxChanged} {
+	for _, c := range []error{ErrShuttingDown, ErrKeyRevoked, ErrSandboxChanged, ErrIdleStopped} {
 		if errors.Is(cause, c) {
 			return c
 		}

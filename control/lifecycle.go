@@ -28,7 +28,8 @@ func (c *Control) lockOwned(ctx context.Context, who Caller, id string) (unlock 
 // stopped again. Deleting a terminal sandbox deletes whatever object still
 // carries its name. When the cluster write fails the record is restored.
 // Stopping or deleting ends the sandbox's live sessions and closes the
-// connections registered for it.
+// connections registered for it. A stop through SetMode is the user's: no
+// wake undoes it.
 func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store.Mode) (store.Sandbox, error) {
 	if mode == store.ModeRunning {
 		if err := c.Hardened(); err != nil {
@@ -40,12 +41,23 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 		return store.Sandbox{}, err
 	}
 	defer unlock()
-	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode)
+	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode, store.StopUser)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	return c.applyMode(ch)
+}
+
+// applyMode makes the cluster carry out a desired-mode change the record
+// took, with the sandbox's lock held: it restores the record when the
+// cluster write fails. A stop for idleness ends the sandbox's sessions and
+// leaves its connections open, so that their next session wakes it; any
+// other stop or delete closes them too.
+func (c *Control) applyMode(ch store.ModeChange) (store.Sandbox, error) {
+	id, mode := ch.After.ID, ch.After.DesiredMode
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
+	var err error
 	if mode == store.ModeDeleted {
 		err = c.o.Cluster.Delete(cctx, id)
 	} else {
@@ -63,8 +75,12 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 	}
 	// A pending record's object may not exist yet (NotFound above): its
 	// create renders the mode now recorded.
-	if mode != store.ModeRunning {
-		c.end(ErrSandboxChanged, func(_, sb string) bool { return sb == id })
+	this := func(_, sb string) bool { return sb == id }
+	switch {
+	case ch.After.IdleStopped():
+		c.endSessions(ErrIdleStopped, this)
+	case mode != store.ModeRunning:
+		c.end(ErrSandboxChanged, this)
 	}
 	c.touch(id)
 	return ch.After, nil
@@ -129,4 +145,11 @@ func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Du
 		return store.Sandbox{}, c.clusterFailed("patch", err)
 	}
 	return after, nil
+}
+
+// SetIdleTimeout changes a sandbox's idle timeout; 0 turns idle stop off.
+// Its idle clock keeps running: a timeout shorter than the time it has
+// already gone unused stops it at the next check.
+func (c *Control) SetIdleTimeout(ctx context.Context, who Caller, id string, d time.Duration) (store.Sandbox, error) {
+	return c.o.Store.SetIdleTimeout(ctx, who.OrgID, id, d)
 }

@@ -35,6 +35,9 @@ type Session struct {
 	// in and out count the bytes moved through In and Out, reported to the
 	// metrics when the session ends.
 	in, out atomic.Int64
+	// release ends the session's use of its sandbox (see hold); nil for a
+	// forward session, whose channels count instead (Use).
+	release func()
 }
 
 // In wraps the stream into the sandbox, so the bytes read through it count
@@ -76,6 +79,9 @@ func (s *Session) End() {
 	s.once.Do(func() {
 		s.cancel(context.Canceled)
 		s.c.sessions.remove(s)
+		if s.release != nil {
+			s.release()
+		}
 		s.Moved(s.in.Load(), s.out.Load())
 	})
 }
@@ -83,7 +89,10 @@ func (s *Session) End() {
 // Admit checks that the caller may reach into a sandbox now (it is the
 // caller's organization's, not quarantined, and running) and takes a
 // session slot within the per-sandbox and per-organization limits. The
-// session's context derives from ctx. The caller must End it.
+// session's context derives from ctx. The caller must End it. Until then
+// an exec or ssh session counts as use of the sandbox, which keeps it from
+// being stopped for idleness; it is refused with a *StateError while such a
+// stop is under way.
 func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sandbox.Transport) (*Session, error) {
 	if c.o.Exec == nil && transport != sandbox.TransportForward {
 		return nil, ErrNoExec
@@ -92,10 +101,20 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 	if err := c.Reachable(ctx, who, id, transport); err != nil {
 		return nil, err
 	}
+	var release func()
+	if transport != sandbox.TransportForward {
+		var ok bool
+		if release, ok = c.hold(id); !ok {
+			return nil, idleStopping()
+		}
+	}
 	sctx, cancel := context.WithCancelCause(ctx)
-	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Transport: transport, ctx: sctx, cancel: cancel, c: c}
+	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Transport: transport, ctx: sctx, cancel: cancel, c: c, release: release}
 	if err := c.sessions.add(s, c.o.Limits); err != nil {
 		cancel(err)
+		if release != nil {
+			release()
+		}
 		return nil, err
 	}
 	// A revoke, stop or delete that ended sessions between the check and
@@ -167,7 +186,7 @@ func reachable(sb store.Sandbox) error {
 	case sb.State == store.StateQuarantined:
 		return ErrQuarantined
 	case sb.State != store.StateRunning || sb.DesiredMode != store.ModeRunning:
-		return &StateError{State: sb.State, Mode: sb.DesiredMode}
+		return stateError(sb)
 	}
 	return nil
 }

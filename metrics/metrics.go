@@ -31,6 +31,9 @@ type Metrics struct {
 	selfCheck     *prometheus.GaugeVec
 	foreign       prometheus.Gauge
 	sshRefused    *prometheus.CounterVec
+	idleStops     prometheus.Counter
+	wakes         *prometheus.CounterVec
+	wakeTime      prometheus.Histogram
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -64,7 +67,14 @@ func New() *Metrics {
 		Help: "Sandboxes in the sandbox namespace without hiloop's label, which hiloop did not make and does not mirror, as the last self-check found them (at most 500)."})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
 		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+	m.idleStops = prometheus.NewCounter(prometheus.CounterOpts{Name: "hiloop_idle_stops_total",
+		Help: "Sandboxes stopped because nobody used them through hiloop for their idle timeout."})
+	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wakes_total",
+		Help: "Sandboxes stopped for idleness that their owner's use started again, by what woke them: ssh (a session), forward (an ssh -L channel), exec (exec with wake=true), files (a file call with wake=true). Concurrent wakes of one sandbox count once."}, []string{"trigger"})
+	m.wakeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hiloop_wake_duration_seconds",
+		Help: "From the start of a wake to the sandbox running.", Buckets: prometheus.ExponentialBuckets(0.125, 2, 12)})
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused,
+		m.idleStops, m.wakes, m.wakeTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -192,4 +202,29 @@ func (m *Metrics) SSHRefused(reason string) {
 		return
 	}
 	m.sshRefused.WithLabelValues(reason).Inc()
+}
+
+// IdleStop records a sandbox stopped for idleness.
+func (m *Metrics) IdleStop() {
+	if m == nil {
+		return
+	}
+	m.idleStops.Inc()
+}
+
+// Wake records a wake that started a sandbox; trigger is one of a fixed
+// set (see the metric's help).
+func (m *Metrics) Wake(trigger string) {
+	if m == nil {
+		return
+	}
+	m.wakes.WithLabelValues(trigger).Inc()
+}
+
+// WakeTime records how long a wake took to bring its sandbox up.
+func (m *Metrics) WakeTime(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.wakeTime.Observe(d.Seconds())
 }

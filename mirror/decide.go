@@ -61,6 +61,9 @@ const (
 	ReasonBeingDeleted      = "being deleted"
 	ReasonLabelChanged      = "label changed"
 	ReasonDeletedThroughAPI = "deleted through the API"
+	// ReasonIdle: hiloop stopped the sandbox because nobody used it for
+	// its idle timeout.
+	ReasonIdle = "idle"
 )
 
 // orgIDPattern is the shape of an organization id (store.NewID("org")).
@@ -150,10 +153,12 @@ func decideLive(obj *v1beta1.Sandbox, pods, live []*corev1.Pod, rec store.Sandbo
 }
 
 // why names the evidence behind a state when Decide had nothing more
-// specific to say: the pod went or was replaced, or the mode differs from
-// what the API asked for.
+// specific to say: an idle stop, the pod went or was replaced, or the mode
+// differs from what the API asked for.
 func why(state store.State, podUID string, rec store.Sandbox) string {
 	switch {
+	case (state == store.StateStopping || state == store.StateStopped) && rec.IdleStopped():
+		return ReasonIdle
 	case (state == store.StateStopping || state == store.StateStopped) && rec.DesiredMode == store.ModeRunning:
 		return ReasonModeOutside
 	case (state == store.StateStarting || state == store.StateRunning) && rec.DesiredMode == store.ModeStopped:

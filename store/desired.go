@@ -23,7 +23,8 @@ type ModeChange struct {
 // sandbox to run checks the running quota in the same transaction unless it
 // already counts against it. A terminal sandbox can only be deleted
 // (ErrConflict otherwise), and a sandbox being deleted cannot be changed.
-func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode) (ModeChange, error) {
+// A stop records cause (who asked for it); a start clears it.
+func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode, cause StopCause) (ModeChange, error) {
 	var ch ModeChange
 	err := s.inTx(ctx, func(tx *txn) error {
 		sb, err := sandboxInTx(ctx, tx, orgID, id)
@@ -40,9 +41,16 @@ func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode)
 				return err
 			}
 		}
+		switch mode {
+		case ModeStopped:
+			sb.StopCause = cause
+		case ModeRunning:
+			sb.StopCause = ""
+		}
 		sb.DesiredMode, sb.ModeOutside, sb.UpdatedAt = mode, false, s.now().UTC().Truncate(time.Millisecond)
 		ch.After = sb
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = 0, updated_at = ? WHERE id = ?`, mode, ms(sb.UpdatedAt), id)
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = 0, stop_cause = ?, updated_at = ? WHERE id = ?`,
+			mode, sb.StopCause, ms(sb.UpdatedAt), id)
 		return err
 	})
 	if err != nil {
@@ -85,12 +93,35 @@ func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, t
 	return sb, nil
 }
 
-// RestoreMode puts back the desired mode (and the outside-mode mark) that a
-// failed cluster write was meant to change. It checks nothing: it undoes, it
-// does not ask.
+// SetIdleTimeout changes a sandbox's idle timeout; 0 turns idle stop off.
+// It is refused (ErrConflict) for a sandbox that is terminal or being
+// deleted. The idle clock keeps running from its last start.
+func (s *Store) SetIdleTimeout(ctx context.Context, orgID, id string, d time.Duration) (Sandbox, error) {
+	var sb Sandbox
+	err := s.inTx(ctx, func(tx *txn) error {
+		var err error
+		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
+			return err
+		}
+		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted {
+			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
+		}
+		sb.IdleTimeout, sb.UpdatedAt = d.Truncate(time.Second), s.now().UTC().Truncate(time.Millisecond)
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET idle_timeout = ?, updated_at = ? WHERE id = ?`, int64(sb.IdleTimeout/time.Second), ms(sb.UpdatedAt), id)
+		return err
+	})
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("set idle timeout: %w", err)
+	}
+	return sb, nil
+}
+
+// RestoreMode puts back the desired mode (and the outside-mode mark and the
+// stop cause) that a failed cluster write was meant to change. It checks
+// nothing: it undoes, it does not ask.
 func (s *Store) RestoreMode(ctx context.Context, before Sandbox) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = ?, updated_at = ? WHERE id = ?`,
-		before.DesiredMode, before.ModeOutside, ms(s.now()), before.ID)
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET desired_mode = ?, mode_outside = ?, stop_cause = ?, updated_at = ? WHERE id = ?`,
+		before.DesiredMode, before.ModeOutside, before.StopCause, ms(s.now()), before.ID)
 	if err != nil {
 		return fmt.Errorf("restore desired mode: %w", err)
 	}

@@ -11,6 +11,13 @@ import (
 // in use.
 func (s *Store) SetPruneBatch(n int) { s.pruneBatch = n }
 
+// ExecSQL runs one statement on the writer, for a test that writes a row
+// as an older schema has it.
+func (s *Store) ExecSQL(ctx context.Context, q string, args ...any) error {
+	_, err := s.write.ExecContext(ctx, q, args...)
+	return err
+}
+
 // JournalMode reports the journal mode the database is in.
 func (s *Store) JournalMode(ctx context.Context) (string, error) {
 	var mode string
@@ -65,6 +72,25 @@ func (s *Store) Plans(ctx context.Context, o ListOptions) (quota, list string, e
 	}
 	list, err = plan(q, args...)
 	return quota, list, err
+}
+
+// IdlePlan is SQLite's query plan of IdleSandboxes.
+func (s *Store) IdlePlan(ctx context.Context) (string, error) {
+	rows, err := s.read.QueryContext(ctx, "EXPLAIN QUERY PLAN "+idleSQL, 0, 1)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			return "", err
+		}
+		out = append(out, detail)
+	}
+	return strings.Join(out, "\n"), rows.Err()
 }
 
 // CachedStmts is the number of prepared statements the store holds.

@@ -25,7 +25,7 @@ type Observation struct {
 
 // observeSQL is an observation's write, run prepared (see writeSQL).
 const observeSQL = `UPDATE sandboxes SET state = ?, anomaly = ?, exit_code = ?, reason = ?, pod_uid = ?, mode_outside = ?,
-	updated_at = ? WHERE id = ?`
+	last_activity_at = ?, updated_at = ? WHERE id = ?`
 
 // Unsettled lists, across organizations, every sandbox that still has (or
 // should have) a cluster object: the ones the mirror must reconcile.
@@ -87,8 +87,14 @@ func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox)
 		if o.ExitCode != nil {
 			exit = sql.NullInt64{Int64: int64(*o.ExitCode), Valid: true}
 		}
+		// The idle clock runs only while the sandbox runs: it starts
+		// again when the sandbox comes up.
+		active := sb.LastActivityAt
+		if o.State == StateRunning && sb.State != StateRunning && now.After(active) {
+			active = now
+		}
 		if _, err := tx.ExecContext(ctx, observeSQL,
-			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(now), id); err != nil {
+			o.State, o.Anomaly, exit, o.Reason, o.PodUID, outside, ms(active), ms(now), id); err != nil {
 			return err
 		}
 		changed = true

@@ -50,6 +50,16 @@ const terminalSQL = `('deleted', 'lost', 'failed')`
 // Mode is what the API last asked for.
 type Mode string
 
+// StopCause says who asked a sandbox to stop.
+type StopCause string
+
+// Stop causes. Only a sandbox stopped for idleness may be woken by its
+// owner's next use.
+const (
+	StopUser StopCause = "user"
+	StopIdle StopCause = "idle"
+)
+
 // Desired modes.
 const (
 	ModeRunning Mode = "running"
@@ -105,6 +115,24 @@ type Sandbox struct {
 	// HelperKeyChangedPod is the pod whose session helper changed its
 	// host key within the pod's life, as the gateway saw it.
 	HelperKeyChangedPod string
+	// IdleTimeout stops the sandbox once it ran this long without use
+	// through hiloop; 0 never does.
+	IdleTimeout time.Duration
+	// LastActivityAt is when its idle clock last started: the end of the
+	// last session or channel, a touch, or the moment it came up running.
+	LastActivityAt time.Time
+	// ActivityOpen says a session or channel was open into it when the
+	// record was last written.
+	ActivityOpen bool
+	// StopCause says who last asked it to stop: StopUser (or "" for a
+	// record older than the column) or StopIdle.
+	StopCause StopCause
+}
+
+// IdleStopped reports whether the sandbox was asked to stop for idleness
+// and has not been asked anything since: the only stop a wake undoes.
+func (sb Sandbox) IdleStopped() bool {
+	return sb.DesiredMode == ModeStopped && sb.StopCause == StopIdle
 }
 
 // NewSandbox is what CreateSandbox needs.
@@ -114,23 +142,28 @@ type NewSandbox struct {
 	ExpiresAt *time.Time
 	// Receipt is what the control plane promises for the sandbox.
 	Receipt string
+	// IdleTimeout is the sandbox's idle timeout; 0 is off.
+	IdleTimeout time.Duration
 	// IdempotencyKey, when set, makes a retried create return the first
 	// sandbox. RequestHash tells a true retry from a reuse of the key.
 	IdempotencyKey string
 	RequestHash    string
 }
 
-const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid, helper_key_changed_pod`
+const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid, helper_key_changed_pod,
+	idle_timeout, last_activity_at, activity_open, stop_cause`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	var spec string
 	var exit sql.NullInt64
 	var expires sql.NullInt64
-	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID, &sb.HelperKeyChangedPod); err != nil {
+	var created, updated, idle, active int64
+	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID, &sb.HelperKeyChangedPod,
+		&idle, &active, &sb.ActivityOpen, &sb.StopCause); err != nil {
 		return Sandbox{}, err
 	}
+	sb.IdleTimeout, sb.LastActivityAt = time.Duration(idle)*time.Second, fromMS(active)
 	if err := json.Unmarshal([]byte(spec), &sb.Spec); err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: spec: %w", sb.ID, err)
 	}
@@ -175,14 +208,16 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 		}
 		now := s.now().UTC().Truncate(time.Millisecond)
 		sb = Sandbox{ID: NewID("sbx"), OrgID: n.OrgID, Spec: n.Spec, DesiredMode: ModeRunning, State: StatePending,
-			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now, Receipt: n.Receipt}
+			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now, Receipt: n.Receipt,
+			IdleTimeout: n.IdleTimeout.Truncate(time.Second), LastActivityAt: now}
 		var idem, hash sql.NullString
 		if n.IdempotencyKey != "" {
 			idem = sql.NullString{String: n.IdempotencyKey, Valid: true}
 			hash = sql.NullString{String: n.RequestHash, Valid: true}
 		}
 		if _, err := tx.ExecContext(ctx, insertSandboxSQL,
-			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt, idem, hash); err != nil {
+			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt,
+			int64(sb.IdleTimeout/time.Second), ms(now), idem, hash); err != nil {
 			return err
 		}
 		created = true
@@ -206,7 +241,7 @@ const (
 	anySandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`
 	orgSandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ? AND org_id = ?`
 	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxColumns + `, idempotency_key, request_hash)
-		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?)`
+		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?, 0, '', ?, ?)`
 )
 
 // checkQuota returns ErrQuota when the organization has no room for one more

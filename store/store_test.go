@@ -268,8 +268,11 @@ func TestSSHKeysAcrossPerOrgMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, _, err := before.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
-	if err != nil {
+	// The sandbox is written as that schema has it: this binary's
+	// CreateSandbox writes columns of later migrations.
+	sb := store.Sandbox{ID: store.NewID("sbx")}
+	if err := before.ExecSQL(ctx, `INSERT INTO sandboxes (id, org_id, spec, desired_mode, state, created_at, updated_at)
+		VALUES (?, ?, '{"image":"busybox"}', 'running', 'running', 0, 0)`, sb.ID, org.ID); err != nil {
 		t.Fatal(err)
 	}
 	key := newPublicKey(t)
@@ -369,7 +372,7 @@ func TestIdempotencyAndIsolation(t *testing.T) {
 		if _, err := s.Sandbox(ctx, tc.org, tc.id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("org %s sees %s: %v", tc.org, tc.id, err)
 		}
-		if _, err := s.SetDesiredMode(ctx, tc.org, tc.id, store.ModeStopped); !errors.Is(err, store.ErrNotFound) {
+		if _, err := s.SetDesiredMode(ctx, tc.org, tc.id, store.ModeStopped, store.StopUser); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("org %s stops %s: %v", tc.org, tc.id, err)
 		}
 		if _, err := s.Events(ctx, tc.org, tc.id); !errors.Is(err, store.ErrNotFound) {
@@ -601,7 +604,7 @@ func TestScopingFailsClosed(t *testing.T) {
 	if _, _, err := s.ListSandboxes(ctx, store.ListOptions{}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("ListSandboxes with empty org: %v", err)
 	}
-	if _, err := s.SetDesiredMode(ctx, "", sb.ID, store.ModeStopped); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.SetDesiredMode(ctx, "", sb.ID, store.ModeStopped, store.StopUser); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("SetDesiredMode with empty org: %v", err)
 	}
 	if _, err := s.SetExpiry(ctx, "", sb.ID, time.Now(), 60); !errors.Is(err, store.ErrNotFound) {
@@ -672,13 +675,13 @@ func TestModeOutsideLeavesRunningQuota(t *testing.T) {
 	}
 	// Starting the first again needs room, although its desired mode is
 	// already running.
-	if _, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning); !errors.Is(err, store.ErrQuota) {
+	if _, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning, ""); !errors.Is(err, store.ErrQuota) {
 		t.Fatalf("start over quota: %v", err)
 	}
-	if _, err := s.SetDesiredMode(ctx, org.ID, second.ID, store.ModeStopped); err != nil {
+	if _, err := s.SetDesiredMode(ctx, org.ID, second.ID, store.ModeStopped, store.StopUser); err != nil {
 		t.Fatal(err)
 	}
-	ch, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning)
+	ch, err := s.SetDesiredMode(ctx, org.ID, first.ID, store.ModeRunning, "")
 	if err != nil || ch.After.ModeOutside || !ch.Before.ModeOutside {
 		t.Fatalf("start: %+v %v", ch, err)
 	}
@@ -700,10 +703,10 @@ func TestDeleteTerminal(t *testing.T) {
 	if err := s.Fail(ctx, sb.ID, "cluster write failed"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeRunning); !errors.Is(err, store.ErrConflict) {
+	if _, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeRunning, ""); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("start a failed sandbox: %v", err)
 	}
-	ch, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeDeleted)
+	ch, err := s.SetDesiredMode(ctx, org.ID, sb.ID, store.ModeDeleted, "")
 	if err != nil || ch.After.DesiredMode != store.ModeDeleted {
 		t.Fatalf("delete a failed sandbox: %+v %v", ch.After, err)
 	}
@@ -891,7 +894,7 @@ func TestWritesRunPrepared(t *testing.T) {
 		if err := s.Fail(ctx, b.ID, "refused"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetDesiredMode(ctx, org.ID, a.ID, store.ModeDeleted); err != nil {
+		if _, err := s.SetDesiredMode(ctx, org.ID, a.ID, store.ModeDeleted, ""); err != nil {
 			t.Fatal(err)
 		}
 		if got, _ := s.Sandbox(ctx, org.ID, b.ID); got.State != store.StateFailed {
@@ -1053,7 +1056,7 @@ func TestOrgCounts(t *testing.T) {
 		case op == 2:
 			id := ids[rng.IntN(len(ids))]
 			rec, _ := s.SandboxAnyOrg(ctx, id)
-			s.SetDesiredMode(ctx, rec.OrgID, id, modes[rng.IntN(len(modes))]) // a conflict changes nothing
+			s.SetDesiredMode(ctx, rec.OrgID, id, modes[rng.IntN(len(modes))], store.StopUser) // a conflict changes nothing
 		case op == 3:
 			s.Fail(ctx, ids[rng.IntN(len(ids))], "refused") // only a pending one fails
 		case op == 4 && i%20 == 0:

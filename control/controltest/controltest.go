@@ -35,6 +35,9 @@ type Cluster struct {
 	// with the forward transport promise (a helper a test runs on
 	// 127.0.0.1:0); k8s.DefaultSessionPort when zero.
 	SessionPort int
+	// Transports are the deployment's transports that receipts are made
+	// for; exec alone when nil.
+	Transports []sandbox.Transport
 }
 
 // hang waits for ctx when Hang is set, with the lock released.
@@ -74,13 +77,16 @@ func (f *Cluster) Has(id string) bool {
 	return f.objects[id]
 }
 
-// Receipt makes the receipt of a gvisor deployment backing exec, with the
-// helper on SessionPort.
+// Receipt makes the receipt of a gvisor deployment backing Transports,
+// with the helper on SessionPort.
 func (f *Cluster) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
 	f.mu.Lock()
-	port := f.SessionPort
+	port, transports := f.SessionPort, f.Transports
 	f.mu.Unlock()
-	return k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}, SessionPort: port})
+	if transports == nil {
+		transports = []sandbox.Transport{sandbox.TransportExec}
+	}
+	return k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: transports, SessionPort: port})
 }
 
 // Create records the object unless CreateErr is set (and CreateWrites is

@@ -1,0 +1,187 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/store"
+)
+
+// WakeOptions say how a caller reaches into a sandbox it may wake.
+type WakeOptions struct {
+	// Transport is the way in; a sandbox without it is not woken.
+	Transport sandbox.Transport
+	// Trigger names the way in for the metrics (ssh, forward, exec,
+	// files); the transport's name when empty.
+	Trigger string
+	// Waking, when set, is called once before the caller waits for a
+	// sandbox that is not running yet (the gateway prints a line).
+	Waking func()
+}
+
+// Wake makes sure one of the caller's organization's sandboxes runs, for a
+// caller about to reach into it through o.Transport: a sandbox stopped for
+// idleness is started through the same path as a user's start (admission,
+// the boundary check and the running quota apply) and waited for, up to
+// WakeTimeout; one still starting is waited for. Concurrent wakes of one
+// sandbox make one start, and each gets its outcome. Anything else that is
+// not running is refused as Reachable refuses it (a sandbox its owner
+// stopped is not woken), and a wait that times out is a
+// *WakeTimeoutError. The caller's key and organization are checked at
+// every call; the caller admits its session afterwards (AdmitWaking).
+func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions) error {
+	if err := c.keyLive(ctx, who); err != nil {
+		return err
+	}
+	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+	if err != nil {
+		return err
+	}
+	if !sandbox.RecordReceipt(sb.Receipt).Has(o.Transport) {
+		return &TransportError{Transport: o.Transport}
+	}
+	if err := reachable(sb); err == nil || !wakeable(sb) {
+		return err
+	}
+	if o.Waking != nil {
+		o.Waking()
+	}
+	trigger := o.Trigger
+	if trigger == "" {
+		trigger = string(o.Transport)
+	}
+	ch := c.wakes.DoChan(id, func() (any, error) { return nil, c.wake(id, trigger) })
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wakeTries bounds how often AdmitWaking wakes again after an idle stop
+// raced its admission.
+const wakeTries = 3
+
+// AdmitWaking is Admit for a caller who may wake the sandbox (ssh, ssh -L,
+// exec with wake=true): Wake, then Admit. An idle stop that lands between
+// the two is woken from again.
+func (c *Control) AdmitWaking(ctx context.Context, who Caller, id string, o WakeOptions) (*Session, error) {
+	if o.Waking != nil {
+		o.Waking = sync.OnceFunc(o.Waking)
+	}
+	for try := 1; ; try++ {
+		if err := c.Wake(ctx, who, id, o); err != nil {
+			return nil, err
+		}
+		s, err := c.Admit(ctx, who, id, o.Transport)
+		var se *StateError
+		if errors.As(err, &se) && se.Idle() && try < wakeTries {
+			continue
+		}
+		return s, err
+	}
+}
+
+// wakeable reports whether a wake would bring sb up: it was stopped for
+// idleness and nothing else was asked since, or it was asked to run and is
+// on its way (starting, or still stopped while the start is not yet
+// observed: observed stopped after the start, it is marked ModeOutside).
+func wakeable(sb store.Sandbox) bool {
+	down := sb.State == store.StateStopping || sb.State == store.StateStopped
+	switch {
+	case sb.IdleStopped():
+		return down || sb.State == store.StateRunning
+	case sb.DesiredMode == store.ModeRunning && !sb.ModeOutside:
+		return down || sb.State == store.StatePending || sb.State == store.StateStarting
+	}
+	return false
+}
+
+// wake is the one wake of a sandbox that its concurrent callers share: it
+// starts the sandbox if it is still stopped for idleness and waits up to
+// WakeTimeout for it to run, detached from any one caller.
+func (c *Control) wake(id, trigger string) error {
+	ctx, cancel := context.WithTimeout(c.base, c.o.WakeTimeout)
+	defer cancel()
+	begun := c.o.Now()
+	started, err := c.startIdle(ctx, id)
+	if err != nil {
+		return err
+	}
+	if started {
+		c.o.Metrics.Wake(trigger)
+		c.log.Info("waking an idle sandbox", "sandbox", id, "trigger", trigger)
+	}
+	if err := c.waitRunning(ctx, id); err != nil {
+		if started {
+			c.log.Warn("wake did not bring the sandbox up", "sandbox", id, "err", err)
+		}
+		return err
+	}
+	if started {
+		c.o.Metrics.WakeTime(c.o.Now().Sub(begun))
+	}
+	return nil
+}
+
+// startIdle starts a sandbox stopped for idleness, with its lock held and
+// its record read again, reporting whether it did. One that is already
+// running or starting needs nothing; anything else is refused.
+func (c *Control) startIdle(ctx context.Context, id string) (bool, error) {
+	unlock := c.locks.lock(id)
+	defer unlock()
+	rec, err := c.o.Store.SandboxAnyOrg(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if !rec.IdleStopped() || !wakeable(rec) {
+		if reachable(rec) == nil || wakeable(rec) {
+			return false, nil
+		}
+		return false, reachable(rec)
+	}
+	if err := c.Hardened(); err != nil {
+		return false, err
+	}
+	ch, err := c.o.Store.SetDesiredMode(ctx, rec.OrgID, id, store.ModeRunning, "")
+	if err != nil {
+		return false, err
+	}
+	if _, err := c.applyMode(ch); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// waitRunning waits until the record says the sandbox runs, until it is in
+// a state it will not run from, or until ctx ends: a *WakeTimeoutError
+// with the state it is in when ctx's deadline passed, ErrShuttingDown when
+// hiloop began to shut down.
+func (c *Control) waitRunning(ctx context.Context, id string) error {
+	for {
+		// Taken before the read, so a change between the two is not missed.
+		changed, release := c.o.Store.StateChange(id)
+		sb, err := c.o.Store.SandboxAnyOrg(ctx, id)
+		if err != nil {
+			release()
+			return err
+		}
+		if err := reachable(sb); err == nil || !wakeable(sb) {
+			release()
+			return err
+		}
+		select {
+		case <-changed:
+			release()
+		case <-ctx.Done():
+			release()
+			if c.base.Err() != nil {
+				return ErrShuttingDown
+			}
+			return &WakeTimeoutError{State: sb.State, After: c.o.WakeTimeout}
+		}
+	}
+}

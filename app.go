@@ -167,10 +167,12 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		return nil, err
 	}
 	a.api = &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	a.ln = ioDeadlines(a.api, a.ln, cfg.HTTPIOTimeout)
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", met.Handler())
-		a.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		a.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		a.metricsLn = ioDeadlines(a.metrics, a.metricsLn, cfg.HTTPIOTimeout)
 		fmt.Fprintf(stdout, "hiloop metrics on http://%s/metrics\n", a.metricsLn.Addr())
 	}
 	a.log.Info("serving", "addr", a.ln.Addr().String(), "namespace", cfg.Namespace, "db", cfg.DB, "cluster", clients.Config.Host)

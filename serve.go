@@ -143,6 +143,7 @@ type ServeCmd struct {
 	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
 	AdminOrg           string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
 	ShutdownTimeout    time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
+	HTTPIOTimeout      time.Duration       `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may take to arrive once its headers did, and how long one write of a response may wait for the client to take it; past either the connection is closed (API and metrics)."`
 	LogLevel           string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat          string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 	EventRetention     time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
@@ -246,6 +247,9 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.ShutdownTimeout <= 0 {
 		return errors.New("--shutdown-timeout: must be positive")
+	}
+	if s.HTTPIOTimeout <= 0 {
+		return errors.New("--http-io-timeout: must be positive")
 	}
 	if err := s.validateSSHLimits(); err != nil {
 		return err

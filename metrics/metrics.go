@@ -66,7 +66,7 @@ func New() *Metrics {
 	m.foreign = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_foreign_sandboxes",
 		Help: "Sandboxes in the sandbox namespace without hiloop's label, which hiloop did not make and does not mirror, as the last self-check found them (at most 500)."})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
-		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), channels_per_conn (a session or ssh -L channel refused: its connection had too many open), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
 	m.idleStops = prometheus.NewCounter(prometheus.CounterOpts{Name: "hiloop_idle_stops_total",
 		Help: "Sandboxes stopped because nobody used them through hiloop for their idle timeout."})
 	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wakes_total",

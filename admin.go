@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -140,11 +140,13 @@ type KeyCreateCmd struct {
 
 // Run issues the key.
 func (c *KeyCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
-	var k server.CreatedKey
+	var k api.CreatedKey
 	var err error
 	if c.Org != "" {
 		err = c.withOrg(ctx, c.Org, func(ctx context.Context, db *store.Store, org store.Org) (err error) {
-			k.APIKey, k.Secret, err = db.CreateKey(ctx, org.ID, c.Name)
+			var sk store.APIKey
+			sk, k.Secret, err = db.CreateKey(ctx, org.ID, c.Name)
+			k.APIKey = sk.API()
 			return err
 		})
 	} else {
@@ -163,11 +165,12 @@ type KeyListCmd struct{ keyTarget }
 
 // Run lists the keys.
 func (c *KeyListCmd) Run(ctx context.Context, stdout io.Writer) error {
-	var keys []store.APIKey
+	var keys []api.APIKey
 	var err error
 	if c.Org != "" {
-		err = c.withOrg(ctx, c.Org, func(ctx context.Context, db *store.Store, org store.Org) (err error) {
-			keys, err = db.Keys(ctx, org.ID)
+		err = c.withOrg(ctx, c.Org, func(ctx context.Context, db *store.Store, org store.Org) error {
+			sk, err := db.Keys(ctx, org.ID)
+			keys = store.APIList[store.APIKey, api.APIKey](sk)
 			return err
 		})
 	} else {

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/api"
 )
 
 // SandboxExecCmd runs a command in a sandbox, streaming its I/O.
@@ -44,7 +44,7 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 	if len(c.Command) == 0 {
 		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
 	}
-	o := server.StreamOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
+	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
 	// A terminal without input is of no use; -t implies -i, as in ssh.
 	if c.Interactive || c.TTY {
 		o.Stdin = os.Stdin
@@ -57,12 +57,10 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 		defer restore()
 		o.Resize = resize
 	}
-	f, err := c.api().ExecStream(ctx, c.ID, o)
+	st, err := c.api().Exec(ctx, c.ID, o)
 	switch {
-	case err == nil && f.ExitCode != nil:
-		return exitCode(*f.ExitCode)
 	case err == nil:
-		return execFailure{errors.New("the exit frame carried neither an exit code nor an error")}
+		return exitCode(st.Code)
 	case ctx.Err() != nil:
 		// Ctrl-C (without -t) cancels the remote command.
 		return exitCode(130)
@@ -73,7 +71,7 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 
 // localTerminal puts the local terminal in raw mode (when stdin is one) and
 // reports its size now and on every SIGWINCH until restore is called.
-func localTerminal() (restore func(), resize <-chan server.ResizeFrame, err error) {
+func localTerminal() (restore func(), resize <-chan api.ResizeFrame, err error) {
 	in := int(os.Stdin.Fd())
 	unraw := func() {}
 	if term.IsTerminal(in) {
@@ -83,11 +81,11 @@ func localTerminal() (restore func(), resize <-chan server.ResizeFrame, err erro
 		}
 		unraw = func() { term.Restore(in, old) }
 	}
-	sizes := make(chan server.ResizeFrame, 1)
+	sizes := make(chan api.ResizeFrame, 1)
 	sendSize := func() {
 		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && w > 0 && h > 0 {
 			select {
-			case sizes <- server.ResizeFrame{Width: uint16(w), Height: uint16(h)}:
+			case sizes <- api.ResizeFrame{Width: uint16(w), Height: uint16(h)}:
 			default:
 			}
 		}

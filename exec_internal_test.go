@@ -10,13 +10,13 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/api"
 )
 
 // TestExecFrameWithoutCode: an exit frame with neither an exit code nor an
 // error is hiloop's own failure (exit 255), not a crash.
 func TestExecFrameWithoutCode(t *testing.T) {
-	up := websocket.Upgrader{Subprotocols: []string{server.ExecSubprotocol}}
+	up := websocket.Upgrader{Subprotocols: []string{api.ExecSubprotocol}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := up.Upgrade(w, r, nil)
 		if err != nil {
@@ -24,7 +24,7 @@ func TestExecFrameWithoutCode(t *testing.T) {
 		}
 		defer c.Close()
 		c.ReadMessage() // the start frame
-		c.WriteMessage(websocket.BinaryMessage, append([]byte{server.ChanExit}, "{}"...))
+		c.WriteMessage(websocket.BinaryMessage, append([]byte{api.ChanExit}, "{}"...))
 		c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 	}))
 	defer srv.Close()

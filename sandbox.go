@@ -13,8 +13,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/hiloop/hiloop/server"
-	"github.com/hiloop/hiloop/store"
+	"github.com/hiloop/hiloop/api"
 )
 
 // Conn says where the API is and who calls it.
@@ -24,8 +23,8 @@ type Conn struct {
 	InsecureHTTP bool   `name:"insecure-http" env:"HILOOP_INSECURE_HTTP" help:"Allow a plain http:// URL to a host that is not loopback: the API key then crosses the network in clear text."`
 }
 
-func (c *Conn) api() *server.Client {
-	return &server.Client{URL: c.URL, Token: c.Token, InsecureHTTP: c.InsecureHTTP}
+func (c *Conn) api() *api.Client {
+	return &api.Client{URL: c.URL, Token: c.Token, InsecureHTTP: c.InsecureHTTP}
 }
 
 // Client flags shared by the commands that talk to the API and print.
@@ -45,7 +44,7 @@ func (c *Client) print(w io.Writer, v any, table func(*tabwriter.Writer)) error 
 	return tw.Flush()
 }
 
-func sandboxRows(tw *tabwriter.Writer, list ...server.Sandbox) {
+func sandboxRows(tw *tabwriter.Writer, list ...api.Sandbox) {
 	fmt.Fprintln(tw, "ID\tSTATE\tDESIRED\tIMAGE\tEXPIRES\tREASON")
 	for _, sb := range list {
 		state := string(sb.State)
@@ -99,16 +98,16 @@ type SandboxCreateCmd struct {
 
 // Run creates the sandbox.
 func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
-	req := server.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport}
+	req := api.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport}
 	if c.CPU != "" || c.CPULimit != "" || c.Memory != "" || c.MemoryLimit != "" {
-		req.Resources = &server.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
+		req.Resources = &api.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
 	}
 	for _, v := range c.Volume {
 		parts := strings.Split(v, ":")
 		if len(parts) < 3 || len(parts) > 4 {
 			return fmt.Errorf("--volume %q: want NAME:SIZE:MOUNTPATH[:STORAGECLASS]", v)
 		}
-		vr := server.VolumeRequest{Name: parts[0], Size: parts[1], MountPath: parts[2]}
+		vr := api.VolumeRequest{Name: parts[0], Size: parts[1], MountPath: parts[2]}
 		if len(parts) == 4 {
 			vr.StorageClass = parts[3]
 		}
@@ -119,7 +118,7 @@ func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	if c.Wait {
-		sb, err = waitFor(ctx, c.api(), sb.ID, store.StateRunning, c.Timeout)
+		sb, err = waitFor(ctx, c.api(), sb.ID, api.StateRunning, c.Timeout)
 		if err != nil {
 			return err
 		}
@@ -129,13 +128,13 @@ func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
 
 // waitFor waits for a state, showing progress on stderr: one line rewritten
 // in place on a terminal, one line per state otherwise.
-func waitFor(ctx context.Context, api *server.Client, id string, want store.State, timeout time.Duration) (server.Sandbox, error) {
+func waitFor(ctx context.Context, client *api.Client, id string, want api.State, timeout time.Duration) (api.Sandbox, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tty := term.IsTerminal(int(os.Stderr.Fd()))
 	var trail []string
 	start := time.Now()
-	sb, err := api.Wait(ctx, id, want, func(sb server.Sandbox) {
+	sb, err := client.WaitProgress(ctx, id, want, func(sb api.Sandbox) {
 		trail = append(trail, string(sb.State))
 		line := fmt.Sprintf("%s: %s (%s)", id, strings.Join(trail, " -> "), time.Since(start).Round(100*time.Millisecond))
 		if tty {
@@ -162,11 +161,21 @@ type SandboxListCmd struct {
 
 // Run lists.
 func (c *SandboxListCmd) Run(ctx context.Context, stdout io.Writer) error {
-	var all []server.Sandbox
-	after := c.After
+	o := api.ListOptions{State: api.State(c.State), Limit: c.Limit, After: c.After}
+	for _, l := range c.Label {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok {
+			return usageError{fmt.Errorf("--label %q: want KEY=VALUE", l)}
+		}
+		if o.Labels == nil {
+			o.Labels = map[string]string{}
+		}
+		o.Labels[k] = v
+	}
+	var all []api.Sandbox
 	next := ""
 	for {
-		page, err := c.api().ListSandboxes(ctx, c.State, c.Label, c.Limit, after)
+		page, err := c.api().ListSandboxes(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -175,9 +184,9 @@ func (c *SandboxListCmd) Run(ctx context.Context, stdout io.Writer) error {
 		if !c.All || page.Next == "" {
 			break
 		}
-		after = page.Next
+		o.After = page.Next
 	}
-	return c.print(stdout, server.SandboxList{Items: all, Next: next}, func(tw *tabwriter.Writer) {
+	return c.print(stdout, api.SandboxList{Items: all, Next: next}, func(tw *tabwriter.Writer) {
 		sandboxRows(tw, all...)
 		if next != "" {
 			tw.Flush()
@@ -193,7 +202,7 @@ type sandboxArg struct {
 }
 
 // show prints the sandbox an API call returned.
-func (c *sandboxArg) show(stdout io.Writer, sb server.Sandbox, err error) error {
+func (c *sandboxArg) show(stdout io.Writer, sb api.Sandbox, err error) error {
 	if err != nil {
 		return err
 	}
@@ -235,7 +244,7 @@ type SandboxStopCmd struct{ sandboxArg }
 
 // Run stops it.
 func (c *SandboxStopCmd) Run(ctx context.Context, stdout io.Writer) error {
-	sb, err := c.api().Action(ctx, c.ID, "stop")
+	sb, err := c.api().StopSandbox(ctx, c.ID)
 	return c.show(stdout, sb, err)
 }
 
@@ -244,7 +253,7 @@ type SandboxStartCmd struct{ sandboxArg }
 
 // Run starts it.
 func (c *SandboxStartCmd) Run(ctx context.Context, stdout io.Writer) error {
-	sb, err := c.api().Action(ctx, c.ID, "start")
+	sb, err := c.api().StartSandbox(ctx, c.ID)
 	return c.show(stdout, sb, err)
 }
 
@@ -278,9 +287,9 @@ type SandboxWaitCmd struct {
 
 // Run waits.
 func (c *SandboxWaitCmd) Run(ctx context.Context, stdout io.Writer) error {
-	if !slices.Contains(store.States, store.State(c.For)) {
+	if !slices.Contains(api.States, api.State(c.For)) {
 		return usageError{fmt.Errorf("--for: %q is not a state", c.For)}
 	}
-	sb, err := waitFor(ctx, c.api(), c.ID, store.State(c.For), c.Timeout)
+	sb, err := waitFor(ctx, c.api(), c.ID, api.State(c.For), c.Timeout)
 	return c.show(stdout, sb, err)
 }

@@ -20,9 +20,9 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -46,14 +46,14 @@ func (c *SSHKeyAddCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	k, err := c.api().AddSSHKey(ctx, server.AddSSHKeyRequest{PublicKey: string(raw), Name: c.Name})
+	k, err := c.api().AddSSHKey(ctx, api.AddSSHKeyRequest{PublicKey: string(raw), Name: c.Name})
 	if err != nil {
 		return err
 	}
 	return c.print(stdout, k, func(tw *tabwriter.Writer) { sshKeyRows(tw, k) })
 }
 
-func sshKeyRows(tw *tabwriter.Writer, keys ...store.SSHKey) {
+func sshKeyRows(tw *tabwriter.Writer, keys ...api.SSHKey) {
 	fmt.Fprintln(tw, "ID\tNAME\tFINGERPRINT\tCREATED")
 	for _, k := range keys {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Fingerprint, k.CreatedAt.Local().Format(time.DateTime))

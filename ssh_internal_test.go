@@ -15,14 +15,14 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/api"
 )
 
 // hostKeyAPI answers GET /v1/ssh/host-key with publicKey as the host key.
 func hostKeyAPI(t *testing.T, publicKey string) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(server.HostKey{PublicKey: publicKey, Port: 2222})
+		json.NewEncoder(w).Encode(api.HostKey{PublicKey: publicKey, Port: 2222})
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL

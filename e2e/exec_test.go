@@ -19,8 +19,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/server"
 )
 
 // cliExec runs `hiloop sandbox exec` with stdin and returns what it printed
@@ -61,18 +61,18 @@ func TestExecThroughAPIAndCLI(t *testing.T) {
 	// The one-shot endpoint.
 	status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run",
 		`{"command":["sh","-c","read x; echo out:$x; echo err >&2; exit 3"],"stdin":"typed\n"}`)
-	var run server.ExecRunResponse
+	var run api.ExecRunResponse
 	json.Unmarshal([]byte(body), &run)
 	if status != 200 || run.ExitCode == nil || *run.ExitCode != 3 || run.Stdout != "out:typed\n" || run.Stderr != "err\n" {
 		t.Fatalf("exec/run: %d %s", status, body)
 	}
 	status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sh","-c","head -c 3000000 /dev/zero"]}`)
 	json.Unmarshal([]byte(body), &run)
-	if status != 200 || !run.StdoutTruncated || len(run.Stdout) != server.MaxRunOutput || *run.ExitCode != 0 {
+	if status != 200 || !run.StdoutTruncated || len(run.Stdout) != api.MaxRunOutput || *run.ExitCode != 0 {
 		t.Fatalf("exec/run over the cap: %d truncated=%v len=%d", status, run.StdoutTruncated, len(run.Stdout))
 	}
 	status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["sleep","5"],"timeout":"500ms"}`)
-	run = server.ExecRunResponse{}
+	run = api.ExecRunResponse{}
 	json.Unmarshal([]byte(body), &run)
 	if status != 200 || !run.TimedOut || run.ExitCode != nil {
 		t.Fatalf("exec/run timeout: %d %s", status, body)
@@ -147,7 +147,7 @@ func dialExec(t *testing.T, in *e2e.Instance, id string, q url.Values) *websocke
 }
 
 // readExit reads messages until the exit frame.
-func readExit(t *testing.T, c *websocket.Conn) server.ExitFrame {
+func readExit(t *testing.T, c *websocket.Conn) api.ExitFrame {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	for {
@@ -155,8 +155,8 @@ func readExit(t *testing.T, c *websocket.Conn) server.ExitFrame {
 		if err != nil {
 			t.Fatalf("no exit frame: %v", err)
 		}
-		if len(b) > 0 && b[0] == server.ChanExit {
-			var f server.ExitFrame
+		if len(b) > 0 && b[0] == api.ChanExit {
+			var f api.ExitFrame
 			if err := json.Unmarshal(b[1:], &f); err != nil {
 				t.Fatal(err)
 			}
@@ -208,12 +208,12 @@ func TestExecBadInput(t *testing.T) {
 		q     url.Values
 		frame []byte
 	}{
-		"bad resize json":  {tty, append([]byte{server.ChanResize}, []byte(`{"width":`)...)},
-		"zero resize":      {tty, append([]byte{server.ChanResize}, []byte(`{"width":0,"height":0}`)...)},
+		"bad resize json":  {tty, append([]byte{api.ChanResize}, []byte(`{"width":`)...)},
+		"zero resize":      {tty, append([]byte{api.ChanResize}, []byte(`{"width":0,"height":0}`)...)},
 		"unknown channel":  {tty, []byte{9, 1, 2}},
 		"empty message":    {tty, []byte{}},
-		"stdin not wanted": {plain, []byte{server.ChanStdin, 'x'}},
-		"resize, no tty":   {plain, append([]byte{server.ChanResize}, []byte(`{"width":80,"height":24}`)...)},
+		"stdin not wanted": {plain, []byte{api.ChanStdin, 'x'}},
+		"resize, no tty":   {plain, append([]byte{api.ChanResize}, []byte(`{"width":80,"height":24}`)...)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := dialExec(t, in, sb.ID, tc.q)
@@ -319,10 +319,10 @@ func TestExecSlowReaderBoundedMemory(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d bytes: %v", got, err)
 		}
-		if b[0] == server.ChanStdout {
+		if b[0] == api.ChanStdout {
 			got += int64(len(b) - 1)
 		}
-		if b[0] == server.ChanExit {
+		if b[0] == api.ChanExit {
 			break
 		}
 	}

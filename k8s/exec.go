@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/client-go/transport/websocket"
+
+	"github.com/hiloop/hiloop/api"
 )
 
 // copyBuffer is the size of the chunks exec output is copied in.
@@ -172,7 +174,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRe
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 
-	send := NewChannelConn(conn).Send
+	send := api.NewChannelConn(conn).Send
 	if req.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)
@@ -427,52 +429,6 @@ func truncateBytes(b []byte) string {
 		return string(b[:200]) + "..."
 	}
 	return string(b)
-}
-
-// ChannelConn writes the channel-prefixed binary messages that both the
-// Kubernetes v5 exec protocol and hiloop's own exec protocol use: each
-// message is one channel byte followed by the payload. It serialises writers.
-type ChannelConn struct {
-	mu   sync.Mutex
-	conn *gwebsocket.Conn
-}
-
-// NewChannelConn wraps a WebSocket connection.
-func NewChannelConn(conn *gwebsocket.Conn) *ChannelConn { return &ChannelConn{conn: conn} }
-
-// Send writes one message on channel ch. It blocks until the connection takes
-// it, so a slow peer slows the sender instead of growing a buffer.
-func (c *ChannelConn) Send(ch byte, p []byte) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w, err := c.conn.NextWriter(gwebsocket.BinaryMessage)
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write([]byte{ch}); err != nil {
-		return err
-	}
-	if _, err := w.Write(p); err != nil {
-		return err
-	}
-	return w.Close()
-}
-
-// Writer returns an io.Writer whose every Write is one message on ch.
-func (c *ChannelConn) Writer(ch byte) io.Writer {
-	return channelWriter{c, ch}
-}
-
-type channelWriter struct {
-	c  *ChannelConn
-	ch byte
-}
-
-func (w channelWriter) Write(p []byte) (int, error) {
-	if err := w.c.Send(w.ch, p); err != nil {
-		return 0, err
-	}
-	return len(p), nil
 }
 
 // errWriter remembers a write error, so a failed copy can be blamed on the

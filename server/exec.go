@@ -13,99 +13,22 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
-// Exec limits and defaults.
-const (
-	// MaxArgvBytes caps the total size of a command line.
-	MaxArgvBytes = 128 << 10
-	// MaxArgs caps the number of arguments.
-	MaxArgs = 4096
-	// MaxRunOutput caps each of stdout and stderr of exec/run; beyond it the
-	// output is discarded (the command still runs to the end) and the
-	// response says it was truncated.
-	MaxRunOutput = 1 << 20
-	// MaxRunBody caps the exec/run request, stdin included.
-	MaxRunBody = 1 << 20
-	// DefaultExecTimeout and MaxExecTimeout bound a command's run time.
-	DefaultExecTimeout = 60 * time.Second
-	MaxExecTimeout     = 24 * time.Hour
-	// ExecSubprotocol is the WebSocket subprotocol of the streaming endpoint.
-	ExecSubprotocol = "hiloop.exec.v1"
-	// finalFrameGrace is how long a stream whose session was ended from
-	// outside has to deliver its final frame before its connection is
-	// closed.
-	finalFrameGrace = time.Second
-)
-
-// Channels of the streaming exec protocol: the first byte of every binary
-// WebSocket message. See docs/api.md.
-const (
-	ChanStdin    = 0
-	ChanStdout   = 1
-	ChanStderr   = 2
-	ChanExit     = 3
-	ChanResize   = 4
-	ChanCloseIn  = 255
-	maxFrameSize = 1 << 20
-)
-
-// ExecRunRequest is the body of POST /v1/sandboxes/{id}/exec/run.
-type ExecRunRequest struct {
-	// Command is the argv; it is not run through a shell.
-	Command []string `json:"command"`
-	// Stdin is written to the command, then closed. Without it the command
-	// gets no stdin at all.
-	Stdin *string `json:"stdin,omitempty"`
-	// Timeout bounds the run, as a Go duration; 60s by default, 24h at most.
-	Timeout string `json:"timeout,omitempty"`
-}
-
-// ExecRunResponse is how the command ended and what it printed.
-type ExecRunResponse struct {
-	// ExitCode is the command's exit code; absent when it timed out.
-	ExitCode *int `json:"exit_code,omitempty"`
-	// Signal names the signal that killed it, when the runtime said so.
-	Signal   string `json:"signal,omitempty"`
-	TimedOut bool   `json:"timed_out"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
-	// StdoutTruncated and StderrTruncated say output beyond MaxRunOutput
-	// bytes was dropped.
-	StdoutTruncated bool  `json:"stdout_truncated"`
-	StderrTruncated bool  `json:"stderr_truncated"`
-	DurationMS      int64 `json:"duration_ms"`
-}
-
-// ExitFrame is the payload of the final ChanExit message.
-type ExitFrame struct {
-	ExitCode *int         `json:"exit_code,omitempty"`
-	Signal   string       `json:"signal,omitempty"`
-	Error    *ErrorDetail `json:"error,omitempty"`
-}
-
-// ResizeFrame is the payload of a ChanResize message.
-type ResizeFrame struct {
-	Width  uint16 `json:"width"`
-	Height uint16 `json:"height"`
-}
-
-// StartFrame is the first client message of a stream opened without a
-// command in its URL: the argv travels in the message, so it stays out of
-// proxy and access logs. It is a text message.
-type StartFrame struct {
-	Command []string `json:"command"`
-}
+// finalFrameGrace is how long a stream whose session was ended from
+// outside has to deliver its final frame before its connection is closed.
+const finalFrameGrace = time.Second
 
 func validateArgv(argv []string) error {
 	if len(argv) == 0 || argv[0] == "" {
 		return fieldError("command", "must name a program")
 	}
-	if len(argv) > MaxArgs {
-		return fieldError("command", fmt.Sprintf("at most %d arguments", MaxArgs))
+	if len(argv) > api.MaxArgs {
+		return fieldError("command", fmt.Sprintf("at most %d arguments", api.MaxArgs))
 	}
 	total := 0
 	for _, a := range argv {
@@ -114,19 +37,19 @@ func validateArgv(argv []string) error {
 			return fieldError("command", "arguments cannot contain NUL bytes")
 		}
 	}
-	if total > MaxArgvBytes {
-		return fieldError("command", fmt.Sprintf("argv exceeds %d bytes", MaxArgvBytes))
+	if total > api.MaxArgvBytes {
+		return fieldError("command", fmt.Sprintf("argv exceeds %d bytes", api.MaxArgvBytes))
 	}
 	return nil
 }
 
 func parseTimeout(s string) (time.Duration, error) {
 	if s == "" {
-		return DefaultExecTimeout, nil
+		return api.DefaultExecTimeout, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 || d > MaxExecTimeout {
-		return 0, fieldError("timeout", fmt.Sprintf("%q is not a duration from 1ns to %s", truncate(s), MaxExecTimeout))
+	if err != nil || d <= 0 || d > api.MaxExecTimeout {
+		return 0, fieldError("timeout", fmt.Sprintf("%q is not a duration from 1ns to %s", truncate(s), api.MaxExecTimeout))
 	}
 	return d, nil
 }
@@ -143,9 +66,9 @@ func execFailed(err error) error {
 		if errors.Is(ee.Cause, control.ErrShuttingDown) {
 			status = http.StatusServiceUnavailable
 		}
-		return &wrappedAPIError{apiError: newError(status, CodeSessionEnded, ee.Error()), err: err}
+		return &wrappedAPIError{apiError: newError(status, api.CodeSessionEnded, ee.Error()), err: err}
 	case errors.As(err, &se):
-		return &wrappedAPIError{apiError: newError(http.StatusBadGateway, CodeExecFailed, control.ErrStreamBroken.Error()), err: err}
+		return &wrappedAPIError{apiError: newError(http.StatusBadGateway, api.CodeExecFailed, control.ErrStreamBroken.Error()), err: err}
 	}
 	return err
 }
@@ -181,8 +104,8 @@ func (c *capWriter) Write(p []byte) (int, error) {
 
 func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	var req ExecRunRequest
-	if err := decodeLimit(w, r, &req, MaxRunBody); err != nil {
+	var req api.ExecRunRequest
+	if err := decodeLimit(w, r, &req, api.MaxRunBody); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -203,7 +126,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
-	stdout, stderr := &capWriter{max: MaxRunOutput}, &capWriter{max: MaxRunOutput}
+	stdout, stderr := &capWriter{max: api.MaxRunOutput}, &capWriter{max: api.MaxRunOutput}
 	ereq := k8s.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
 	if req.Stdin != nil {
 		ereq.Stdin = strings.NewReader(*req.Stdin)
@@ -215,7 +138,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		in = len(*req.Stdin)
 	}
 	sess.Moved(int64(in), int64(len(stdout.buf)+len(stderr.buf)))
-	resp := ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
+	resp := api.ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
 		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
 	switch {
 	case errors.Is(err, control.ErrExecTimeout):
@@ -241,7 +164,7 @@ func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id string) (*
 }
 
 var upgrader = websocket.Upgrader{
-	Subprotocols: []string{ExecSubprotocol},
+	Subprotocols: []string{api.ExecSubprotocol},
 	// Only bearer-token clients can call this endpoint (browsers cannot set
 	// the header on a WebSocket), so the origin carries no authority.
 	CheckOrigin:     func(*http.Request) bool { return true },
@@ -280,7 +203,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fieldError("tty", "a terminal needs stdin (stdin=true)"))
 		return
 	}
-	timeout := MaxExecTimeout
+	timeout := api.MaxExecTimeout
 	if t := q.Get("timeout"); t != "" {
 		var err error
 		if timeout, err = parseTimeout(t); err != nil {
@@ -289,7 +212,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !websocket.IsWebSocketUpgrade(r) {
-		s.writeError(w, r, newError(http.StatusBadRequest, CodeWebSocketRequired, "this endpoint speaks WebSocket ("+ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
+		s.writeError(w, r, newError(http.StatusBadRequest, api.CodeWebSocketRequired, "this endpoint speaks WebSocket ("+api.ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
 	sess, ok := s.admitExec(w, r, id)
@@ -302,7 +225,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader answered the client
 	}
 	defer conn.Close()
-	conn.SetReadLimit(maxFrameSize)
+	conn.SetReadLimit(api.MaxFrameSize)
 	log := s.log.With("sandbox", id, "org", sess.OrgID)
 	// A session ended from outside (its key revoked, its sandbox stopped,
 	// deleted or quarantined, shutdown) ends the stream even while it waits
@@ -324,10 +247,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	// Output is one message per chunk and blocks on the client: a slow
 	// reader slows the command down instead of growing a buffer.
-	cc := k8s.NewChannelConn(conn)
-	sendExit := func(f ExitFrame) {
+	cc := api.NewChannelConn(conn)
+	sendExit := func(f api.ExitFrame) {
 		b, _ := json.Marshal(f)
-		cc.Send(ChanExit, b)
+		cc.Send(api.ChanExit, b)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 	}
 	if len(argv) == 0 {
@@ -336,11 +259,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			if cause := sess.Ended(); cause != nil {
 				ferr = toAPIError(execFailed(&control.EndedError{Cause: cause}))
 			}
-			sendExit(ExitFrame{Error: &ferr.detail})
+			sendExit(api.ExitFrame{Error: &ferr.detail})
 			return
 		}
 	}
-	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(ChanStdout)), Stderr: sess.Out(cc.Writer(ChanStderr))}
+	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if flags["stdin"] {
@@ -388,17 +311,17 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case ferr != nil:
 		log.Info("exec session refused a frame", "err", ferr)
-		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeInvalidFrame, Message: ferr.Error()}})
+		sendExit(api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeInvalidFrame, Message: ferr.Error()}})
 	case errors.Is(err, control.ErrExecTimeout):
-		sendExit(ExitFrame{Error: &ErrorDetail{Code: CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}})
+		sendExit(api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}})
 	case errors.Is(err, control.ErrCallerGone):
 		// The client left; nobody is listening for the exit.
 	case err != nil:
 		log.Warn("exec ended without an exit status", "err", err)
 		d := toAPIError(execFailed(err)).detail
-		sendExit(ExitFrame{Error: &d})
+		sendExit(api.ExitFrame{Error: &d})
 	default:
-		sendExit(ExitFrame{ExitCode: &st.Code, Signal: st.Signal})
+		sendExit(api.ExitFrame{ExitCode: &st.Code, Signal: st.Signal})
 	}
 	conn.Close()
 	<-readDone
@@ -410,16 +333,16 @@ func readStart(conn *websocket.Conn) ([]string, *apiError) {
 	defer conn.SetReadDeadline(time.Time{})
 	mt, b, err := conn.ReadMessage()
 	if err != nil {
-		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, "no command: neither in the URL nor in a first message")
+		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, "no command: neither in the URL nor in a first message")
 	}
 	if mt != websocket.TextMessage {
-		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, `the first message must be a text message {"command":[...]} when the URL has no command`)
+		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be a text message {"command":[...]} when the URL has no command`)
 	}
-	var f StartFrame
+	var f api.StartFrame
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return nil, newError(http.StatusBadRequest, CodeInvalidFrame, `the first message must be {"command":[...]}`)
+		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be {"command":[...]}`)
 	}
 	if err := validateArgv(f.Command); err != nil {
 		return nil, toAPIError(err)
@@ -433,25 +356,25 @@ func (s *Server) handleFrame(mt int, b []byte, stdin *io.PipeWriter, resize chan
 		return errors.New("messages must be binary with a channel byte")
 	}
 	switch b[0] {
-	case ChanStdin:
+	case api.ChanStdin:
 		if stdin == nil {
 			return errors.New("stdin was not requested")
 		}
 		if _, err := stdin.Write(b[1:]); err != nil {
 			return nil // the command no longer reads stdin
 		}
-	case ChanCloseIn:
-		if len(b) != 2 || b[1] != ChanStdin {
+	case api.ChanCloseIn:
+		if len(b) != 2 || b[1] != api.ChanStdin {
 			return errors.New("close frame must name stdin")
 		}
 		if stdin != nil {
 			stdin.Close()
 		}
-	case ChanResize:
+	case api.ChanResize:
 		if !tty {
 			return errors.New("resize without a tty")
 		}
-		var f ResizeFrame
+		var f api.ResizeFrame
 		dec := json.NewDecoder(strings.NewReader(string(b[1:])))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&f); err != nil || f.Width == 0 || f.Height == 0 {

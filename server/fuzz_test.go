@@ -7,6 +7,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -74,8 +75,8 @@ func FuzzQuery(f *testing.F) {
 // FuzzFrames: no client message of the exec protocol panics the server;
 // each is applied or refused.
 func FuzzFrames(f *testing.F) {
-	for _, seed := range [][]byte{{}, {ChanStdin, 'x'}, {ChanCloseIn, ChanStdin}, {ChanCloseIn}, {ChanResize}, append([]byte{ChanResize}, `{"width":80,"height":24}`...),
-		append([]byte{ChanResize}, `{"width":0}`...), {9}, {ChanExit}} {
+	for _, seed := range [][]byte{{}, {api.ChanStdin, 'x'}, {api.ChanCloseIn, api.ChanStdin}, {api.ChanCloseIn}, {api.ChanResize}, append([]byte{api.ChanResize}, `{"width":80,"height":24}`...),
+		append([]byte{api.ChanResize}, `{"width":0}`...), {9}, {api.ChanExit}} {
 		f.Add(websocket.BinaryMessage, seed, true)
 		f.Add(websocket.TextMessage, seed, false)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -13,7 +14,7 @@ func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, org)
+	writeJSON(w, http.StatusOK, org.API())
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
@@ -22,11 +23,11 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, KeyList{Items: nonNil(keys)})
+	writeJSON(w, http.StatusOK, api.KeyList{Items: store.APIList[store.APIKey, api.APIKey](keys)})
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
-	var req CreateKeyRequest
+	var req api.CreateKeyRequest
 	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -40,13 +41,13 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, CreatedKey{APIKey: k, Secret: secret})
+	writeJSON(w, http.StatusCreated, api.CreatedKey{APIKey: k.API(), Secret: secret})
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 	if err := s.o.Control.RevokeKey(r.Context(), caller(r), r.PathValue("id")); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			err = newError(http.StatusNotFound, CodeNotFound, "no such key")
+			err = newError(http.StatusNotFound, api.CodeNotFound, "no such key")
 		}
 		s.writeError(w, r, err)
 		return

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/hiloop/hiloop/api"
+
 	"context"
 	"math"
 	"net"
@@ -461,6 +463,6 @@ func (s *Server) rateLimited(w http.ResponseWriter, r *http.Request, no refusal)
 	case scopeAddress:
 		msg = "too many requests without a valid key from this address"
 	}
-	d := ErrorDetail{Code: CodeRateLimited, Message: msg + "; retry after " + max(retry, 0).Round(time.Millisecond).String(), RequestID: ri.id}
-	writeJSON(w, http.StatusTooManyRequests, ErrorBody{Error: d})
+	d := api.ErrorDetail{Code: api.CodeRateLimited, Message: msg + "; retry after " + max(retry, 0).Round(time.Millisecond).String(), RequestID: ri.id}
+	writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Error: d})
 }

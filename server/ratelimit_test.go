@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/store"
@@ -54,8 +55,8 @@ func refusedBy(t *testing.T, rec *httptest.ResponseRecorder) string {
 	if rec.Code != http.StatusTooManyRequests {
 		return ""
 	}
-	var b ErrorBody
-	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil || b.Error.Code != CodeRateLimited {
+	var b api.ErrorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil || b.Error.Code != api.CodeRateLimited {
 		t.Fatalf("429 that is not rate_limited: %s", rec.Body.String())
 	}
 	switch {
@@ -303,18 +304,18 @@ func TestKeyLimit(t *testing.T) {
 	b.token = secretB
 
 	// The bootstrap key is the first of 3.
-	var made []CreatedKey
+	var made []api.CreatedKey
 	for range 2 {
 		rec := ts.do("POST", "/v1/keys", `{"name":"k"}`)
 		if rec.Code != 201 {
 			t.Fatalf("a key within the limit: %d %s", rec.Code, rec.Body.String())
 		}
-		var ck CreatedKey
+		var ck api.CreatedKey
 		json.Unmarshal(rec.Body.Bytes(), &ck)
 		made = append(made, ck)
 	}
 	rec := ts.do("POST", "/v1/keys", `{"name":"one too many"}`)
-	if rec.Code != 409 || errCode(t, rec) != CodeKeyLimit || !strings.Contains(rec.Body.String(), "3 live API keys") {
+	if rec.Code != 409 || errCode(t, rec) != api.CodeKeyLimit || !strings.Contains(rec.Body.String(), "3 live API keys") {
 		t.Fatalf("a key past the limit: %d %s", rec.Code, rec.Body.String())
 	}
 	// The key past the limit was not written.
@@ -343,7 +344,7 @@ func TestKeyLimit(t *testing.T) {
 		json.Unmarshal(rec.Body.Bytes(), &k)
 		sshIDs = append(sshIDs, k.ID)
 	}
-	if rec := ts.do("POST", "/v1/ssh-keys", sshKeyBody(t)); rec.Code != 409 || errCode(t, rec) != CodeKeyLimit {
+	if rec := ts.do("POST", "/v1/ssh-keys", sshKeyBody(t)); rec.Code != 409 || errCode(t, rec) != api.CodeKeyLimit {
 		t.Fatalf("an SSH key past the limit: %d %s", rec.Code, rec.Body.String())
 	}
 	if rec := b.do("POST", "/v1/ssh-keys", sshKeyBody(t)); rec.Code != 201 {
@@ -377,7 +378,7 @@ func TestReadyzOneCheckAtATime(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if rec := ts.from("192.0.2.1", "", "GET", "/readyz", ""); rec.Code != 503 || errCode(t, rec) != CodeNotReady {
+			if rec := ts.from("192.0.2.1", "", "GET", "/readyz", ""); rec.Code != 503 || errCode(t, rec) != api.CodeNotReady {
 				t.Errorf("readyz while the check hangs: %d %s", rec.Code, rec.Body.String())
 			}
 		}()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/k8s"
@@ -35,7 +36,7 @@ func revokeStream(t *testing.T) (ts *testServer, url, id, secret string) {
 	id = ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
 	rec := ts.do("POST", "/v1/keys", `{"name":"second"}`)
-	var ck CreatedKey
+	var ck api.CreatedKey
 	json.Unmarshal(rec.Body.Bytes(), &ck)
 	hs := httptest.NewServer(ts.srv)
 	t.Cleanup(hs.Close)
@@ -59,7 +60,7 @@ func revoke(t *testing.T, ts *testServer, secret string) {
 func TestExecStreamEndsOnRevoke(t *testing.T) {
 	t.Run("waiting for the command", func(t *testing.T) {
 		ts, url, _, secret := revokeStream(t)
-		d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}}
+		d := websocket.Dialer{Subprotocols: []string{api.ExecSubprotocol}}
 		c, _, err := d.Dial(url, http.Header{"Authorization": {"Bearer " + ts.token}})
 		if err != nil {
 			t.Fatal(err)
@@ -71,12 +72,12 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 		// only the revoke can have ended it.
 		c.SetReadDeadline(time.Now().Add(20 * time.Second))
 		_, b, err := c.ReadMessage()
-		if err != nil || len(b) == 0 || b[0] != ChanExit {
+		if err != nil || len(b) == 0 || b[0] != api.ChanExit {
 			t.Fatalf("after the revoke: %q, %v; want the exit frame", b, err)
 		}
-		var f ExitFrame
-		if err := json.Unmarshal(b[1:], &f); err != nil || f.Error == nil || f.Error.Code != CodeSessionEnded {
-			t.Fatalf("exit frame %s, want %s", b[1:], CodeSessionEnded)
+		var f api.ExitFrame
+		if err := json.Unmarshal(b[1:], &f); err != nil || f.Error == nil || f.Error.Code != api.CodeSessionEnded {
+			t.Fatalf("exit frame %s, want %s", b[1:], api.CodeSessionEnded)
 		}
 		if _, _, err := c.ReadMessage(); err == nil {
 			t.Fatal("the connection stayed open after the exit frame")
@@ -85,7 +86,7 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 	})
 	t.Run("client not reading", func(t *testing.T) {
 		ts, url, _, secret := revokeStream(t)
-		d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}}
+		d := websocket.Dialer{Subprotocols: []string{api.ExecSubprotocol}}
 		c, _, err := d.Dial(url+"?command=yes", http.Header{"Authorization": {"Bearer " + ts.token}})
 		if err != nil {
 			t.Fatal(err)

@@ -11,19 +11,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/store"
 )
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var req CreateSandboxRequest
+	var req api.CreateSandboxRequest
 	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	idem := r.Header.Get("Idempotency-Key")
 	if len(idem) > 255 {
-		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
+		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
 		return
 	}
 	spec, err := validateCreate(req)
@@ -34,7 +35,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
 		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
 	if errors.Is(err, store.ErrConflict) && idem != "" {
-		err = newError(http.StatusConflict, CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
+		err = newError(http.StatusConflict, api.CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
 	if err != nil {
 		s.writeError(w, r, err)
@@ -57,7 +58,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 // the same request with its keys reordered or other whitespace is the same
 // request (encoding/json marshals struct fields in order and map keys
 // sorted).
-func canonicalHash(req CreateSandboxRequest) string {
+func canonicalHash(req api.CreateSandboxRequest) string {
 	b, _ := json.Marshal(req)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
@@ -150,11 +151,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	out := SandboxList{Items: make([]Sandbox, 0, len(list)), Next: next}
-	for _, sb := range list {
-		out.Items = append(out.Items, toAPI(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, api.SandboxList{Items: mappedSandboxes(list), Next: next})
 }
 
 func validState(s string) bool {
@@ -192,7 +189,7 @@ func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode
 }
 
 func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
-	var req UpdateSandboxRequest
+	var req api.UpdateSandboxRequest
 	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -220,5 +217,5 @@ func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, EventList{Items: nonNil(evs)})
+	writeJSON(w, http.StatusOK, api.EventList{Items: store.APIList[store.Event, api.Event](evs)})
 }

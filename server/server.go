@@ -23,6 +23,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/store"
@@ -162,7 +163,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 				panic(v)
 			}
 			s.log.Error("panic", "method", r.Method, "route", info(r).route, "request_id", info(r).id, "panic", v, "stack", string(debug.Stack()))
-			writeJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: CodeInternal, Message: "internal error", RequestID: info(r).id}})
+			writeJSON(w, http.StatusInternalServerError, api.ErrorBody{Error: api.ErrorDetail{Code: api.CodeInternal, Message: "internal error", RequestID: info(r).id}})
 		}
 	}()
 	if _, pattern := s.mux.Handler(r); pattern == "" {
@@ -178,11 +179,11 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		probe := r.Clone(r.Context())
 		probe.Method = m
 		if _, p := s.mux.Handler(probe); p != "" {
-			s.writeError(w, r, newError(http.StatusMethodNotAllowed, CodeMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path))
+			s.writeError(w, r, newError(http.StatusMethodNotAllowed, api.CodeMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path))
 			return
 		}
 	}
-	s.writeError(w, r, newError(http.StatusNotFound, CodeNotFound, "no such route "+r.URL.Path))
+	s.writeError(w, r, newError(http.StatusNotFound, api.CodeNotFound, "no such route "+r.URL.Path))
 }
 
 type ctxKey struct{}
@@ -227,7 +228,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
 			s.o.Metrics.AuthFailure("api_key_missing")
-			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "missing bearer token"))
+			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer token"))
 			return
 		}
 		if len(secret) > maxSecretLen {
@@ -239,7 +240,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
 			s.o.Metrics.AuthFailure("api_key_invalid")
-			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
+			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "invalid or revoked key"))
 			return
 		}
 		sum := sha256.Sum256([]byte(secret))
@@ -277,7 +278,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
 			s.o.Metrics.AuthFailure("api_key_invalid")
-			s.writeError(w, r, newError(http.StatusUnauthorized, CodeUnauthorized, "invalid or revoked key"))
+			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "invalid or revoked key"))
 			return
 		}
 		if !found {
@@ -333,16 +334,16 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return newError(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Content-Type must be application/json")
+			return newError(http.StatusUnsupportedMediaType, api.CodeUnsupportedMediaType, "Content-Type must be application/json")
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", limit))
+			return newError(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, fmt.Sprintf("body exceeds %d bytes", limit))
 		}
-		return newError(http.StatusBadRequest, CodeInvalidJSON, "could not read body")
+		return newError(http.StatusBadRequest, api.CodeInvalidJSON, "could not read body")
 	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
@@ -350,7 +351,7 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 		return jsonError(err)
 	}
 	if dec.More() {
-		return newError(http.StatusBadRequest, CodeInvalidJSON, "body holds more than one JSON value")
+		return newError(http.StatusBadRequest, api.CodeInvalidJSON, "body holds more than one JSON value")
 	}
 	return nil
 }
@@ -359,7 +360,7 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 func knownQuery(q url.Values, known ...string) error {
 	for k := range q {
 		if !slices.Contains(known, k) {
-			return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: k, Message: "unknown query parameter " + k}}
+			return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeUnknownField, Field: k, Message: "unknown query parameter " + k}}
 		}
 	}
 	return nil
@@ -367,7 +368,7 @@ func knownQuery(q url.Values, known ...string) error {
 
 // errEmptyBody answers a request whose JSON body is empty; action endpoints
 // accept it.
-var errEmptyBody = newError(http.StatusBadRequest, CodeInvalidJSON, "empty body")
+var errEmptyBody = newError(http.StatusBadRequest, api.CodeInvalidJSON, "empty body")
 
 // emptyBody accepts an absent, empty or {} body on action endpoints.
 func emptyBody(w http.ResponseWriter, r *http.Request) error {
@@ -391,17 +392,17 @@ func jsonError(err error) *apiError {
 		if f == "" {
 			f = "body"
 		}
-		return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeInvalidField, Field: f,
+		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: f,
 			Message: fmt.Sprintf("%s: expected %s, got JSON %s", f, te.Type, te.Value)}}
 	case errors.As(err, &se):
-		return newError(http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err))
+		return newError(http.StatusBadRequest, api.CodeInvalidJSON, fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err))
 	case errors.Is(err, io.EOF):
 		return errEmptyBody
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return &apiError{status: http.StatusBadRequest, detail: ErrorDetail{Code: CodeUnknownField, Field: f, Message: "unknown field " + f}}
+		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeUnknownField, Field: f, Message: "unknown field " + f}}
 	default:
-		return newError(http.StatusBadRequest, CodeInvalidJSON, "malformed JSON: "+err.Error())
+		return newError(http.StatusBadRequest, api.CodeInvalidJSON, "malformed JSON: "+err.Error())
 	}
 }
 
@@ -421,7 +422,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("not ready", "err", err)
 		d := errNotReady.detail
 		d.RequestID = info(r).id
-		writeJSON(w, errNotReady.status, ErrorBody{Error: d})
+		writeJSON(w, errNotReady.status, api.ErrorBody{Error: d})
 		return
 	}
 	writeJSON(w, http.StatusOK, readyBody{Status: "ready", Boundary: s.o.Control.BoundaryState()})
@@ -433,11 +434,4 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 type readyBody struct {
 	Status   string `json:"status"`
 	Boundary string `json:"boundary"`
-}
-
-func nonNil[T any](s []T) []T {
-	if s == nil {
-		return []T{}
-	}
-	return s
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/e2e"
@@ -112,9 +113,9 @@ func (ts *testServer) create(body string) string {
 	return decodeSandbox(ts.t, rec).ID
 }
 
-func decodeSandbox(t testing.TB, rec *httptest.ResponseRecorder) Sandbox {
+func decodeSandbox(t testing.TB, rec *httptest.ResponseRecorder) api.Sandbox {
 	t.Helper()
-	var sb Sandbox
+	var sb api.Sandbox
 	if err := json.Unmarshal(rec.Body.Bytes(), &sb); err != nil {
 		t.Fatalf("decode %q: %v", rec.Body.String(), err)
 	}
@@ -123,7 +124,7 @@ func decodeSandbox(t testing.TB, rec *httptest.ResponseRecorder) Sandbox {
 
 func errCode(t testing.TB, rec *httptest.ResponseRecorder) string {
 	t.Helper()
-	var b ErrorBody
+	var b api.ErrorBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {
 		t.Fatalf("decode error %q: %v", rec.Body.String(), err)
 	}
@@ -153,7 +154,7 @@ func TestErrorMap(t *testing.T) {
 		id := ts.create(`{"image":"busybox"}`)
 		ts.fc.Set(func(f *controltest.Cluster) { f.ModeErr = errTimeout })
 		rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", "")
-		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+		if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 			t.Fatalf("stop with the cluster away: %d %s %q", rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
 		}
 		if got := ts.record(id).DesiredMode; got != store.ModeRunning {
@@ -166,7 +167,7 @@ func TestErrorMap(t *testing.T) {
 		before := ts.record(id)
 		ts.fc.Set(func(f *controltest.Cluster) { f.ExpiryErr = errTimeout })
 		rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"5h"}`)
-		if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable {
+		if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable {
 			t.Fatalf("ttl with the cluster away: %d %s", rec.Code, rec.Body.String())
 		}
 		after := ts.record(id)
@@ -185,14 +186,14 @@ func TestErrorMap(t *testing.T) {
 		id := ts.create(`{"image":"busybox"}`)
 		ts.db.Observe(context.Background(), id, store.Observation{State: store.StateLost})
 		rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", "")
-		if rec.Code != 409 || errCode(t, rec) != CodeConflict {
+		if rec.Code != 409 || errCode(t, rec) != api.CodeConflict {
 			t.Fatalf("start a lost sandbox: %d %s", rec.Code, rec.Body.String())
 		}
 	})
 	t.Run("forbidden is an operator fault", func(t *testing.T) {
 		ts := newTestServer(t, &controltest.Cluster{CreateErr: errForbidden})
 		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-		if rec.Code != 500 || errCode(t, rec) != CodeClusterMisconfigured {
+		if rec.Code != 500 || errCode(t, rec) != api.CodeClusterMisconfigured {
 			t.Fatalf("create refused for permissions: %d %s", rec.Code, rec.Body.String())
 		}
 		list := ts.do("GET", "/v1/sandboxes", "")
@@ -203,7 +204,7 @@ func TestErrorMap(t *testing.T) {
 	t.Run("admission refusal", func(t *testing.T) {
 		ts := newTestServer(t, &controltest.Cluster{CreateErr: errInvalid})
 		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-		if rec.Code != 422 || errCode(t, rec) != CodeClusterRejected {
+		if rec.Code != 422 || errCode(t, rec) != api.CodeClusterRejected {
 			t.Fatalf("create refused by admission: %d %s", rec.Code, rec.Body.String())
 		}
 	})
@@ -221,7 +222,7 @@ func TestErrorMap(t *testing.T) {
 		go func() { done <- ts.do("GET", "/readyz", "") }()
 		select {
 		case rec := <-done:
-			if rec.Code != 503 || errCode(t, rec) != CodeNotReady || rec.Header().Get("Retry-After") == "" {
+			if rec.Code != 503 || errCode(t, rec) != api.CodeNotReady || rec.Header().Get("Retry-After") == "" {
 				t.Fatalf("readyz: %d %s", rec.Code, rec.Body.String())
 			}
 		case <-time.After(30 * time.Second):
@@ -246,7 +247,7 @@ func TestAmbiguousCreate(t *testing.T) {
 		t.Fatalf("ambiguous create: %d %s", rec.Code, rec.Body.String())
 	}
 	sb := decodeSandbox(t, rec)
-	if sb.State != store.StatePending {
+	if sb.State != api.StatePending {
 		t.Fatalf("state %s, want pending", sb.State)
 	}
 	waitFor(t, "adoption", func() bool { return contains(ts.fc.Calls(), "exists "+sb.ID) })
@@ -323,7 +324,7 @@ func TestDeleteTerminalDeletesObject(t *testing.T) {
 			ts.db.Observe(context.Background(), id, store.Observation{State: st})
 		}
 		rec := ts.do("DELETE", "/v1/sandboxes/"+id, "")
-		if rec.Code != 200 || decodeSandbox(t, rec).Desired != store.ModeDeleted {
+		if rec.Code != 200 || decodeSandbox(t, rec).Desired != api.ModeDeleted {
 			t.Fatalf("%s: delete %d %s", st, rec.Code, rec.Body.String())
 		}
 		if !contains(ts.fc.Calls(), "delete "+id) {
@@ -342,7 +343,7 @@ func TestIdempotencyCanonical(t *testing.T) {
 		t.Fatalf("reordered retry: %d %d %s", a.Code, b.Code, b.Body.String())
 	}
 	c := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","ttl":"2h"}`, "Idempotency-Key", "k")
-	if c.Code != 409 || errCode(t, c) != CodeIdempotencyConflict {
+	if c.Code != 409 || errCode(t, c) != api.CodeIdempotencyConflict {
 		t.Fatalf("other request, same key: %d %s", c.Code, c.Body.String())
 	}
 }
@@ -360,14 +361,14 @@ func TestValidationBounds(t *testing.T) {
 		{`{"image":"busybox","transports":["Bad Name"]}`, "transports[0]", "not a transport"},
 	} {
 		rec := ts.do("POST", "/v1/sandboxes", tc.body)
-		var b ErrorBody
+		var b api.ErrorBody
 		json.Unmarshal(rec.Body.Bytes(), &b)
 		if rec.Code != 400 || b.Error.Field != tc.field || !strings.Contains(b.Error.Message, tc.says) {
 			t.Errorf("%s: %d %s", tc.body, rec.Code, rec.Body.String())
 		}
 	}
 	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["ssh"]}`)
-	if rec.Code != 422 || errCode(t, rec) != CodeUnsupportedCapability {
+	if rec.Code != 422 || errCode(t, rec) != api.CodeUnsupportedCapability {
 		t.Errorf("unbacked transport: %d %s", rec.Code, rec.Body.String())
 	}
 	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["exec","exec"]}`)
@@ -385,9 +386,9 @@ func TestReservedVolumeName(t *testing.T) {
 	for _, name := range []string{"hiloop-gateway-key", "hiloop-x"} {
 		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","transports":["exec"],"volumes":[`+
 			`{"name":"data","size":"1Gi","mount_path":"/data"},{"name":"`+name+`","size":"1Gi","mount_path":"/k"}]}`)
-		var b ErrorBody
+		var b api.ErrorBody
 		json.Unmarshal(rec.Body.Bytes(), &b)
-		if rec.Code != 400 || b.Error.Code != CodeInvalidField || b.Error.Field != "volumes[1].name" || !strings.Contains(b.Error.Message, `names starting with "hiloop-" are hiloop's`) {
+		if rec.Code != 400 || b.Error.Code != api.CodeInvalidField || b.Error.Field != "volumes[1].name" || !strings.Contains(b.Error.Message, `names starting with "hiloop-" are hiloop's`) {
 			t.Errorf("volume %q: %d %s", name, rec.Code, rec.Body.String())
 		}
 	}
@@ -402,7 +403,7 @@ func TestReservedVolumeName(t *testing.T) {
 func TestRevokeLastKey(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{})
 	rec := ts.do("DELETE", "/v1/keys/"+ts.keyID, "")
-	if rec.Code != 409 || errCode(t, rec) != CodeLastKey {
+	if rec.Code != 409 || errCode(t, rec) != api.CodeLastKey {
 		t.Fatalf("revoke the last key: %d %s", rec.Code, rec.Body.String())
 	}
 	if rec := ts.do("GET", "/v1/org", ""); rec.Code != 200 {
@@ -417,7 +418,7 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 	id := ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
 	second := ts.do("POST", "/v1/keys", `{"name":"second"}`)
-	var ck CreatedKey
+	var ck api.CreatedKey
 	json.Unmarshal(second.Body.Bytes(), &ck)
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() {
@@ -432,7 +433,7 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 	}
 	select {
 	case rec := <-done:
-		if rec.Code != 409 || errCode(t, rec) != CodeSessionEnded {
+		if rec.Code != 409 || errCode(t, rec) != api.CodeSessionEnded {
 			t.Fatalf("exec after revoke: %d %s", rec.Code, rec.Body.String())
 		}
 	case <-time.After(10 * time.Second):
@@ -450,7 +451,7 @@ func TestExecClusterUnreachable(t *testing.T) {
 	id := ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
 	rec := ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`)
-	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+	if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("exec with the cluster away: %d %s", rec.Code, rec.Body.String())
 	}
 	ts2 := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
@@ -458,21 +459,21 @@ func TestExecClusterUnreachable(t *testing.T) {
 	})
 	id = ts2.create(`{"image":"busybox"}`)
 	ts2.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
-	if rec := ts2.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`); rec.Code != 502 || errCode(t, rec) != CodeExecFailed {
+	if rec := ts2.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`); rec.Code != 502 || errCode(t, rec) != api.CodeExecFailed {
 		t.Fatalf("broken exec: %d %s", rec.Code, rec.Body.String())
 	}
 }
 
-// TestEveryCodeDocumented: every code the server defines is in the OpenAPI
+// TestEveryCodeDocumented: every code of the API is in the OpenAPI
 // document and in docs/api.md.
 func TestEveryCodeDocumented(t *testing.T) {
-	src, err := os.ReadFile("errors.go")
+	src, err := os.ReadFile("../api/errors.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	codes := regexp.MustCompile(`Code[A-Za-z]+ += "([a-z_]+)"`).FindAllStringSubmatch(string(src), -1)
 	if len(codes) < 20 {
-		t.Fatalf("found only %d codes in errors.go", len(codes))
+		t.Fatalf("found only %d codes in api/errors.go", len(codes))
 	}
 	spec, _ := os.ReadFile("openapi.yaml")
 	doc, err := os.ReadFile("../docs/api.md")
@@ -505,21 +506,21 @@ func TestExecArgvInFirstMessage(t *testing.T) {
 	hs := httptest.NewServer(ts.srv)
 	defer hs.Close()
 	dial := func() *websocket.Conn {
-		d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}}
+		d := websocket.Dialer{Subprotocols: []string{api.ExecSubprotocol}}
 		c, _, err := d.Dial("ws"+strings.TrimPrefix(hs.URL, "http")+"/v1/sandboxes/"+id+"/exec", http.Header{"Authorization": {"Bearer " + ts.token}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
-	exit := func(c *websocket.Conn) ExitFrame {
+	exit := func(c *websocket.Conn) api.ExitFrame {
 		for {
 			_, b, err := c.ReadMessage()
 			if err != nil {
 				t.Fatalf("no exit frame: %v", err)
 			}
-			if len(b) > 0 && b[0] == ChanExit {
-				var f ExitFrame
+			if len(b) > 0 && b[0] == api.ChanExit {
+				var f api.ExitFrame
 				json.Unmarshal(b[1:], &f)
 				return f
 			}
@@ -561,7 +562,7 @@ func TestAccessLogAndRequestIDs(t *testing.T) {
 		t.Fatalf("request id %q, want the client's", rec.Header().Get(RequestIDHeader))
 	}
 	bad := ts.do("GET", "/v1/sandboxes/sbx_none", "", RequestIDHeader, "not ok\nforged")
-	var body ErrorBody
+	var body api.ErrorBody
 	json.Unmarshal(bad.Body.Bytes(), &body)
 	if rid := bad.Header().Get(RequestIDHeader); rid == "" || rid == "not ok\nforged" || body.Error.RequestID != rid {
 		t.Fatalf("error body id %q, header %q", body.Error.RequestID, rid)
@@ -611,7 +612,7 @@ func TestStorageUnavailable(t *testing.T) {
 		{"POST", "/v1/keys", `{"name":"k"}`},
 	} {
 		rec := ts.do(w.method, w.path, w.body)
-		if rec.Code != 503 || errCode(t, rec) != CodeStorageUnavailable || rec.Header().Get("Retry-After") == "" {
+		if rec.Code != 503 || errCode(t, rec) != api.CodeStorageUnavailable || rec.Header().Get("Retry-After") == "" {
 			t.Errorf("%s %s with storage read-only: %d %s", w.method, w.path, rec.Code, rec.Body.String())
 		}
 	}
@@ -640,13 +641,13 @@ func TestRateLimits(t *testing.T) {
 		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	other := ts.do("POST", "/v1/keys", `{"name":"b"}`)
-	var ck CreatedKey
+	var ck api.CreatedKey
 	json.Unmarshal(other.Body.Bytes(), &ck)
 	creates := 0
 	for range 4 {
 		if rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`); rec.Code == 201 {
 			creates++
-		} else if rec.Code != 429 || errCode(t, rec) != CodeRateLimited || rec.Header().Get("Retry-After") == "" {
+		} else if rec.Code != 429 || errCode(t, rec) != api.CodeRateLimited || rec.Header().Get("Retry-After") == "" {
 			t.Fatalf("create past the create rate: %d %s", rec.Code, rec.Body.String())
 		}
 	}
@@ -721,7 +722,7 @@ func TestNotHardened(t *testing.T) {
 			t.Errorf("readyz: %d %q, want boundary %s", rec.Code, rec.Body.String(), state)
 		}
 	}
-	if rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`); rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened ||
+	if rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`); rec.Code != 503 || errCode(t, rec) != api.CodeClusterNotHardened ||
 		!strings.Contains(rec.Body.String(), "has not run yet") {
 		t.Fatalf("create before the first check: %d %s", rec.Code, rec.Body.String())
 	}
@@ -734,7 +735,7 @@ func TestNotHardened(t *testing.T) {
 		k8s.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"})
 	ts.ctl.CheckBoundary(context.Background())
 	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-	if rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened || rec.Header().Get("Retry-After") == "" ||
+	if rec.Code != 503 || errCode(t, rec) != api.CodeClusterNotHardened || rec.Header().Get("Retry-After") == "" ||
 		!strings.Contains(rec.Body.String(), "ValidatingAdmissionPolicyBinding hiloop-sandbox-isolation: missing") ||
 		strings.Contains(rec.Body.String(), "RuntimeClass") || strings.Contains(rec.Body.String(), "serviceaccount") {
 		t.Errorf("create while not hardened: %d %s", rec.Code, rec.Body.String())
@@ -743,7 +744,7 @@ func TestNotHardened(t *testing.T) {
 	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/stop", ""); rec.Code != 200 {
 		t.Fatalf("stop while not hardened: %d %s", rec.Code, rec.Body.String())
 	}
-	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 503 || errCode(t, rec) != CodeClusterNotHardened {
+	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 503 || errCode(t, rec) != api.CodeClusterNotHardened {
 		t.Errorf("start while not hardened: %d %s", rec.Code, rec.Body.String())
 	}
 	if rec := ts.do("GET", "/v1/sandboxes/"+id, ""); rec.Code != 200 {
@@ -767,7 +768,7 @@ func TestNotHardened(t *testing.T) {
 		"ValidatingAdmissionPolicy 'hiloop-sandbox-isolation' with binding 'hiloop-sandbox-isolation' denied request: [runtime-class] a sandbox must run under the gvisor runtime class")})
 	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = denied })
 	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-	if rec.Code != 422 || errCode(t, rec) != CodeClusterRejected ||
+	if rec.Code != 422 || errCode(t, rec) != api.CodeClusterRejected ||
 		!strings.Contains(rec.Body.String(), "admission policy hiloop-sandbox-isolation refused the sandbox: [runtime-class] a sandbox must run under the gvisor runtime class") {
 		t.Errorf("policy refusal: %d %s", rec.Code, rec.Body.String())
 	}
@@ -775,14 +776,14 @@ func TestNotHardened(t *testing.T) {
 		errors.New("exceeded quota: hiloop-sandboxes, requested: count/sandboxes.agents.x-k8s.io=1, used: 2, limited: 2"))
 	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = quota })
 	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-	if rec.Code != 429 || errCode(t, rec) != CodeClusterQuotaExceeded || strings.Contains(rec.Body.String(), "limited") {
+	if rec.Code != 429 || errCode(t, rec) != api.CodeClusterQuotaExceeded || strings.Contains(rec.Body.String(), "limited") {
 		t.Errorf("cluster quota: %d %s", rec.Code, rec.Body.String())
 	}
 	uncounted := apierrors.NewForbidden(schema.GroupResource{Group: "agents.x-k8s.io", Resource: "sandboxes"}, "sbx-abc",
 		errors.New("status unknown for quota: hiloop-sandboxes, resources: count/sandboxes.agents.x-k8s.io"))
 	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = uncounted })
 	rec = ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
-	if rec.Code != 503 || errCode(t, rec) != CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+	if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("a quota not yet counted: %d %s", rec.Code, rec.Body.String())
 	}
 }
@@ -809,17 +810,17 @@ func TestLongPoll(t *testing.T) {
 	}
 	select {
 	case rec := <-done:
-		if rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+		if rec.Code != 200 || decodeSandbox(t, rec).State != api.StateStarting {
 			t.Fatalf("long poll after the change: %d %s", rec.Code, rec.Body.String())
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the long poll did not answer the state change")
 	}
 
-	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=starting&wait=20ms", ""); rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=starting&wait=20ms", ""); rec.Code != 200 || decodeSandbox(t, rec).State != api.StateStarting {
 		t.Errorf("long poll whose wait is up: %d %s", rec.Code, rec.Body.String())
 	}
-	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=running", ""); rec.Code != 200 || decodeSandbox(t, rec).State != store.StateStarting {
+	if rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=running", ""); rec.Code != 200 || decodeSandbox(t, rec).State != api.StateStarting {
 		t.Errorf("long poll in another state already: %d %s", rec.Code, rec.Body.String())
 	}
 	if n := ts.db.Waiting(); n != 0 {
@@ -827,13 +828,13 @@ func TestLongPoll(t *testing.T) {
 	}
 
 	for q, code := range map[string]string{
-		"?while=nope":               CodeInvalidField,
-		"?wait=5s":                  CodeInvalidField,
-		"?while=starting&wait=0s":   CodeInvalidField,
-		"?while=starting&wait=2m":   CodeInvalidField,
-		"?while=starting&wait=soon": CodeInvalidField,
-		"?while=starting&wait=":     CodeInvalidField,
-		"?state=running":            CodeUnknownField,
+		"?while=nope":               api.CodeInvalidField,
+		"?wait=5s":                  api.CodeInvalidField,
+		"?while=starting&wait=0s":   api.CodeInvalidField,
+		"?while=starting&wait=2m":   api.CodeInvalidField,
+		"?while=starting&wait=soon": api.CodeInvalidField,
+		"?while=starting&wait=":     api.CodeInvalidField,
+		"?state=running":            api.CodeUnknownField,
 	} {
 		if rec := ts.do("GET", "/v1/sandboxes/"+id+q, ""); rec.Code != 400 || errCode(t, rec) != code {
 			t.Errorf("GET %s: %d %s, want 400 %s", q, rec.Code, rec.Body.String(), code)
@@ -896,7 +897,7 @@ func TestLongPollsHoldNoReadSlot(t *testing.T) {
 		}
 	}
 	rec := ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "")
-	if rec.Code != 200 || decodeSandbox(t, rec).State != store.StatePending {
+	if rec.Code != 200 || decodeSandbox(t, rec).State != api.StatePending {
 		t.Errorf("a long poll past the key's limit: %d %s, want the sandbox at once", rec.Code, rec.Body.String())
 	}
 	if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: store.StateStarting}); err != nil {
@@ -916,12 +917,12 @@ func TestClientWait(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{})
 	hs := httptest.NewServer(ts.srv)
 	defer hs.Close()
-	c := &Client{URL: hs.URL, Token: ts.token, HTTP: hs.Client()}
+	c := &api.Client{URL: hs.URL, Token: ts.token, HTTP: hs.Client()}
 	id := ts.create(`{"image":"busybox"}`)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err := c.Wait(ctx, id, store.StateRunning, nil)
+	_, err := c.Wait(ctx, id, api.StateRunning)
 	if err == nil || !strings.Contains(err.Error(), "timed out waiting for running; sandbox is pending") {
 		t.Errorf("wait that runs out of time: %v", err)
 	}
@@ -929,10 +930,10 @@ func TestClientWait(t *testing.T) {
 	// The server lets go of a long poll whose client went away.
 	waitFor(t, "the timed-out long poll let go", func() bool { return ts.db.Waiting() == 0 })
 
-	var seen []store.State
+	var seen []api.State
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Wait(context.Background(), id, store.StateRunning, func(sb Sandbox) { seen = append(seen, sb.State) })
+		_, err := c.WaitProgress(context.Background(), id, api.StateRunning, func(sb api.Sandbox) { seen = append(seen, sb.State) })
 		done <- err
 	}()
 	for _, st := range []store.State{store.StateStarting, store.StateRunning} {
@@ -949,7 +950,7 @@ func TestClientWait(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("wait did not end at running")
 	}
-	if want := []store.State{store.StatePending, store.StateStarting, store.StateRunning}; !slices.Equal(seen, want) {
+	if want := []api.State{api.StatePending, api.StateStarting, api.StateRunning}; !slices.Equal(seen, want) {
 		t.Errorf("progress %v, want %v", seen, want)
 	}
 }
@@ -980,10 +981,10 @@ func TestSSHKeyTakenByAnotherOrganization(t *testing.T) {
 	var msgs []string
 	for _, who := range []*testServer{&b, ts} {
 		rec := who.do("POST", "/v1/ssh-keys", body)
-		if rec.Code != http.StatusConflict || errCode(t, rec) != CodeSSHKeyRegistered {
+		if rec.Code != http.StatusConflict || errCode(t, rec) != api.CodeSSHKeyRegistered {
 			t.Fatalf("registering the key twice: %d %s", rec.Code, rec.Body.String())
 		}
-		var eb ErrorBody
+		var eb api.ErrorBody
 		json.Unmarshal(rec.Body.Bytes(), &eb)
 		msgs = append(msgs, eb.Error.Message)
 	}

@@ -7,35 +7,12 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/store"
 )
 
-// AddSSHKeyRequest is the body of POST /v1/ssh-keys.
-type AddSSHKeyRequest struct {
-	// PublicKey is one line of authorized_keys form ("ssh-ed25519 AAAA...
-	// comment"). Certificates are refused; RSA keys need 2048 bits.
-	PublicKey string `json:"public_key"`
-	// Name is a label; the key's comment when empty.
-	Name string `json:"name,omitempty"`
-}
-
-// SSHKeyList lists an organization's SSH keys.
-type SSHKeyList struct {
-	Items []store.SSHKey `json:"items"`
-}
-
-// HostKey is the SSH gateway's host key, for clients to pin.
-type HostKey struct {
-	// PublicKey is in authorized_keys form ("ssh-ed25519 AAAA...").
-	PublicKey string `json:"public_key"`
-	// Fingerprint is its SHA256 fingerprint, as ssh prints it.
-	Fingerprint string `json:"fingerprint"`
-	// Port is the gateway's port; 0 when the gateway is off.
-	Port int `json:"port"`
-}
-
 func (s *Server) addSSHKey(w http.ResponseWriter, r *http.Request) {
-	var req AddSSHKeyRequest
+	var req api.AddSSHKeyRequest
 	if err := decode(w, r, &req); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -57,13 +34,13 @@ func (s *Server) addSSHKey(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, store.ErrKeyRegistered) {
 		// Only the caller's own organization can hold the key it
 		// collides with: another's registration is no conflict.
-		err = newError(http.StatusConflict, CodeSSHKeyRegistered, "your organization has already registered this public key")
+		err = newError(http.StatusConflict, api.CodeSSHKeyRegistered, "your organization has already registered this public key")
 	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, k)
+	writeJSON(w, http.StatusCreated, k.API())
 }
 
 // parseSSHKey reads one authorized_keys line and refuses what the gateway
@@ -100,13 +77,13 @@ func (s *Server) listSSHKeys(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, SSHKeyList{Items: nonNil(keys)})
+	writeJSON(w, http.StatusOK, api.SSHKeyList{Items: store.APIList[store.SSHKey, api.SSHKey](keys)})
 }
 
 func (s *Server) deleteSSHKey(w http.ResponseWriter, r *http.Request) {
 	if err := s.o.Control.DeleteSSHKey(r.Context(), caller(r), r.PathValue("id")); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			err = newError(http.StatusNotFound, CodeNotFound, "no such ssh key")
+			err = newError(http.StatusNotFound, api.CodeNotFound, "no such ssh key")
 		}
 		s.writeError(w, r, err)
 		return
@@ -116,10 +93,10 @@ func (s *Server) deleteSSHKey(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) hostKey(w http.ResponseWriter, r *http.Request) {
 	if s.o.HostKey == nil {
-		writeJSON(w, http.StatusOK, HostKey{})
+		writeJSON(w, http.StatusOK, api.HostKey{})
 		return
 	}
-	writeJSON(w, http.StatusOK, HostKey{
+	writeJSON(w, http.StatusOK, api.HostKey{
 		PublicKey:   strings.TrimSpace(string(gossh.MarshalAuthorizedKey(s.o.HostKey))),
 		Fingerprint: gossh.FingerprintSHA256(s.o.HostKey), Port: s.o.SSHPort})
 }

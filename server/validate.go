@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -53,7 +54,7 @@ var (
 // validateCreate checks every field of a create request and returns the
 // spec to record, or an error naming the field. Whether the deployment
 // backs what the spec asks for is control's admission.
-func validateCreate(req CreateSandboxRequest) (store.Spec, error) {
+func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 	spec := store.Spec{Image: req.Image, ShutdownPolicy: "retain", Labels: req.Labels}
 	switch {
 	case req.Image == "":

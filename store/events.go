@@ -8,11 +8,11 @@ import (
 
 // Event is one recorded state transition.
 type Event struct {
-	Seq    int64     `json:"seq"`
-	At     time.Time `json:"at"`
-	From   State     `json:"from"`
-	To     State     `json:"to"`
-	Reason string    `json:"reason,omitempty"`
+	Seq    int64
+	At     time.Time
+	From   State
+	To     State
+	Reason string
 }
 
 // insertEventSQL records a transition; creates and observations run it

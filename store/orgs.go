@@ -57,20 +57,20 @@ var ErrInvalidName = errors.New("an organization name must be a lower-case DNS l
 
 // Org is an organization: the unit of ownership and isolation.
 type Org struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	MaxSandboxes int       `json:"max_sandboxes"`
-	MaxRunning   int       `json:"max_running"`
-	CreatedAt    time.Time `json:"created_at"`
+	ID           string
+	Name         string
+	MaxSandboxes int
+	MaxRunning   int
+	CreatedAt    time.Time
 }
 
 // APIKey describes an API key. The secret itself is never stored.
 type APIKey struct {
-	ID        string     `json:"id"`
-	OrgID     string     `json:"org_id"`
-	Name      string     `json:"name"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	ID        string
+	OrgID     string
+	Name      string
+	CreatedAt time.Time
+	RevokedAt *time.Time
 }
 
 // Default quotas for a new organization.

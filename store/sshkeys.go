@@ -19,12 +19,12 @@ import (
 // organizations may register the same public key, each its own SSHKey with
 // its own id.
 type SSHKey struct {
-	ID          string    `json:"id"`
-	OrgID       string    `json:"org_id"`
-	Name        string    `json:"name"`
-	Fingerprint string    `json:"fingerprint"`
-	PublicKey   string    `json:"public_key"`
-	CreatedAt   time.Time `json:"created_at"`
+	ID          string
+	OrgID       string
+	Name        string
+	Fingerprint string
+	PublicKey   string
+	CreatedAt   time.Time
 }
 
 // ErrKeyRegistered reports an SSH key that the organization has already

@@ -12,16 +12,17 @@ const mod = "github.com/hiloop/hiloop"
 // below names, for each package, the only hiloop packages its non-test code
 // may reach, directly or not.
 var below = map[string][]string{
+	"api":              {},
 	"sandbox":          {},
 	"forward":          {},
 	"metrics":          {"sandbox"},
-	"store":            {"sandbox", "migrations"},
-	"k8s":              {"sandbox", "store", "migrations"},
-	"k8s/localcluster": {"k8s", "sandbox", "store", "migrations"},
-	"control":          {"k8s", "sandbox", "store", "metrics", "migrations"},
-	"mirror":           {"control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"server":           {"control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"sshd":             {"control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"store":            {"api", "sandbox", "migrations"},
+	"k8s":              {"api", "sandbox", "store", "migrations"},
+	"k8s/localcluster": {"api", "k8s", "sandbox", "store", "migrations"},
+	"control":          {"api", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"mirror":           {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"server":           {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"sshd":             {"api", "control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
 	"agent":            {"forward"},
 }
 

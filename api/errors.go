@@ -1,0 +1,91 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Error codes. They are stable: clients switch on them. Every code is listed
+// in the OpenAPI document and in docs/api.md, and a test holds them to it.
+const (
+	CodeInvalidJSON           = "invalid_json"
+	CodeUnknownField          = "unknown_field"
+	CodeInvalidField          = "invalid_field"
+	CodeBodyTooLarge          = "body_too_large"
+	CodeUnsupportedMediaType  = "unsupported_media_type"
+	CodeUnauthorized          = "unauthorized"
+	CodeNotFound              = "not_found"
+	CodeMethodNotAllowed      = "method_not_allowed"
+	CodeConflict              = "conflict"
+	CodeLastKey               = "last_key"
+	CodeKeyLimit              = "key_limit"
+	CodeIdempotencyConflict   = "idempotency_conflict"
+	CodeUnsupportedCapability = "unsupported_capability"
+	CodeQuotaExceeded         = "quota_exceeded"
+	CodeClusterRejected       = "cluster_rejected"
+	CodeClusterQuotaExceeded  = "cluster_quota_exceeded"
+	CodeClusterNotHardened    = "cluster_not_hardened"
+	CodeClusterUnavailable    = "cluster_unavailable"
+	CodeClusterMisconfigured  = "cluster_misconfigured"
+	CodeNotReady              = "not_ready"
+	CodeInternal              = "internal"
+	CodeWebSocketRequired     = "websocket_required"
+	CodeSandboxNotRunning     = "sandbox_not_running"
+	CodeSandboxQuarantined    = "sandbox_quarantined"
+	CodeExecLimit             = "exec_limit"
+	CodeExecFailed            = "exec_failed"
+	CodeExecUnavailable       = "exec_unavailable"
+	CodeExecTimeout           = "exec_timeout"
+	CodeInvalidFrame          = "invalid_frame"
+	CodeSessionEnded          = "session_ended"
+	CodeSSHKeyRegistered      = "ssh_key_registered"
+	CodeTransportNotEnabled   = "transport_not_enabled"
+	CodeStorageUnavailable    = "storage_unavailable"
+	CodeRateLimited           = "rate_limited"
+)
+
+// ErrorBody is the envelope of every error response.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail says what went wrong. Field names the request field at fault,
+// when there is one.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+	// RequestID is the request's id (also in the X-Request-Id header), for
+	// finding its log lines.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// Error is an error the API answered. Find it with errors.As and switch on
+// Code; RequestID finds the request in the server's log.
+type Error struct {
+	// Status is the HTTP status; 0 for an error in a streaming exec's
+	// exit frame.
+	Status int
+	ErrorDetail
+	// RetryAfter is what the server's Retry-After asked for, if anything.
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s (%s)", e.Message, e.Code)
+	if e.RequestID != "" {
+		msg += " [request " + e.RequestID + "]"
+	}
+	return msg
+}
+
+// ErrorCode is the API's code for err, or "" when err is not an answer of
+// the API.
+func ErrorCode(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

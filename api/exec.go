@@ -1,0 +1,134 @@
+package api
+
+import (
+	"io"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Exec limits and defaults.
+const (
+	// MaxArgvBytes caps the total size of a command line.
+	MaxArgvBytes = 128 << 10
+	// MaxArgs caps the number of arguments.
+	MaxArgs = 4096
+	// MaxRunOutput caps each of stdout and stderr of exec/run; beyond it the
+	// output is discarded (the command still runs to the end) and the
+	// response says it was truncated.
+	MaxRunOutput = 1 << 20
+	// MaxRunBody caps the exec/run request, stdin included.
+	MaxRunBody = 1 << 20
+	// DefaultExecTimeout and MaxExecTimeout bound a command's run time.
+	DefaultExecTimeout = 60 * time.Second
+	MaxExecTimeout     = 24 * time.Hour
+	// ExecSubprotocol is the WebSocket subprotocol of the streaming endpoint.
+	ExecSubprotocol = "hiloop.exec.v1"
+	// MaxFrameSize caps one message of the streaming endpoint.
+	MaxFrameSize = 1 << 20
+)
+
+// Channels of the streaming exec protocol: the first byte of every binary
+// WebSocket message. See docs/api.md.
+const (
+	ChanStdin   = 0
+	ChanStdout  = 1
+	ChanStderr  = 2
+	ChanExit    = 3
+	ChanResize  = 4
+	ChanCloseIn = 255
+)
+
+// ExecRunRequest is the body of POST /v1/sandboxes/{id}/exec/run.
+type ExecRunRequest struct {
+	// Command is the argv; it is not run through a shell.
+	Command []string `json:"command"`
+	// Stdin is written to the command, then closed. Without it the command
+	// gets no stdin at all.
+	Stdin *string `json:"stdin,omitempty"`
+	// Timeout bounds the run, as a Go duration; 60s by default, 24h at most.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// ExecRunResponse is how the command ended and what it printed.
+type ExecRunResponse struct {
+	// ExitCode is the command's exit code; absent when it timed out.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Signal names the signal that killed it, when the runtime said so.
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	// StdoutTruncated and StderrTruncated say output beyond MaxRunOutput
+	// bytes was dropped.
+	StdoutTruncated bool  `json:"stdout_truncated"`
+	StderrTruncated bool  `json:"stderr_truncated"`
+	DurationMS      int64 `json:"duration_ms"`
+}
+
+// ExitFrame is the payload of the final ChanExit message.
+type ExitFrame struct {
+	ExitCode *int         `json:"exit_code,omitempty"`
+	Signal   string       `json:"signal,omitempty"`
+	Error    *ErrorDetail `json:"error,omitempty"`
+}
+
+// ResizeFrame is the payload of a ChanResize message.
+type ResizeFrame struct {
+	Width  uint16 `json:"width"`
+	Height uint16 `json:"height"`
+}
+
+// StartFrame is the first client message of a stream opened without a
+// command in its URL: the argv travels in the message, so it stays out of
+// proxy and access logs. It is a text message.
+type StartFrame struct {
+	Command []string `json:"command"`
+}
+
+// ChannelConn writes the channel-prefixed binary messages that both the
+// Kubernetes v5 exec protocol and hiloop's own exec protocol use: each
+// message is one channel byte followed by the payload. It serialises writers.
+type ChannelConn struct {
+	mu   sync.Mutex
+	conn *websocket.Conn
+}
+
+// NewChannelConn wraps a WebSocket connection.
+func NewChannelConn(conn *websocket.Conn) *ChannelConn { return &ChannelConn{conn: conn} }
+
+// Send writes one message on channel ch. It blocks until the connection takes
+// it, so a slow peer slows the sender instead of growing a buffer.
+func (c *ChannelConn) Send(ch byte, p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, err := c.conn.NextWriter(websocket.BinaryMessage)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write([]byte{ch}); err != nil {
+		return err
+	}
+	if _, err := w.Write(p); err != nil {
+		return err
+	}
+	return w.Close()
+}
+
+// Writer returns an io.Writer whose every Write is one message on ch.
+func (c *ChannelConn) Writer(ch byte) io.Writer {
+	return channelWriter{c, ch}
+}
+
+type channelWriter struct {
+	c  *ChannelConn
+	ch byte
+}
+
+func (w channelWriter) Write(p []byte) (int, error) {
+	if err := w.c.Send(w.ch, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

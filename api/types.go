@@ -1,0 +1,209 @@
+package api
+
+import "time"
+
+// State is a sandbox's observed state; docs/states.md says what each means
+// and which follow which.
+type State string
+
+// The states a sandbox can be in.
+const (
+	StatePending     State = "pending"
+	StateStarting    State = "starting"
+	StateRunning     State = "running"
+	StateStopping    State = "stopping"
+	StateStopped     State = "stopped"
+	StateExited      State = "exited"
+	StateExpired     State = "expired"
+	StateDeleted     State = "deleted"
+	StateLost        State = "lost"
+	StateAttention   State = "attention"
+	StateQuarantined State = "quarantined"
+	StateFailed      State = "failed"
+)
+
+// States lists every state.
+var States = []State{StatePending, StateStarting, StateRunning, StateStopping, StateStopped, StateExited,
+	StateExpired, StateDeleted, StateLost, StateAttention, StateQuarantined, StateFailed}
+
+// Mode is what the API was last asked for.
+type Mode string
+
+// Desired modes.
+const (
+	ModeRunning Mode = "running"
+	ModeStopped Mode = "stopped"
+	ModeDeleted Mode = "deleted"
+)
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	// Image is the OCI image reference to run, entrypoint unmodified.
+	Image string `json:"image"`
+	// Resources are CPU and memory requests and limits, as Kubernetes
+	// quantities ("500m", "1", "256Mi").
+	Resources *Resources `json:"resources,omitempty"`
+	// TTL is how long the sandbox may live, as a Go duration ("90m", "24h").
+	// Empty means no expiry.
+	TTL string `json:"ttl,omitempty"`
+	// ShutdownPolicy says what expiry does: "retain" (default) keeps the
+	// sandbox record and its volumes in state expired; "delete" removes it.
+	ShutdownPolicy string `json:"shutdown_policy,omitempty"`
+	// Volumes are persistent volumes that survive stop and start.
+	Volumes []VolumeRequest `json:"volumes,omitempty"`
+	// Transports are the ways in the caller needs ("exec", ...). A transport
+	// the deployment does not back is refused with unsupported_capability.
+	Transports []string `json:"transports,omitempty"`
+	// Labels are the caller's own key/value pairs, usable as list filters.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Resources are CPU and memory requests and limits.
+type Resources struct {
+	CPURequest    string `json:"cpu_request,omitempty"`
+	CPULimit      string `json:"cpu_limit,omitempty"`
+	MemoryRequest string `json:"memory_request,omitempty"`
+	MemoryLimit   string `json:"memory_limit,omitempty"`
+}
+
+// VolumeRequest is one persistent volume.
+type VolumeRequest struct {
+	// Name is a DNS label, unique within the sandbox, not starting with
+	// "hiloop-": hiloop's own pod volumes (the session helper's key) use
+	// that prefix.
+	Name string `json:"name"`
+	// Size is a Kubernetes quantity ("1Gi").
+	Size string `json:"size"`
+	// MountPath is the absolute path in the workload container.
+	MountPath string `json:"mount_path"`
+	// StorageClass is optional; the cluster default when empty. It must be
+	// one the deployment backs.
+	StorageClass string `json:"storage_class,omitempty"`
+}
+
+// UpdateSandboxRequest is the body of PATCH /v1/sandboxes/{id}.
+type UpdateSandboxRequest struct {
+	// TTL sets the expiry to now plus this duration: it extends or shortens
+	// the sandbox's life.
+	TTL string `json:"ttl"`
+}
+
+// Sandbox is a sandbox as the API shows it, computed from the record only.
+type Sandbox struct {
+	ID string `json:"id"`
+	// State is the observed state (see docs/states.md).
+	State State `json:"state"`
+	// Anomaly names the contradiction behind attention or quarantined.
+	Anomaly string `json:"anomaly,omitempty"`
+	// Reason says more about the state, when there is more to say.
+	Reason string `json:"reason,omitempty"`
+	// ExitCode is the workload's exit code once it exited.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Desired is what the API was last asked for: running, stopped, deleted.
+	Desired        Mode              `json:"desired"`
+	Image          string            `json:"image"`
+	Resources      Resources         `json:"resources"`
+	TTL            string            `json:"ttl,omitempty"`
+	ShutdownPolicy string            `json:"shutdown_policy"`
+	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
+	Volumes        []VolumeRequest   `json:"volumes"`
+	Labels         map[string]string `json:"labels"`
+	// Transports are the ways in the sandbox asked for; empty means every
+	// transport the deployment backed when it was created.
+	Transports []string `json:"transports"`
+	// Isolation is what its receipt promised: the runtime class (gvisor),
+	// or insecure-no-gvisor for a development deployment without gVisor.
+	Isolation string    `json:"isolation,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SandboxList is a page of sandboxes. Next is the cursor for the following
+// page (pass it as ?after=), empty on the last page.
+type SandboxList struct {
+	Items []Sandbox `json:"items"`
+	Next  string    `json:"next,omitempty"`
+}
+
+// Event is one change of a sandbox's state.
+type Event struct {
+	Seq  int64     `json:"seq"`
+	At   time.Time `json:"at"`
+	From State     `json:"from"`
+	To   State     `json:"to"`
+	// Reason says why, when there is more to say.
+	Reason string `json:"reason,omitempty"`
+}
+
+// EventList is a sandbox's state history, oldest first.
+type EventList struct {
+	Items []Event `json:"items"`
+}
+
+// Org is the caller's organization and its quotas.
+type Org struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	MaxSandboxes int       `json:"max_sandboxes"`
+	MaxRunning   int       `json:"max_running"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// APIKey is an API key, without its secret.
+type APIKey struct {
+	ID        string     `json:"id"`
+	OrgID     string     `json:"org_id"`
+	Name      string     `json:"name"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// CreateKeyRequest is the body of POST /v1/keys.
+type CreateKeyRequest struct {
+	Name string `json:"name"`
+}
+
+// CreatedKey is a new API key. Secret is shown this once and never again.
+type CreatedKey struct {
+	APIKey
+	Secret string `json:"secret"`
+}
+
+// KeyList lists an organization's keys, without secrets.
+type KeyList struct {
+	Items []APIKey `json:"items"`
+}
+
+// SSHKey is a registered SSH public key.
+type SSHKey struct {
+	ID          string    `json:"id"`
+	OrgID       string    `json:"org_id"`
+	Name        string    `json:"name"`
+	Fingerprint string    `json:"fingerprint"`
+	PublicKey   string    `json:"public_key"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// AddSSHKeyRequest is the body of POST /v1/ssh-keys.
+type AddSSHKeyRequest struct {
+	// PublicKey is one line of authorized_keys form ("ssh-ed25519 AAAA...
+	// comment"). Certificates are refused; RSA keys need 2048 bits.
+	PublicKey string `json:"public_key"`
+	// Name is a label; the key's comment when empty.
+	Name string `json:"name,omitempty"`
+}
+
+// SSHKeyList lists an organization's SSH keys.
+type SSHKeyList struct {
+	Items []SSHKey `json:"items"`
+}
+
+// HostKey is the SSH gateway's host key, for clients to pin.
+type HostKey struct {
+	// PublicKey is in authorized_keys form ("ssh-ed25519 AAAA...").
+	PublicKey string `json:"public_key"`
+	// Fingerprint is its SHA256 fingerprint, as ssh prints it.
+	Fingerprint string `json:"fingerprint"`
+	// Port is the gateway's port; 0 when the gateway is off.
+	Port int `json:"port"`
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/gliderlabs/ssh"
@@ -33,7 +34,9 @@ type upstream struct {
 // directTCPIP handles -L: the destination must be loopback inside the
 // sandbox with a port in 1..65535, the sandbox must have the forward
 // transport, and every channel goes over the client connection's one
-// upstream connection to the helper.
+// upstream connection to the helper. A sandbox stopped for idleness is
+// woken first, the channel's open waiting for it; an open channel counts as
+// use of the sandbox.
 func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx ssh.Context) {
 	who, ok := caller(conn)
 	if !ok {
@@ -56,15 +59,11 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		nc.Reject(gossh.Prohibited, reason)
 		return
 	}
-	if err := g.o.Control.Reachable(ctx, who, conn.User(), sandbox.TransportForward); err != nil {
-		nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+	up, done, ok := g.upstreamInUse(ctx, nc, conn, who, log)
+	if !ok {
 		return
 	}
-	up, err := g.upstream(ctx, conn, who, log)
-	if err != nil {
-		nc.Reject(gossh.ConnectionFailed, err.Error())
-		return
-	}
+	defer done()
 	ch, reqs, err := up.client.OpenChannel("direct-tcpip", nc.ExtraData())
 	if err != nil {
 		var oce *gossh.OpenChannelError
@@ -85,6 +84,39 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 	up.sess.Moved(forward.Pipe(cch, ch))
 }
 
+// upstreamInUse wakes the connection's sandbox if it was stopped for
+// idleness and returns the connection's upstream with one use of the
+// sandbox counted until done. An idle stop that lands in between is woken
+// from again. It rejects nc and reports false when it cannot.
+func (g *Gateway) upstreamInUse(ctx ssh.Context, nc gossh.NewChannel, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*upstream, func(), bool) {
+	for try := 1; ; try++ {
+		if err := g.o.Control.Wake(ctx, who, conn.User(), control.WakeOptions{Transport: sandbox.TransportForward}); err != nil {
+			nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+			return nil, nil, false
+		}
+		up, err := g.upstream(ctx, conn, who, log)
+		if err != nil {
+			nc.Reject(gossh.ConnectionFailed, err.Error())
+			return nil, nil, false
+		}
+		done, err := up.sess.Use()
+		if err == nil {
+			return up, done, true
+		}
+		// The upstream's session is being ended by an idle stop: forget it,
+		// so the next try dials the woken sandbox's helper.
+		g.upstreams.CompareAndDelete(conn, up)
+		if try == wakeTries {
+			nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+			return nil, nil, false
+		}
+	}
+}
+
+// wakeTries bounds how often a -L channel wakes its sandbox again after an
+// idle stop raced it.
+const wakeTries = 3
+
 // upstream is the connection's upstream, dialled once for all its -L
 // channels: the first channel dials, the others wait for that dial, each
 // only while the connection lives. A failed dial is forgotten, so a later
@@ -100,7 +132,7 @@ func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.
 			return nil, errors.New("the connection closed")
 		}
 	}
-	up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log)
+	up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log, up)
 	if up.err != nil {
 		g.upstreams.CompareAndDelete(conn, up)
 	}
@@ -109,10 +141,10 @@ func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.
 }
 
 // dialHelper admits a forward session for the connection and dials the
-// sandbox's helper, pinning its host key to the pod. The session and the
-// upstream end together, with the client connection or when control ends
-// the session.
-func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*gossh.Client, *control.Session, error) {
+// sandbox's helper for up, pinning its host key to the pod. The session and
+// the upstream end together, with the client connection or when control
+// ends the session.
+func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger, up *upstream) (*gossh.Client, *control.Session, error) {
 	sess, err := g.o.Control.Admit(ctx, who, conn.User(), sandbox.TransportForward)
 	if err != nil {
 		return nil, nil, errors.New(refusal(conn.User(), err))
@@ -156,16 +188,20 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	}
 	log.Info("forward session opened", "pod_uid", podUID)
 	// Whichever ends first, the client's connection or the session, ends
-	// the other and the upstream.
+	// the other and the upstream; but a session ended by an idle stop
+	// leaves the client's connection open, so that its next -L channel
+	// wakes the sandbox.
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-sess.Context().Done():
-			conn.Close()
+			if !errors.Is(sess.Ended(), control.ErrIdleStopped) {
+				conn.Close()
+			}
 		}
 		client.Close()
 		sess.End()
-		g.upstreams.Delete(conn)
+		g.upstreams.CompareAndDelete(conn, up)
 	}()
 	return client, sess, nil
 }
@@ -177,8 +213,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 func (g *Gateway) dialSSH(ctx context.Context, addr string, cfg *gossh.ClientConfig) (*gossh.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
 	defer cancel()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := dialRefused(ctx, addr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -201,6 +236,26 @@ func (g *Gateway) dialSSH(ctx context.Context, addr string, cfg *gossh.ClientCon
 		return nil, err
 	}
 	return gossh.NewClient(c, chans, reqs), nil
+}
+
+// dialRefused dials addr, and again while it is refused, until ctx ends:
+// the helper of a pod that just came up (a woken sandbox) may not listen
+// yet, and nothing but its listening says when it does.
+func dialRefused(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	wait := 50 * time.Millisecond
+	for {
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			return nc, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // pinned accepts the first host key a pod's helper shows and only that key

@@ -163,9 +163,11 @@ func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) bool
 }
 
 // run runs the session and returns the exit status to send, or -1 when an
-// exit-signal was sent instead.
+// exit-signal was sent instead. A sandbox stopped for idleness is woken
+// first: one line on stderr says so, and the session waits for it.
 func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bool, term string) int {
-	sess, err := s.g.o.Control.Admit(ctx, s.who, s.id, sandbox.TransportSSH)
+	sess, err := s.g.o.Control.AdmitWaking(ctx, s.who, s.id, control.WakeOptions{Transport: sandbox.TransportSSH,
+		Waking: func() { fmt.Fprintf(s.ch.Stderr(), "waking %s\r\n", s.id) }})
 	if err != nil {
 		fmt.Fprintf(s.ch.Stderr(), "hiloop: %s\r\n", refusal(s.id, err))
 		log.Info("ssh session refused", "err", err)
@@ -205,8 +207,13 @@ func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bo
 // to do about it.
 func refusal(id string, err error) string {
 	var se *control.StateError
+	var we *control.WakeTimeoutError
 	switch {
-	case errors.As(err, &se) && (se.State == store.StateStopped || se.State == store.StateStopping || se.Mode == store.ModeStopped):
+	case errors.As(err, &se) && se.Idle():
+		return fmt.Sprintf("sandbox %s is %s for idleness and could not be woken; start it with: hiloop sandbox start %s", id, se.State, id)
+	case errors.As(err, &se) && se.Mode == store.ModeStopped:
+		return fmt.Sprintf("sandbox %s was stopped by its owner, so a connection does not wake it; start it with: hiloop sandbox start %s", id, id)
+	case errors.As(err, &se) && (se.State == store.StateStopped || se.State == store.StateStopping):
 		return fmt.Sprintf("sandbox %s is %s; start it with: hiloop sandbox start %s", id, se.State, id)
 	case errors.As(err, &se) && (se.State == store.StatePending || se.State == store.StateStarting):
 		return fmt.Sprintf("sandbox %s is %s, not running yet; wait with: hiloop sandbox wait %s", id, se.State, id)
@@ -222,6 +229,14 @@ func refusal(id string, err error) string {
 		return "the key this connection authenticated with was revoked or deleted"
 	case errors.Is(err, store.ErrNotFound):
 		return "no such sandbox"
+	case errors.As(err, &we):
+		return fmt.Sprintf("sandbox %s did not come up within %s of being woken (it is %s); see: hiloop sandbox events %s", id, we.After, we.State, id)
+	case errors.Is(err, store.ErrQuota), errors.Is(err, control.ErrNotHardened):
+		return fmt.Sprintf("sandbox %s could not be woken: %s", id, err)
+	case errors.Is(err, control.ErrClusterUnavailable):
+		return fmt.Sprintf("sandbox %s could not be woken: the cluster did not answer; try again", id)
+	case errors.Is(err, control.ErrShuttingDown):
+		return err.Error()
 	default:
 		return "the session could not start"
 	}

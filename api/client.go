@@ -92,11 +92,20 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// httpClient is c.HTTP, or http.DefaultClient, following no redirect: the
+// API never redirects, and Go's client would send the key on to the same
+// host over plain http://, or to any of its subdomains, past checkURL.
 func (c *Client) httpClient() *http.Client {
+	hc := *http.DefaultClient
 	if c.HTTP != nil {
-		return c.HTTP
+		hc = *c.HTTP
 	}
-	return http.DefaultClient
+	hc.CheckRedirect = refuseRedirect
+	return &hc
+}
+
+func refuseRedirect(req *http.Request, _ []*http.Request) error {
+	return fmt.Errorf("the API answered with a redirect to %s, which hiloop's API never sends; point the client at the API itself (HILOOP_URL)", req.URL.Redacted())
 }
 
 // request is one call of the API.

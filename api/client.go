@@ -367,9 +367,21 @@ func (c *Client) action(ctx context.Context, method, path string) (Sandbox, erro
 
 // UpdateTTL sets a sandbox's expiry to now plus ttl (a Go duration).
 func (c *Client) UpdateTTL(ctx context.Context, id, ttl string) (Sandbox, error) {
+	return c.UpdateSandbox(ctx, id, UpdateSandboxRequest{TTL: ttl})
+}
+
+// UpdateSandbox changes what req sets of a sandbox: its TTL, its idle
+// timeout.
+func (c *Client) UpdateSandbox(ctx context.Context, id string, req UpdateSandboxRequest) (Sandbox, error) {
 	var sb Sandbox
-	err := c.do(ctx, request{method: http.MethodPatch, path: sandboxPath(id), in: UpdateSandboxRequest{TTL: ttl}}, &sb)
+	err := c.do(ctx, request{method: http.MethodPatch, path: sandboxPath(id), in: req}, &sb)
 	return sb, err
+}
+
+// TouchSandbox counts a use of a sandbox now, so its idle clock starts
+// again.
+func (c *Client) TouchSandbox(ctx context.Context, id string) (Sandbox, error) {
+	return c.action(ctx, http.MethodPost, sandboxPath(id, "/touch"))
 }
 
 // Events lists a sandbox's state transitions, oldest first.
@@ -541,6 +553,9 @@ type ExecOptions struct {
 	Resize <-chan ResizeFrame
 	// Timeout kills the command after this long; the server's maximum when 0.
 	Timeout time.Duration
+	// Wake starts a sandbox stopped for idleness and waits for it
+	// (?wake=true); without it such a sandbox is refused as not running.
+	Wake bool
 }
 
 // ExitStatus is how a command ended: its exit code, and the signal that
@@ -595,8 +610,15 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 	if o.Timeout > 0 {
 		q.Set("timeout", o.Timeout.String())
 	}
+	handshake := 30 * time.Second
+	if o.Wake {
+		// The server answers the handshake once the sandbox runs: up to
+		// its wake timeout (2m by default) later.
+		q.Set("wake", "true")
+		handshake += 2 * time.Minute
+	}
 	u.RawQuery = q.Encode()
-	d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}, HandshakeTimeout: 30 * time.Second,
+	d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}, HandshakeTimeout: handshake,
 		ReadBufferSize: 256 << 10, WriteBufferSize: 32 << 10}
 	if c.HTTP != nil {
 		if t, ok := c.HTTP.Transport.(*http.Transport); ok {

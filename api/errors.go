@@ -43,6 +43,7 @@ const (
 	CodeTransportNotEnabled   = "transport_not_enabled"
 	CodeStorageUnavailable    = "storage_unavailable"
 	CodeRateLimited           = "rate_limited"
+	CodeWakeTimeout           = "wake_timeout"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -56,6 +56,12 @@ type CreateSandboxRequest struct {
 	Transports []string `json:"transports,omitempty"`
 	// Labels are the caller's own key/value pairs, usable as list filters.
 	Labels map[string]string `json:"labels,omitempty"`
+	// IdleTimeout stops the sandbox once nobody used it through hiloop for
+	// this long, as a Go duration ("30m"); "0" never does. Empty takes the
+	// organization's default, else the deployment's. A sandbox stopped for
+	// idleness is woken by its owner's next ssh, ssh -L, or exec or file
+	// call with ?wake=true.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
 }
 
 // Resources are CPU and memory requests and limits.
@@ -81,12 +87,29 @@ type VolumeRequest struct {
 	StorageClass string `json:"storage_class,omitempty"`
 }
 
-// UpdateSandboxRequest is the body of PATCH /v1/sandboxes/{id}.
+// UpdateSandboxRequest is the body of PATCH /v1/sandboxes/{id}; it sets
+// at least one of its fields.
 type UpdateSandboxRequest struct {
 	// TTL sets the expiry to now plus this duration: it extends or shortens
 	// the sandbox's life.
-	TTL string `json:"ttl"`
+	TTL string `json:"ttl,omitempty"`
+	// IdleTimeout sets the idle timeout, as a Go duration; "0" turns idle
+	// stop off. The idle clock keeps running from the last use.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
 }
+
+// Who stopped a sandbox, as Sandbox.StoppedBy says.
+const (
+	// StoppedByUser: the API's stop (POST .../stop). Only a start undoes it.
+	StoppedByUser = "user"
+	// StoppedByIdle: nobody used it for its idle timeout. Its owner's next
+	// use wakes it.
+	StoppedByIdle = "idle"
+	// StoppedByTTL: its TTL passed (state expired).
+	StoppedByTTL = "ttl"
+	// StoppedByOutside: its mode was changed outside hiloop.
+	StoppedByOutside = "outside"
+)
 
 // Sandbox is a sandbox as the API shows it, computed from the record only.
 type Sandbox struct {
@@ -113,7 +136,18 @@ type Sandbox struct {
 	Transports []string `json:"transports"`
 	// Isolation is what its receipt promised: the runtime class (gvisor),
 	// or insecure-no-gvisor for a development deployment without gVisor.
-	Isolation string    `json:"isolation,omitempty"`
+	Isolation string `json:"isolation,omitempty"`
+	// IdleTimeout is how long it may go unused while running before it is
+	// stopped; "0s" when never.
+	IdleTimeout string `json:"idle_timeout"`
+	// LastActivityAt is when its idle clock last started: the end of the
+	// last exec, ssh session or -L channel, a touch or file call, or the
+	// moment it came up running. It is written coarsely (at the start and
+	// end of a use, at most every 30 seconds in between).
+	LastActivityAt time.Time `json:"last_activity_at"`
+	// StoppedBy says who stopped it while it is stopping, stopped or
+	// expired: user, idle, ttl or outside (StoppedBy* constants).
+	StoppedBy string    `json:"stopped_by,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -146,7 +180,10 @@ type Org struct {
 	Name         string    `json:"name"`
 	MaxSandboxes int       `json:"max_sandboxes"`
 	MaxRunning   int       `json:"max_running"`
-	CreatedAt    time.Time `json:"created_at"`
+	// IdleTimeout is the idle timeout its sandboxes get when their create
+	// names none; empty when it takes the deployment's default.
+	IdleTimeout string    `json:"idle_timeout,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
 }
 
 // APIKey is an API key, without its secret.

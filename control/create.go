@@ -121,11 +121,11 @@ func (c *Control) idleTimeout(ctx context.Context, who Caller, asked *time.Durat
 	if asked != nil {
 		return *asked, nil
 	}
-	org, err := c.o.Store.OrgIdleTimeout(ctx, who.OrgID)
-	if err != nil || org == nil {
+	org, err := c.o.Store.Org(ctx, who.OrgID)
+	if err != nil || org.IdleTimeout == nil {
 		return c.o.DefaultIdleTimeout, err
 	}
-	return *org, nil
+	return *org.IdleTimeout, nil
 }
 
 // createObject makes the cluster match a pending record, with the lock held:

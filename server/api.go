@@ -8,6 +8,26 @@ import (
 	"github.com/hiloop/hiloop/store"
 )
 
+// stoppedBy says who stopped a sandbox that is stopping, stopped or
+// expired: its TTL, someone outside hiloop, hiloop for idleness, or its
+// owner (records older than the stop cause say none: the API's stop was
+// the only one). "" otherwise, a delete under way included.
+func stoppedBy(sb store.Sandbox) string {
+	switch {
+	case sb.State == store.StateExpired:
+		return api.StoppedByTTL
+	case sb.State != store.StateStopping && sb.State != store.StateStopped:
+		return ""
+	case sb.ModeOutside:
+		return api.StoppedByOutside
+	case sb.DesiredMode != store.ModeStopped:
+		return ""
+	case sb.StopCause == store.StopIdle:
+		return api.StoppedByIdle
+	}
+	return api.StoppedByUser
+}
+
 // toAPI is a sandbox as the API shows it, computed from its record field by
 // field: the record's struct is not the contract.
 func toAPI(sb store.Sandbox) api.Sandbox {
@@ -18,6 +38,7 @@ func toAPI(sb store.Sandbox) api.Sandbox {
 			MemoryRequest: sb.Spec.MemoryRequest, MemoryLimit: sb.Spec.MemoryLimit},
 		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
 		Volumes: []api.VolumeRequest{}, Labels: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
+		IdleTimeout: sb.IdleTimeout.String(), LastActivityAt: sb.LastActivityAt, StoppedBy: stoppedBy(sb),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 	}
 	if r, err := sandbox.ParseReceipt(sb.Receipt); err == nil {

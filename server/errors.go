@@ -45,6 +45,7 @@ func toAPIError(err error) *apiError {
 	var nh *control.NotHardenedError
 	var ce *control.ClusterError
 	var kl *store.KeyLimitError
+	var wt *control.WakeTimeoutError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -70,8 +71,13 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, control.ErrQuarantined):
 		return newError(http.StatusConflict, api.CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
+	case errors.As(err, &se) && se.Idle():
+		return newError(http.StatusConflict, api.CodeSandboxNotRunning, se.Error()+
+			"; wake it by calling again with ?wake=true (or by ssh), or start it with POST /v1/sandboxes/{id}/start")
 	case errors.As(err, &se):
 		return newError(http.StatusConflict, api.CodeSandboxNotRunning, se.Error())
+	case errors.As(err, &wt):
+		return newError(http.StatusGatewayTimeout, api.CodeWakeTimeout, wt.Error())
 	case errors.As(err, &te):
 		return newError(http.StatusConflict, api.CodeTransportNotEnabled, te.Error())
 	case errors.Is(err, control.ErrSessionLimit):

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,18 @@ import (
 // finalFrameGrace is how long a stream whose session was ended from
 // outside has to deliver its final frame before its connection is closed.
 const finalFrameGrace = time.Second
+
+// boolQuery reads a query parameter that is true or false; absent is
+// false.
+func boolQuery(q url.Values, name string) (bool, error) {
+	switch q.Get(name) {
+	case "", "false", "0":
+		return false, nil
+	case "true", "1":
+		return true, nil
+	}
+	return false, fieldError(name, "must be true or false")
+}
 
 func validateArgv(argv []string) error {
 	if len(argv) == 0 || argv[0] == "" {
@@ -153,9 +166,25 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 }
 
 // admitExec admits an exec session for the request's caller, or answers
-// why not.
+// why not. With ?wake=true a sandbox stopped for idleness is started first
+// and waited for (control.AdmitWaking); without it, it is refused as not
+// running, with a message that says how to wake it.
 func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id string) (*control.Session, bool) {
-	sess, err := s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
+	wake, err := boolQuery(r.URL.Query(), "wake")
+	if err != nil {
+		s.writeError(w, r, err)
+		return nil, false
+	}
+	var sess *control.Session
+	if wake {
+		trigger := "exec"
+		if strings.Contains(info(r).route, "/files") {
+			trigger = "files"
+		}
+		sess, err = s.o.Control.AdmitWaking(r.Context(), caller(r), id, control.WakeOptions{Transport: sandbox.TransportExec, Trigger: trigger})
+	} else {
+		sess, err = s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return nil, false
@@ -175,7 +204,7 @@ var upgrader = websocket.Upgrader{
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	q := r.URL.Query()
-	if err := knownQuery(q, "command", "stdin", "tty", "timeout"); err != nil {
+	if err := knownQuery(q, "command", "stdin", "tty", "timeout", "wake"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -189,12 +218,9 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	}
 	flags := map[string]bool{}
 	for _, f := range []string{"stdin", "tty"} {
-		switch q.Get(f) {
-		case "", "false", "0":
-		case "true", "1":
-			flags[f] = true
-		default:
-			s.writeError(w, r, fieldError(f, "must be true or false"))
+		var err error
+		if flags[f], err = boolQuery(q, f); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 	}

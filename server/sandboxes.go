@@ -32,8 +32,17 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	var idle *time.Duration
+	if req.IdleTimeout != "" {
+		d, err := parseIdleTimeout(req.IdleTimeout)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		idle = &d
+	}
 	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
-		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req)})
+		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req), IdleTimeout: idle})
 	if errors.Is(err, store.ErrConflict) && idem != "" {
 		err = newError(http.StatusConflict, api.CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
@@ -194,16 +203,49 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if req.TTL == "" {
-		s.writeError(w, r, fieldError("ttl", "is required"))
+	if req.TTL == "" && req.IdleTimeout == "" {
+		s.writeError(w, r, fieldError("ttl", "ttl or idle_timeout is required"))
 		return
 	}
-	ttl, err := parseTTL("ttl", req.TTL)
-	if err != nil {
+	// Both are checked before either is set.
+	var ttl, idle time.Duration
+	var err error
+	if req.TTL != "" {
+		if ttl, err = parseTTL("ttl", req.TTL); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	if req.IdleTimeout != "" {
+		if idle, err = parseIdleTimeout(req.IdleTimeout); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	var sb store.Sandbox
+	if req.TTL != "" {
+		if sb, err = s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	if req.IdleTimeout != "" {
+		if sb, err = s.o.Control.SetIdleTimeout(r.Context(), caller(r), r.PathValue("id"), idle); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, toAPI(sb))
+}
+
+// touchSandbox counts a use of the sandbox now: its idle clock starts
+// again.
+func (s *Server) touchSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := emptyBody(w, r); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err := s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl)
+	sb, err := s.o.Control.Touch(r.Context(), caller(r), r.PathValue("id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

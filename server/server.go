@@ -135,6 +135,7 @@ func (s *Server) routes() []route {
 		{"DELETE /v1/sandboxes/{id}", true, s.deleteSandbox},
 		{"POST /v1/sandboxes/{id}/stop", true, s.stopSandbox},
 		{"POST /v1/sandboxes/{id}/start", true, s.startSandbox},
+		{"POST /v1/sandboxes/{id}/touch", true, s.touchSandbox},
 		{"GET /v1/sandboxes/{id}/events", true, s.sandboxEvents},
 		{"GET /v1/sandboxes/{id}/exec", true, s.execStream},
 		{"POST /v1/sandboxes/{id}/exec/run", true, s.execRun},

@@ -137,6 +137,22 @@ func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 	return spec, nil
 }
 
+// MinIdleTimeout is the shortest idle timeout a sandbox may have other
+// than 0 (off); MaxTTL is the longest.
+const MinIdleTimeout = time.Second
+
+// parseIdleTimeout reads an idle timeout: "0" turns idle stop off.
+func parseIdleTimeout(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return 0, fieldError("idle_timeout", fmt.Sprintf("%q is not a duration such as 30m, or 0 for never", truncate(s)))
+	case d != 0 && (d < MinIdleTimeout || d > MaxTTL):
+		return 0, fieldError("idle_timeout", fmt.Sprintf("%s is outside %s to %s (0 turns it off)", d, MinIdleTimeout, MaxTTL))
+	}
+	return d.Truncate(time.Second), nil
+}
+
 func parseTTL(field, s string) (time.Duration, error) {
 	ttl, err := time.ParseDuration(s)
 	if err != nil {

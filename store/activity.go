@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -72,25 +71,4 @@ func (s *Store) SetOrgIdleTimeout(ctx context.Context, orgID string, d *time.Dur
 		return fmt.Errorf("set org idle timeout: %w", err)
 	}
 	return affected(res, "org")
-}
-
-// OrgIdleTimeout is the idle timeout an organization's sandboxes get when
-// their create names none; nil when it takes the deployment's default.
-func (s *Store) OrgIdleTimeout(ctx context.Context, orgID string) (*time.Duration, error) {
-	if orgID == "" {
-		return nil, errNoOrg
-	}
-	var v sql.NullInt64
-	err := s.queryRow(ctx, `SELECT idle_timeout FROM orgs WHERE id = ?`, orgID).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("org %q: %w", orgID, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("org idle timeout: %w", err)
-	}
-	if !v.Valid {
-		return nil, nil
-	}
-	d := time.Duration(v.Int64) * time.Second
-	return &d, nil
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -126,27 +127,38 @@ func TestOrgIdleTimeout(t *testing.T) {
 	s := open(t, filepath.Join(t.TempDir(), "o.db"), nil)
 	a, _ := s.CreateOrg(ctx, "a", 0, 0)
 	b, _ := s.CreateOrg(ctx, "b", 0, 0)
-	if d, err := s.OrgIdleTimeout(ctx, a.ID); d != nil || err != nil {
-		t.Fatalf("a new organization's idle timeout: %v %v, want unset", d, err)
+	idle := func(id string) *time.Duration {
+		t.Helper()
+		o, err := s.Org(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.IdleTimeout
+	}
+	if d := idle(a.ID); d != nil {
+		t.Fatalf("a new organization's idle timeout: %v, want unset", *d)
 	}
 	for _, want := range []time.Duration{30 * time.Minute, 0} {
 		if err := s.SetOrgIdleTimeout(ctx, a.ID, &want); err != nil {
 			t.Fatal(err)
 		}
-		if d, err := s.OrgIdleTimeout(ctx, a.ID); err != nil || d == nil || *d != want {
-			t.Fatalf("idle timeout %v: got %v %v", want, d, err)
+		if d := idle(a.ID); d == nil || *d != want {
+			t.Fatalf("idle timeout %v: got %v", want, d)
+		}
+		if orgs, _ := s.Orgs(ctx); orgs[0].IdleTimeout == nil || *orgs[0].IdleTimeout != want {
+			t.Fatalf("listed: %+v", orgs[0])
 		}
 	}
-	if d, _ := s.OrgIdleTimeout(ctx, b.ID); d != nil {
+	if d := idle(b.ID); d != nil {
 		t.Fatalf("another organization's idle timeout changed: %v", *d)
 	}
 	if err := s.SetOrgIdleTimeout(ctx, a.ID, nil); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := s.OrgIdleTimeout(ctx, a.ID); d != nil {
+	if d := idle(a.ID); d != nil {
 		t.Fatalf("unset: %v", *d)
 	}
-	if _, err := s.OrgIdleTimeout(ctx, ""); err == nil {
-		t.Fatal("no organization answered an idle timeout")
+	if err := s.SetOrgIdleTimeout(ctx, "org_none", nil); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an absent organization: %v, want ErrNotFound", err)
 	}
 }

@@ -10,7 +10,11 @@ import "github.com/hiloop/hiloop/api"
 
 // API is the organization as the API shows it.
 func (o Org) API() api.Org {
-	return api.Org{ID: o.ID, Name: o.Name, MaxSandboxes: o.MaxSandboxes, MaxRunning: o.MaxRunning, CreatedAt: o.CreatedAt}
+	out := api.Org{ID: o.ID, Name: o.Name, MaxSandboxes: o.MaxSandboxes, MaxRunning: o.MaxRunning, CreatedAt: o.CreatedAt}
+	if o.IdleTimeout != nil {
+		out.IdleTimeout = o.IdleTimeout.String()
+	}
+	return out
 }
 
 // API is the key as the API shows it, without its secret.

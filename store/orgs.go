@@ -62,6 +62,9 @@ type Org struct {
 	MaxSandboxes int
 	MaxRunning   int
 	CreatedAt    time.Time
+	// IdleTimeout is the idle timeout of the organization's sandboxes
+	// created without one; nil takes the deployment's default, 0 is off.
+	IdleTimeout *time.Duration
 }
 
 // APIKey describes an API key. The secret itself is never stored.
@@ -133,38 +136,49 @@ func (s *Store) LookupOrg(ctx context.Context, ref string) (Org, error) {
 }
 
 func (s *Store) org(ctx context.Context, where, arg string) (Org, error) {
-	var o Org
-	var created int64
 	if arg == "" {
 		return Org{}, errNoOrg
 	}
-	err := s.read.QueryRowContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs WHERE `+where, arg).
-		Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created)
+	o, err := scanOrg(s.read.QueryRowContext(ctx, `SELECT `+orgColumns+` FROM orgs WHERE `+where, arg))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Org{}, fmt.Errorf("org %q: %w", arg, ErrNotFound)
 	}
 	if err != nil {
 		return Org{}, fmt.Errorf("get org: %w", err)
 	}
+	return o, nil
+}
+
+const orgColumns = `id, name, max_sandboxes, max_running, created_at, idle_timeout`
+
+func scanOrg(row interface{ Scan(...any) error }) (Org, error) {
+	var o Org
+	var created int64
+	var idle sql.NullInt64
+	if err := row.Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created, &idle); err != nil {
+		return Org{}, err
+	}
 	o.CreatedAt = fromMS(created)
+	if idle.Valid {
+		d := time.Duration(idle.Int64) * time.Second
+		o.IdleTimeout = &d
+	}
 	return o, nil
 }
 
 // Orgs lists every organization by name.
 func (s *Store) Orgs(ctx context.Context) ([]Org, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT id, name, max_sandboxes, max_running, created_at FROM orgs ORDER BY name`)
+	rows, err := s.read.QueryContext(ctx, `SELECT `+orgColumns+` FROM orgs ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list orgs: %w", err)
 	}
 	defer rows.Close()
 	var out []Org
 	for rows.Next() {
-		var o Org
-		var created int64
-		if err := rows.Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created); err != nil {
+		o, err := scanOrg(rows)
+		if err != nil {
 			return nil, err
 		}
-		o.CreatedAt = fromMS(created)
 		out = append(out, o)
 	}
 	return out, rows.Err()

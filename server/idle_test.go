@@ -1,0 +1,183 @@
+package server
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/store"
+)
+
+// TestIdleTimeoutFields: a create's idle timeout is its own, else its
+// organization's, else the deployment's; PATCH changes it; bad values are
+// refused naming the field, and a PATCH checks all it sets before it sets
+// any.
+func TestIdleTimeoutFields(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) { co.DefaultIdleTimeout = 10 * time.Minute })
+	idle := func(body string) string {
+		t.Helper()
+		rec := ts.do("POST", "/v1/sandboxes", body)
+		if rec.Code != 201 {
+			t.Fatalf("create %s: %d %s", body, rec.Code, rec.Body.String())
+		}
+		return decodeSandbox(t, rec).IdleTimeout
+	}
+	for body, want := range map[string]string{
+		`{"image":"busybox","idle_timeout":"90s"}`: "1m30s",
+		`{"image":"busybox","idle_timeout":"0"}`:   "0s",
+		`{"image":"busybox"}`:                      "10m0s",
+	} {
+		if got := idle(body); got != want {
+			t.Errorf("create %s: idle_timeout %q, want %q", body, got, want)
+		}
+	}
+	d := 30 * time.Minute
+	if err := ts.db.SetOrgIdleTimeout(context.Background(), ts.org.ID, &d); err != nil {
+		t.Fatal(err)
+	}
+	if got := idle(`{"image":"busybox"}`); got != "30m0s" {
+		t.Errorf("create in an organization with a default: %q, want 30m0s", got)
+	}
+	if rec := ts.do("GET", "/v1/org", ""); !strings.Contains(rec.Body.String(), `"idle_timeout": "30m0s"`) {
+		t.Errorf("the organization does not show its default: %s", rec.Body.String())
+	}
+	for _, bad := range []string{`"abc"`, `"500ms"`, `"800h"`, `"-1m"`} {
+		rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox","idle_timeout":`+bad+`}`)
+		if rec.Code != 400 || errCode(t, rec) != api.CodeInvalidField || !strings.Contains(rec.Body.String(), `"field": "idle_timeout"`) {
+			t.Errorf("idle_timeout %s: %d %s", bad, rec.Code, rec.Body.String())
+		}
+	}
+
+	id := ts.create(`{"image":"busybox","ttl":"1h"}`)
+	if rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"idle_timeout":"5m"}`); rec.Code != 200 || decodeSandbox(t, rec).IdleTimeout != "5m0s" {
+		t.Fatalf("patch idle_timeout: %d %s", rec.Code, rec.Body.String())
+	}
+	before := ts.record(id)
+	if rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"2h","idle_timeout":"nope"}`); rec.Code != 400 {
+		t.Fatalf("patch with a bad idle_timeout: %d %s", rec.Code, rec.Body.String())
+	}
+	if after := ts.record(id); !after.ExpiresAt.Equal(*before.ExpiresAt) || after.IdleTimeout != 5*time.Minute {
+		t.Fatalf("a refused patch changed the sandbox: expiry %v, idle %v", after.ExpiresAt, after.IdleTimeout)
+	}
+	if rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{}`); rec.Code != 400 || errCode(t, rec) != api.CodeInvalidField {
+		t.Fatalf("empty patch: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"2h","idle_timeout":"0"}`); rec.Code != 200 ||
+		decodeSandbox(t, rec).IdleTimeout != "0s" || decodeSandbox(t, rec).TTL != "2h0m0s" {
+		t.Fatalf("patch both: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestTouch: a touch restarts the caller's sandbox's idle clock and
+// answers it; another organization's sandbox is not found.
+func TestTouch(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	id := ts.create(`{"image":"busybox"}`)
+	before := ts.record(id).LastActivityAt
+	time.Sleep(5 * time.Millisecond)
+	rec := ts.do("POST", "/v1/sandboxes/"+id+"/touch", "")
+	if rec.Code != 200 || !decodeSandbox(t, rec).LastActivityAt.After(before) {
+		t.Fatalf("touch: %d %s (last activity was %v)", rec.Code, rec.Body.String(), before)
+	}
+	otherOrg, _ := ts.db.CreateOrg(context.Background(), "other", 10, 10)
+	_, secret, _ := ts.db.CreateKey(context.Background(), otherOrg.ID, "k")
+	stranger := *ts
+	stranger.token = secret
+	if rec := stranger.do("POST", "/v1/sandboxes/"+id+"/touch", ""); rec.Code != 404 || errCode(t, rec) != api.CodeNotFound {
+		t.Fatalf("another organization's touch: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestStoppedByAndWake: stopped_by says who stopped a sandbox; an exec into
+// one stopped for idleness is refused with how to wake it, and with
+// ?wake=true starts it (once it runs) or, when it does not come up in time,
+// answers 504 wake_timeout; a sandbox its owner stopped is not woken.
+func TestStoppedByAndWake(t *testing.T) {
+	fc := &controltest.Cluster{}
+	ts := newTestServer(t, fc, func(_ *Options, co *control.Options) {
+		co.WakeTimeout = 200 * time.Millisecond
+		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{Code: 3}, nil }}
+	})
+	ctx := context.Background()
+	stoppedBy := func(id string) string {
+		t.Helper()
+		return decodeSandbox(t, ts.do("GET", "/v1/sandboxes/"+id, "")).StoppedBy
+	}
+	running := func() string {
+		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+		return id
+	}
+	idle := running()
+	if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, idle, store.ModeStopped, store.StopIdle); err != nil {
+		t.Fatal(err)
+	}
+	ts.db.Observe(ctx, idle, store.Observation{State: store.StateStopped})
+	user := running()
+	if rec := ts.do("POST", "/v1/sandboxes/"+user+"/stop", ""); rec.Code != 200 {
+		t.Fatal(rec.Body.String())
+	}
+	ts.db.Observe(ctx, user, store.Observation{State: store.StateStopped})
+	outside := running()
+	ts.db.Observe(ctx, outside, store.Observation{State: store.StateStopped})
+	expired := running()
+	ts.db.Observe(ctx, expired, store.Observation{State: store.StateExpired})
+	for id, want := range map[string]string{idle: "idle", user: "user", outside: "outside", expired: "ttl", running(): ""} {
+		if got := stoppedBy(id); got != want {
+			t.Errorf("stopped_by %q, want %q", got, want)
+		}
+	}
+
+	run := func(id, query string) (int, string) {
+		rec := ts.do("POST", "/v1/sandboxes/"+id+"/exec/run"+query, `{"command":["true"]}`)
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := run(idle, ""); code != 409 || !strings.Contains(body, "wake=true") || !strings.Contains(body, api.CodeSandboxNotRunning) {
+		t.Errorf("exec into a sandbox stopped for idleness: %d %s", code, body)
+	}
+	if code, body := run(idle, "?wake=maybe"); code != 400 || !strings.Contains(body, `"field": "wake"`) {
+		t.Errorf("wake=maybe: %d %s", code, body)
+	}
+	if code, body := run(user, "?wake=true"); code != 409 || !strings.Contains(body, "stopped by its owner") {
+		t.Errorf("wake of a sandbox its owner stopped: %d %s", code, body)
+	}
+	if slices.Contains(fc.Calls(), "mode "+user+" running") {
+		t.Error("a sandbox its owner stopped was started")
+	}
+	// Nothing observes the start: the wake times out, naming the state.
+	if code, body := run(idle, "?wake=true"); code != 504 || !strings.Contains(body, api.CodeWakeTimeout) || !strings.Contains(body, "stopped") {
+		t.Errorf("a wake that does not come up: %d %s", code, body)
+	}
+
+	// Once the record shows the start, a wake goes on to run the command.
+	again := running()
+	if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, again, store.ModeStopped, store.StopIdle); err != nil {
+		t.Fatal(err)
+	}
+	ts.db.Observe(ctx, again, store.Observation{State: store.StateStopped})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 150 {
+			if slices.Contains(fc.Calls(), "mode "+again+" running") {
+				ts.db.Observe(ctx, again, store.Observation{State: store.StateRunning})
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	code, body := run(again, "?wake=true")
+	<-done
+	if code != 200 || !strings.Contains(body, `"exit_code": 3`) {
+		t.Fatalf("exec with wake=true: %d %s", code, body)
+	}
+	if got := ts.record(again); got.DesiredMode != store.ModeRunning || got.StopCause != "" {
+		t.Fatalf("after the wake: desired %s, cause %q", got.DesiredMode, got.StopCause)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -45,6 +46,7 @@ type OrgCmd struct {
 	Create OrgCreateCmd `cmd:"" help:"Create an organization and its first API key."`
 	List   OrgListCmd   `cmd:"" help:"List organizations."`
 	Quota  OrgQuotaCmd  `cmd:"" help:"Set an organization's quotas."`
+	Idle   OrgIdleCmd   `cmd:"" name:"idle-timeout" help:"Set the idle timeout an organization's sandboxes get when their create names none."`
 }
 
 // OrgCreateCmd creates an organization with a first key.
@@ -88,9 +90,9 @@ func (c *OrgListCmd) Run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tMAX SANDBOXES\tMAX RUNNING")
+	fmt.Fprintln(tw, "ID\tNAME\tMAX SANDBOXES\tMAX RUNNING\tIDLE TIMEOUT")
 	for _, o := range orgs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", o.ID, o.Name, o.MaxSandboxes, o.MaxRunning)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", o.ID, o.Name, o.MaxSandboxes, o.MaxRunning, orgIdle(o.IdleTimeout))
 	}
 	return tw.Flush()
 }
@@ -115,6 +117,43 @@ func (c *OrgQuotaCmd) Run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s: max %d sandboxes, %d running\n", org.Name, c.MaxSandboxes, c.MaxRunning)
 		return nil
 	})
+}
+
+// OrgIdleCmd sets an organization's default idle timeout.
+type OrgIdleCmd struct {
+	offline
+	Org         string `arg:"" help:"Organization id or name."`
+	IdleTimeout string `arg:"" name:"duration" help:"Idle timeout of its sandboxes created without one, such as 30m; 0 turns idle stop off for them; default takes the deployment's (serve --default-idle-timeout)."`
+}
+
+// Run sets it. Sandboxes that exist keep theirs.
+func (c *OrgIdleCmd) Run(ctx context.Context, stdout io.Writer) error {
+	var d *time.Duration
+	if c.IdleTimeout != "default" {
+		v, err := time.ParseDuration(c.IdleTimeout)
+		if err != nil || v != 0 && (v < server.MinIdleTimeout || v > server.MaxTTL) {
+			return usageError{fmt.Errorf("duration: %q is not 0, default, or a duration from %s to %s", c.IdleTimeout, server.MinIdleTimeout, server.MaxTTL)}
+		}
+		d = &v
+	}
+	return c.withOrg(ctx, c.Org, func(ctx context.Context, db *store.Store, org store.Org) error {
+		if err := db.SetOrgIdleTimeout(ctx, org.ID, d); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: idle timeout of new sandboxes %s\n", org.Name, orgIdle(d))
+		return nil
+	})
+}
+
+// orgIdle is an organization's idle timeout as the admin commands print it.
+func orgIdle(d *time.Duration) string {
+	switch {
+	case d == nil:
+		return "default"
+	case *d == 0:
+		return "off"
+	}
+	return d.String()
 }
 
 // KeyCmd groups the key commands.

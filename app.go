@@ -114,8 +114,10 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		Boundary: func(ctx context.Context) []k8s.Check {
 			return clients.CheckBoundary(ctx, cfg.boundaryOptions())
 		},
-		BoundaryInterval: cfg.SelfCheck,
-		EventRetention:   cfg.EventRetention,
+		BoundaryInterval:   cfg.SelfCheck,
+		EventRetention:     cfg.EventRetention,
+		DefaultIdleTimeout: cfg.DefaultIdleTimeout,
+		WakeTimeout:        cfg.WakeTimeout,
 	})
 	if err != nil {
 		return nil, err

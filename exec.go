@@ -21,6 +21,7 @@ type SandboxExecCmd struct {
 	Interactive bool          `short:"i" help:"Pass stdin to the command."`
 	TTY         bool          `short:"t" help:"Allocate a terminal (implies -i); the local one goes raw and its size follows."`
 	Timeout     time.Duration `default:"0s" help:"Kill the command after this long (default: no limit but the server's)."`
+	Wake        bool          `help:"Start the sandbox first if it was stopped for idleness, and wait for it."`
 	Command     []string      `arg:"" passthrough:"" help:"Command and arguments, after --."`
 }
 
@@ -44,7 +45,7 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 	if len(c.Command) == 0 {
 		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
 	}
-	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
+	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout, Wake: c.Wake}
 	// A terminal without input is of no use; -t implies -i, as in ssh.
 	if c.Interactive || c.TTY {
 		o.Stdin = os.Stdin

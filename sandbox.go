@@ -51,6 +51,11 @@ func sandboxRows(tw *tabwriter.Writer, list ...api.Sandbox) {
 		if sb.Anomaly != "" {
 			state += "/" + sb.Anomaly
 		}
+		// Who stopped it, when that is not its owner: a sandbox stopped
+		// for idleness wakes on its owner's next use.
+		if (sb.State == api.StateStopped || sb.State == api.StateStopping) && sb.StoppedBy != "" && sb.StoppedBy != api.StoppedByUser {
+			state += " (" + sb.StoppedBy + ")"
+		}
 		reason := sb.Reason
 		if sb.ExitCode != nil {
 			reason = strings.TrimSpace(fmt.Sprintf("exit %d %s", *sb.ExitCode, reason))
@@ -71,6 +76,8 @@ type SandboxCmd struct {
 	Stop   SandboxStopCmd   `cmd:"" help:"Stop a sandbox (volumes survive, processes do not)."`
 	Start  SandboxStartCmd  `cmd:"" help:"Start a stopped sandbox."`
 	Ttl    SandboxTTLCmd    `cmd:"" name:"ttl" help:"Set a sandbox's TTL from now."`
+	Idle   SandboxIdleCmd   `cmd:"" name:"idle-timeout" help:"Set a sandbox's idle timeout (0 turns idle stop off)."`
+	Touch  SandboxTouchCmd  `cmd:"" help:"Count a use of a sandbox now, so its idle clock starts again."`
 	Delete SandboxDeleteCmd `cmd:"" help:"Delete a sandbox."`
 	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
 	Events SandboxEventsCmd `cmd:"" help:"Show a sandbox's state history."`
@@ -92,13 +99,15 @@ type SandboxCreateCmd struct {
 	Label          map[string]string `help:"Label KEY=VALUE; repeatable."`
 	Transport      []string          `help:"Transport the sandbox needs; repeatable."`
 	IdempotencyKey string            `help:"Idempotency-Key: a retry with the same key never makes a second sandbox."`
+	IdleTimeout    string            `name:"idle-timeout" help:"Stop the sandbox once nobody used it through hiloop for this long, such as 30m (0: never; default: the organization's, else the deployment's). ssh, ssh -L and exec --wake start it again."`
 	Wait           bool              `help:"Wait until the sandbox runs, showing its progress."`
 	Timeout        time.Duration     `default:"5m" help:"How long --wait waits."`
 }
 
 // Run creates the sandbox.
 func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
-	req := api.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport}
+	req := api.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport,
+		IdleTimeout: c.IdleTimeout}
 	if c.CPU != "" || c.CPULimit != "" || c.Memory != "" || c.MemoryLimit != "" {
 		req.Resources = &api.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
 	}
@@ -249,11 +258,18 @@ func (c *SandboxStopCmd) Run(ctx context.Context, stdout io.Writer) error {
 }
 
 // SandboxStartCmd starts a sandbox.
-type SandboxStartCmd struct{ sandboxArg }
+type SandboxStartCmd struct {
+	sandboxArg
+	Wait    bool          `help:"Wait until the sandbox runs, showing its progress."`
+	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
+}
 
 // Run starts it.
 func (c *SandboxStartCmd) Run(ctx context.Context, stdout io.Writer) error {
 	sb, err := c.api().StartSandbox(ctx, c.ID)
+	if err == nil && c.Wait {
+		sb, err = waitFor(ctx, c.api(), c.ID, api.StateRunning, c.Timeout)
+	}
 	return c.show(stdout, sb, err)
 }
 
@@ -275,6 +291,27 @@ type SandboxTTLCmd struct {
 // Run sets the TTL.
 func (c *SandboxTTLCmd) Run(ctx context.Context, stdout io.Writer) error {
 	sb, err := c.api().UpdateTTL(ctx, c.ID, c.TTL)
+	return c.show(stdout, sb, err)
+}
+
+// SandboxIdleCmd sets an idle timeout.
+type SandboxIdleCmd struct {
+	sandboxArg
+	IdleTimeout string `arg:"" name:"duration" help:"Stop the sandbox once nobody used it for this long, such as 30m; 0 turns idle stop off."`
+}
+
+// Run sets the idle timeout.
+func (c *SandboxIdleCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().UpdateSandbox(ctx, c.ID, api.UpdateSandboxRequest{IdleTimeout: c.IdleTimeout})
+	return c.show(stdout, sb, err)
+}
+
+// SandboxTouchCmd counts a use of a sandbox.
+type SandboxTouchCmd struct{ sandboxArg }
+
+// Run touches it.
+func (c *SandboxTouchCmd) Run(ctx context.Context, stdout io.Writer) error {
+	sb, err := c.api().TouchSandbox(ctx, c.ID)
 	return c.show(stdout, sb, err)
 }
 

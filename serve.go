@@ -21,6 +21,7 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/server"
 )
 
 // tuneGC: every packet of an SSH session or forward allocates in x/crypto,
@@ -147,6 +148,8 @@ type ServeCmd struct {
 	LogLevel           string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat          string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 	EventRetention     time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
+	DefaultIdleTimeout time.Duration       `name:"default-idle-timeout" default:"0s" env:"HILOOP_DEFAULT_IDLE_TIMEOUT" help:"Idle timeout of a sandbox whose create names none and whose organization sets none (hiloop org idle-timeout): once nobody used it through hiloop for this long while it ran, it is stopped, and its owner's next ssh, ssh -L or exec with wake=true starts it again. 0 turns it off."`
+	WakeTimeout        time.Duration       `name:"wake-timeout" default:"2m" env:"HILOOP_WAKE_TIMEOUT" help:"How long a wake waits for a sandbox stopped for idleness to run again; past it the caller is told it did not, with the sandbox's state."`
 	DefaultCPULimit    string              `name:"default-cpu-limit" default:"2" env:"HILOOP_DEFAULT_CPU_LIMIT" help:"CPU limit of a sandbox whose create sets none (its request is then 10m). Every sandbox states its resources, so the sandbox namespace's quota can count them."`
 	DefaultMemoryLimit string              `name:"default-memory-limit" default:"4Gi" env:"HILOOP_DEFAULT_MEMORY_LIMIT" help:"Memory limit of a sandbox whose create sets none (its request is then 16Mi)."`
 	SelfCheck          time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
@@ -230,6 +233,12 @@ func (s *ServeCmd) Validate() error {
 	}
 	if s.EventRetention < 0 {
 		return errors.New("--event-retention: must not be negative")
+	}
+	if s.DefaultIdleTimeout != 0 && (s.DefaultIdleTimeout < server.MinIdleTimeout || s.DefaultIdleTimeout > server.MaxTTL) {
+		return fmt.Errorf("--default-idle-timeout: must be 0 (off) or from %s to %s", server.MinIdleTimeout, server.MaxTTL)
+	}
+	if s.WakeTimeout <= 0 {
+		return errors.New("--wake-timeout: must be positive")
 	}
 	for flag, v := range map[string]string{"--default-cpu-limit": s.DefaultCPULimit, "--default-memory-limit": s.DefaultMemoryLimit} {
 		if q, err := resource.ParseQuantity(v); err != nil || q.Sign() <= 0 {

@@ -176,10 +176,10 @@ type EventList struct {
 
 // Org is the caller's organization and its quotas.
 type Org struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	MaxSandboxes int       `json:"max_sandboxes"`
-	MaxRunning   int       `json:"max_running"`
+	ID           string `json:"id"`
+	Name         string `json:"name"`
+	MaxSandboxes int    `json:"max_sandboxes"`
+	MaxRunning   int    `json:"max_running"`
 	// IdleTimeout is the idle timeout its sandboxes get when their create
 	// names none; empty when it takes the deployment's default.
 	IdleTimeout string    `json:"idle_timeout,omitempty"`

@@ -116,7 +116,9 @@ type request struct {
 	body          io.Reader
 	contentLength int64
 	in            any
-	// timeout replaces callTimeout.
+	// rewind, when set, gives body anew for a retry.
+	rewind func() (io.Reader, error)
+	// timeout replaces callTimeout; negative: none but ctx's.
 	timeout time.Duration
 	// once: the body cannot be sent again, so a refusal is not retried.
 	once bool
@@ -139,6 +141,12 @@ func (c *Client) send(ctx context.Context, rq request) (*http.Response, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		body, length := rq.body, rq.contentLength
+		if attempt > 0 && rq.rewind != nil {
+			var err error
+			if body, err = rq.rewind(); err != nil {
+				return nil, err
+			}
+		}
 		if payload != nil {
 			body, length = bytes.NewReader(payload), int64(len(payload))
 		}
@@ -232,7 +240,7 @@ func (c *Client) do(ctx context.Context, rq request, out any) error {
 	if timeout == 0 {
 		timeout = callTimeout
 	}
-	if _, ok := ctx.Deadline(); !ok {
+	if _, ok := ctx.Deadline(); !ok && timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()

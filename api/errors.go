@@ -44,6 +44,15 @@ const (
 	CodeStorageUnavailable    = "storage_unavailable"
 	CodeRateLimited           = "rate_limited"
 	CodeWakeTimeout           = "wake_timeout"
+	CodeInvalidPath           = "invalid_path"
+	CodeLengthRequired        = "length_required"
+	CodeFileTooLarge          = "file_too_large"
+	CodeFileNotFound          = "file_not_found"
+	CodePathConflict          = "path_conflict"
+	CodeTarUnavailable        = "tar_unavailable"
+	CodeShellUnavailable      = "shell_unavailable"
+	CodeUploadIncomplete      = "upload_incomplete"
+	CodeFileOperationFailed   = "file_operation_failed"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -78,6 +78,10 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.Hijack()
 }
 
+// Unwrap lets http.ResponseController reach the connection (an upload
+// moves its read deadline as its bytes arrive).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (w *statusWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
@@ -98,16 +102,20 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		ri := &reqInfo{id: id}
 		w.Header().Set(RequestIDHeader, id)
 		sw := &statusWriter{ResponseWriter: w}
+		// Deferred, so an answer cut on purpose (a download that broke,
+		// see getFile) is logged too.
+		defer func() {
+			route := ri.route
+			if route == "" {
+				route = "unmatched"
+			}
+			s.o.Metrics.Request(route, sw.status, time.Since(start))
+			if ri.quiet {
+				return
+			}
+			s.log.Info("request", "method", r.Method, "route", route, "status", sw.status, "bytes", sw.bytes,
+				"duration_ms", float64(time.Since(start).Microseconds())/1000, "org", ri.org, "request_id", id)
+		}()
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), infoKey{}, ri)))
-		route := ri.route
-		if route == "" {
-			route = "unmatched"
-		}
-		s.o.Metrics.Request(route, sw.status, time.Since(start))
-		if ri.quiet {
-			return
-		}
-		s.log.Info("request", "method", r.Method, "route", route, "status", sw.status, "bytes", sw.bytes,
-			"duration_ms", float64(time.Since(start).Microseconds())/1000, "org", ri.org, "request_id", id)
 	})
 }

@@ -52,6 +52,13 @@ type Options struct {
 	RateLimits RateLimits
 	// Metrics records requests and authentication failures; optional.
 	Metrics *metrics.Metrics
+	// MaxFileBytes caps one file upload or download;
+	// api.DefaultMaxFileBytes when zero.
+	MaxFileBytes int64
+	// FileIdleTimeout is how long an upload may go without a byte
+	// arriving: its read deadline moves ahead by this much with each read.
+	// Zero leaves the connection's deadlines as they are.
+	FileIdleTimeout time.Duration
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
@@ -81,6 +88,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Second
+	}
+	if o.MaxFileBytes == 0 {
+		o.MaxFileBytes = api.DefaultMaxFileBytes
 	}
 	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(), held: make(chan struct{}, maxHeld)}
 	for _, rt := range s.routes() {
@@ -139,6 +149,8 @@ func (s *Server) routes() []route {
 		{"GET /v1/sandboxes/{id}/events", true, s.sandboxEvents},
 		{"GET /v1/sandboxes/{id}/exec", true, s.execStream},
 		{"POST /v1/sandboxes/{id}/exec/run", true, s.execRun},
+		{"PUT /v1/sandboxes/{id}/files", true, s.putFile},
+		{"GET /v1/sandboxes/{id}/files", true, s.getFile},
 	}
 }
 
@@ -302,7 +314,8 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 
 // slots takes what a request of the key holds while it runs: a long poll
 // one of the key's and its organization's waiting slots if they are free
-// (and answers at once otherwise), any other GET but an exec stream one of
+// (and answers at once otherwise), any other GET but an exec stream or a
+// download (sessions, which the session limits hold) one of
 // their read slots, waiting its turn. ok is false when the client went
 // away while waiting.
 func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool) {
@@ -311,7 +324,7 @@ func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool
 		release, ok := s.limiters.wait(keyHash)
 		info(r).noWait = !ok
 		return release, true
-	case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec"):
+	case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec") && !strings.HasSuffix(info(r).route, "/files"):
 		release, err := s.limiters.read(r.Context(), keyHash)
 		return release, err == nil
 	}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/hiloop/hiloop/api"
+)
+
+// SandboxCpCmd copies files and directories into and out of a sandbox.
+type SandboxCpCmd struct {
+	Conn `embed:""`
+	Src  string `arg:"" help:"What to copy: a local path, or SANDBOX:/abs/path."`
+	Dst  string `arg:"" help:"Where to: SANDBOX:/abs/path, or a local path."`
+}
+
+// remoteRE is SANDBOX:/abs/path.
+var remoteRE = regexp.MustCompile(`^(sbx_[A-Za-z0-9]+):(/.*)$`)
+
+// Run copies. A local directory goes in as a tar stream and a remote one
+// comes out as one; a local destination that is an existing directory
+// receives the file under its own name, as cp does.
+func (c *SandboxCpCmd) Run(ctx context.Context, stdout io.Writer) error {
+	src, dst := remoteRE.FindStringSubmatch(c.Src), remoteRE.FindStringSubmatch(c.Dst)
+	switch {
+	case src == nil && dst != nil:
+		return c.upload(ctx, c.Src, dst[1], dst[2])
+	case src != nil && dst == nil:
+		return c.download(ctx, src[1], src[2], c.Dst)
+	}
+	return usageError{errors.New("copy between a local path and SANDBOX:/abs/path: hiloop sandbox cp ./file sbx_...:/path, or sbx_...:/path ./file")}
+}
+
+func (c *SandboxCpCmd) upload(ctx context.Context, local, id, remote string) error {
+	fi, err := os.Stat(local)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		_, err := c.api().UploadDir(ctx, id, local, remote)
+		return err
+	}
+	f, err := os.Open(local)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bar := newProgress("upload "+filepath.Base(local), fi.Size())
+	defer bar.done()
+	_, err = c.api().WriteFile(ctx, id, remote, bar.reader(f), fi.Size(), fi.Mode().Perm())
+	return err
+}
+
+func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) error {
+	fr, err := c.api().ReadFile(ctx, id, remote)
+	if err != nil {
+		return err
+	}
+	defer fr.Close()
+	bar := newProgress("download "+filepath.Base(remote), fr.Size)
+	defer bar.done()
+	if fr.Dir {
+		return api.ExtractTar(bar.reader(fr), local)
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, filepath.Base(remote))
+	}
+	// The file appears at its path only once it arrived whole.
+	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".hiloop-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, bar.reader(fr)); err != nil {
+		tmp.Close()
+		return fmt.Errorf("download %s: %w", remote, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), local)
+}
+
+// progressFrom is the size from which a transfer shows a progress bar.
+const progressFrom = 8 << 20
+
+// progress draws a transfer's progress on stderr, when stderr is a
+// terminal and the transfer is large (or of unknown size).
+type progress struct {
+	label string
+	total int64
+	n     int64
+	start time.Time
+	last  time.Time
+	on    bool
+}
+
+func newProgress(label string, total int64) *progress {
+	on := term.IsTerminal(int(os.Stderr.Fd())) && (total < 0 || total >= progressFrom)
+	return &progress{label: label, total: total, start: time.Now(), on: on}
+}
+
+func (p *progress) reader(r io.Reader) io.Reader {
+	if !p.on {
+		return r
+	}
+	return progressReader{r, p}
+}
+
+type progressReader struct {
+	r io.Reader
+	p *progress
+}
+
+func (pr progressReader) Read(b []byte) (int, error) {
+	n, err := pr.r.Read(b)
+	pr.p.add(int64(n))
+	return n, err
+}
+
+func (p *progress) add(n int64) {
+	p.n += n
+	if time.Since(p.last) >= 100*time.Millisecond {
+		p.last = time.Now()
+		p.draw()
+	}
+}
+
+func (p *progress) draw() {
+	rate := float64(p.n) / max(time.Since(p.start).Seconds(), 1e-3)
+	line := fmt.Sprintf("%s  %s  %s/s", p.label, mib(p.n), mib(int64(rate)))
+	if p.total > 0 {
+		const width = 30
+		filled := int(width * p.n / p.total)
+		line = fmt.Sprintf("%s [%s%s] %3d%%  %s/%s  %s/s", p.label, strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
+			100*p.n/p.total, mib(p.n), mib(p.total), mib(int64(rate)))
+	}
+	fmt.Fprintf(os.Stderr, "\r\033[K%s", line)
+}
+
+func (p *progress) done() {
+	if p.on {
+		p.draw()
+		fmt.Fprintln(os.Stderr)
+	}
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

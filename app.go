@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sync/errgroup"
@@ -148,6 +147,9 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	}
 	api, err := server.New(server.Options{
 		Store: a.db, Control: a.core, Log: a.log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
+		// An upload may take as long as it keeps moving: its body's
+		// deadline moves ahead by the I/O timeout with each read.
+		MaxFileBytes: cfg.MaxFileSize, FileIdleTimeout: cfg.HTTPIOTimeout,
 		RateLimits: server.RateLimits{PerKey: rate.Limit(cfg.RateLimit), Burst: int(2 * cfg.RateLimit),
 			Creates: rate.Limit(cfg.CreateRateLimit), CreateBurst: int(5 * cfg.CreateRateLimit),
 			PerOrg: rate.Limit(cfg.OrgRateLimit), OrgBurst: max(1, int(2*cfg.OrgRateLimit)),
@@ -168,13 +170,13 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	if err != nil {
 		return nil, err
 	}
-	a.api = &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	a.ln = ioDeadlines(a.api, a.ln, cfg.HTTPIOTimeout)
+	limits := &httpLimits{IOTimeout: cfg.HTTPIOTimeout, MaxHeaderReads: cfg.HTTPMaxHeaderReads,
+		MaxHeaderReadsPerSource: cfg.HTTPMaxHeaderReadsPerSource, Metrics: met}
+	a.api, a.ln = limits.server(api, a.ln)
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", met.Handler())
-		a.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		a.metricsLn = ioDeadlines(a.metrics, a.metricsLn, cfg.HTTPIOTimeout)
+		a.metrics, a.metricsLn = limits.server(mux, a.metricsLn)
 		fmt.Fprintf(stdout, "hiloop metrics on http://%s/metrics\n", a.metricsLn.Addr())
 	}
 	a.log.Info("serving", "addr", a.ln.Addr().String(), "namespace", cfg.Namespace, "db", cfg.DB, "cluster", clients.Config.Host)

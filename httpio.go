@@ -1,34 +1,109 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/metrics"
 )
 
-// ioDeadlines gives every connection srv serves from ln a deadline at each
-// step that http.Server leaves open without cutting long requests short,
-// and returns the listener to serve: a request's body must arrive within
-// timeout of its headers, and each write of a response must be taken by
-// the client within timeout. Without them a client that announces a body
-// and never sends it, or stops reading what it asked for, holds its
-// connection and goroutine forever, even on the probes, which no rate
-// limit holds. http.Server's ReadTimeout and WriteTimeout would count from
-// the start of the request and end long polls and one-shot commands; these
-// count only while the server waits on the client. A hijacked connection
-// (the exec WebSocket) keeps to its own deadlines.
-func ioDeadlines(srv *http.Server, ln net.Listener, timeout time.Duration) net.Listener {
-	srv.Handler = bodyDeadline(srv.Handler, timeout)
+// httpLimits bound what a client can hold of an HTTP listener that no
+// handler, and so no rate limit, has seen yet, or that waits on the
+// client. http.Server's ReadTimeout and WriteTimeout would count from the
+// start of a request and end long polls and one-shot commands; these count
+// only while the server waits on the client.
+type httpLimits struct {
+	// IOTimeout is how long a request's body may take to arrive once its
+	// headers did, and how long one write of an answer may wait for the
+	// client to take it; past either the connection is closed. Without
+	// them a client that announces a body and never sends it, or stops
+	// reading what it asked for, holds its connection forever, even on the
+	// probes, which no rate limit holds.
+	IOTimeout time.Duration
+	// MaxHeaderReads and MaxHeaderReadsPerSource bound the connections
+	// reading a request's headers at once, in all and from one client
+	// address (control.Source), as sshd's MaxStartups does for logins:
+	// each may hold up to maxHeaderBytes for up to the header timeout
+	// before anything checks who it is, so without a bound a stranger
+	// opening connections holds any amount of memory. A connection that
+	// starts a request past either is closed.
+	MaxHeaderReads, MaxHeaderReadsPerSource int
+	Metrics                                 *metrics.Metrics
+
+	mu       sync.Mutex
+	reading  int
+	bySource map[string]int
+}
+
+// Headers the API takes: a request's line and headers may hold 512 KiB, room
+// for an exec command line of MaxArgvBytes in the URL, percent-encoded; 10s
+// to arrive.
+const (
+	maxHeaderBytes    = 512 << 10
+	readHeaderTimeout = 10 * time.Second
+)
+
+// Reasons a connection is closed at a limit, as the metric
+// hiloop_http_refused_connections_total labels them.
+const (
+	refusedHeaderReads          = "header_reads"
+	refusedHeaderReadsPerSource = "header_reads_per_source"
+)
+
+// errHeaderReads closes a connection that starts a request past the caps.
+var errHeaderReads = errors.New("too many connections reading request headers")
+
+// server is an http.Server for handler whose connections, served from the
+// listener it returns, keep to the limits.
+func (l *httpLimits) server(handler http.Handler, ln net.Listener) (*http.Server, net.Listener) {
+	srv := &http.Server{Handler: bodyDeadline(handler, l.IOTimeout), ReadHeaderTimeout: readHeaderTimeout,
+		MaxHeaderBytes: maxHeaderBytes, IdleTimeout: 2 * time.Minute}
 	srv.ConnState = func(c net.Conn, st http.ConnState) {
-		// The server clears the connection's deadlines as it hands it
-		// over.
-		if wc, ok := c.(*writeDeadlineConn); ok && st == http.StateHijacked {
-			wc.hijacked.Store(true)
+		if sc, ok := c.(*servedConn); ok {
+			sc.state(st)
 		}
 	}
-	return writeDeadlineListener{Listener: ln, timeout: timeout}
+	return srv, servedListener{Listener: ln, l: l}
+}
+
+// take takes a place among the connections reading headers for source;
+// false past either cap.
+func (l *httpLimits) take(source string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	reason := ""
+	switch {
+	case l.reading >= l.MaxHeaderReads:
+		reason = refusedHeaderReads
+	case l.bySource[source] >= l.MaxHeaderReadsPerSource:
+		reason = refusedHeaderReadsPerSource
+	default:
+		l.reading++
+		if l.bySource == nil {
+			l.bySource = map[string]int{}
+		}
+		l.bySource[source]++
+		return true
+	}
+	l.Metrics.HTTPRefused(reason)
+	return false
+}
+
+func (l *httpLimits) drop(source string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reading--
+	if l.bySource[source] <= 1 {
+		delete(l.bySource, source)
+	} else {
+		l.bySource[source]--
+	}
 }
 
 // bodyDeadline gives a request's body timeout to arrive, from when its
@@ -65,31 +140,84 @@ func (b *liftAtEOF) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// writeDeadlineListener accepts writeDeadlineConns.
-type writeDeadlineListener struct {
+// servedListener accepts servedConns.
+type servedListener struct {
 	net.Listener
-	timeout time.Duration
+	l *httpLimits
 }
 
-func (l writeDeadlineListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
+func (sl servedListener) Accept() (net.Conn, error) {
+	c, err := sl.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &writeDeadlineConn{Conn: c, timeout: l.timeout}, nil
+	return &servedConn{Conn: c, l: sl.l, source: control.Source(c.RemoteAddr().String())}, nil
 }
 
-// writeDeadlineConn gives each write timeout to be taken by the client,
-// until the connection is hijacked.
-type writeDeadlineConn struct {
+// servedConn is one connection of an HTTP server, held to its limits: it
+// takes a place among the connections reading headers from the first byte
+// of a request until the server has read its headers (the server's
+// ConnState tells it), and gives each write IOTimeout to be taken by the
+// client, until it is hijacked (the exec WebSocket keeps to its own
+// deadlines; the server clears the connection's as it hands it over).
+type servedConn struct {
 	net.Conn
-	timeout  time.Duration
+	l        *httpLimits
+	source   string
 	hijacked atomic.Bool
+
+	mu sync.Mutex
+	// between is true while the server waits for a request: the next byte
+	// read starts one.
+	between bool
+	// reading is true while the connection holds a place among those
+	// reading headers.
+	reading bool
 }
 
-func (c *writeDeadlineConn) Write(p []byte) (int, error) {
+func (c *servedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.startRequest() {
+		c.Conn.Close()
+		return 0, errHeaderReads
+	}
+	return n, err
+}
+
+// startRequest takes a place among the connections reading headers when a
+// byte read starts a request; false when the caps refuse it.
+func (c *servedConn) startRequest() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.between || c.reading {
+		return true
+	}
+	if !c.l.take(c.source) {
+		return false
+	}
+	c.reading = true
+	return true
+}
+
+// state follows the server's view of the connection: between requests
+// when new or idle; a request's headers read once it is active, hijacked
+// or closed.
+func (c *servedConn) state(st http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.between = st == http.StateNew || st == http.StateIdle
+	if !c.between && c.reading {
+		c.reading = false
+		c.l.drop(c.source)
+	}
+	if st == http.StateHijacked {
+		c.hijacked.Store(true)
+	}
+}
+
+func (c *servedConn) Write(p []byte) (int, error) {
 	if !c.hijacked.Load() {
-		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
+		c.Conn.SetWriteDeadline(time.Now().Add(c.l.IOTimeout))
 	}
 	return c.Conn.Write(p)
 }

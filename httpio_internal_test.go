@@ -6,11 +6,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hiloop/hiloop/metrics"
 )
 
 // ioTestTimeout is the deadline the tests give the server, short so they
@@ -21,18 +25,20 @@ const (
 	clientPatience = 30 * time.Second
 )
 
-// ioServer serves h with serve's deadlines and reports each connection the
-// server closes.
-func ioServer(t *testing.T, h http.Handler) (addr string, closed <-chan struct{}) {
+// ioServer serves h with serve's limits, the deadlines short, and reports
+// each connection the server closes.
+func ioServer(t *testing.T, h http.Handler, l *httpLimits) (addr string, closed <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	served := ioDeadlines(srv, ln, ioTestTimeout)
+	if l == nil {
+		l = &httpLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 256, MaxHeaderReadsPerSource: 32}
+	}
+	srv, served := l.server(h, ln)
 	hook := srv.ConnState
-	c := make(chan struct{}, 16)
+	c := make(chan struct{}, 64)
 	srv.ConnState = func(nc net.Conn, st http.ConnState) {
 		hook(nc, st)
 		if st == http.StateClosed {
@@ -85,7 +91,7 @@ func TestBodyNeverSent(t *testing.T) {
 	})
 	for name, h := range map[string]http.Handler{"not read": answerOK, "read": reads} {
 		t.Run(name, func(t *testing.T) {
-			addr, closed := ioServer(t, h)
+			addr, closed := ioServer(t, h, nil)
 			for _, req := range []string{
 				"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n",
 				"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
@@ -102,7 +108,7 @@ func TestBodyNeverSent(t *testing.T) {
 // connection closed once a write has waited the deadline.
 func TestResponseNeverRead(t *testing.T) {
 	big := strings.Repeat("x", 256<<10)
-	addr, closed := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, big) }))
+	addr, closed := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, big) }), nil)
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +154,7 @@ func TestDeadlinesSpareLongRequests(t *testing.T) {
 			return
 		}
 		io.WriteString(w, "answered\n")
-	}))
+	}), nil)
 	for _, tc := range []struct{ request, want string }{
 		{"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody", "answered"},
 		{"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n", "answered"},
@@ -184,19 +190,133 @@ func readUntil(nc net.Conn, want string) (string, error) {
 	}
 }
 
-// TestHTTPIOTimeoutFlag: the deadlines are a flag with a default and an
-// environment variable; zero or negative is refused naming the flag.
-func TestHTTPIOTimeoutFlag(t *testing.T) {
-	if s, err := parseServe(t); err != nil || s.HTTPIOTimeout != time.Minute {
-		t.Errorf("default: %v, %v; want 1m", s.HTTPIOTimeout, err)
+// TestHeaderReadsCapped: connections reading a request's headers hold at
+// most MaxHeaderReadsPerSource places per client address and
+// MaxHeaderReads in all, each refusal counted; one more is closed as it
+// starts its request, before it can send the rest. Connections between
+// requests (idle keep-alives) hold none, and a place given back is taken
+// again.
+func TestHeaderReadsCapped(t *testing.T) {
+	met := metrics.New()
+	l := &httpLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 3, MaxHeaderReadsPerSource: 2, Metrics: met}
+	addr, _ := ioServer(t, answerOK, l)
+	from := func(source, request string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}}
+		nc, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		nc.SetDeadline(time.Now().Add(clientPatience))
+		if _, err := io.WriteString(nc, request); err != nil {
+			t.Fatal(err)
+		}
+		return nc
+	}
+	const partial = "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "
+	const whole = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	// closedAtOnce reads what the server says to nc: nothing, and the
+	// connection closed, for one refused.
+	closedAtOnce := func(nc net.Conn) bool {
+		t.Helper()
+		n, err := nc.Read(make([]byte, 1))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the server neither answered nor closed a connection")
+		}
+		return n == 0 && err != nil
+	}
+	answered := func(nc net.Conn) bool {
+		t.Helper()
+		_, err := readUntil(nc, "ok")
+		return err == nil
+	}
+	// hold opens a connection that starts a request and sends only part of
+	// its headers, and waits until the server has read them.
+	hold := func(source string) net.Conn {
+		t.Helper()
+		l.mu.Lock()
+		want := l.reading + 1
+		l.mu.Unlock()
+		nc := from(source, partial)
+		deadline := time.Now().Add(clientPatience)
+		for {
+			l.mu.Lock()
+			n := l.reading
+			l.mu.Unlock()
+			if n == want {
+				return nc
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the server did not start reading a request from %s", source)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	// Idle keep-alive connections from .1 hold no place.
+	for range 4 {
+		if nc := from("127.0.0.1", whole); !answered(nc) {
+			t.Fatal("a whole request was not answered")
+		}
+	}
+	held := []net.Conn{hold("127.0.0.1"), hold("127.0.0.1")}
+	if nc := from("127.0.0.1", partial); !closedAtOnce(nc) {
+		t.Error("a third connection from one address reading headers was not closed")
+	}
+	held = append(held, hold("127.0.0.2"))
+	if nc := from("127.0.0.3", partial); !closedAtOnce(nc) {
+		t.Error("a fourth connection reading headers in all was not closed")
+	}
+	for reason, want := range map[string]float64{refusedHeaderReads: 1, refusedHeaderReadsPerSource: 1} {
+		if got := counter(t, met, "hiloop_http_refused_connections_total", reason); got != want {
+			t.Errorf("refused %s: %v, want %v", reason, got, want)
+		}
+	}
+	// A held connection that finishes its headers gives its place back.
+	io.WriteString(held[0], "x\r\n\r\n")
+	if !answered(held[0]) {
+		t.Fatal("a held request, finished, was not answered")
+	}
+	if nc := from("127.0.0.3", whole); !answered(nc) {
+		t.Error("a request after a place was given back was not answered")
+	}
+}
+
+// counter is the value of a counter of met with label reason.
+func counter(t *testing.T, met *metrics.Metrics, name, reason string) float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	prefix := name + `{reason="` + reason + `"} `
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// TestHTTPLimitFlags: the HTTP listeners' limits are flags with defaults
+// and environment variables; zero or negative is refused naming the flag.
+func TestHTTPLimitFlags(t *testing.T) {
+	s, err := parseServe(t)
+	if err != nil || s.HTTPIOTimeout != time.Minute || s.HTTPMaxHeaderReads != 256 || s.HTTPMaxHeaderReadsPerSource != 32 {
+		t.Errorf("defaults: %v %d %d, %v; want 1m 256 32", s.HTTPIOTimeout, s.HTTPMaxHeaderReads, s.HTTPMaxHeaderReadsPerSource, err)
 	}
 	t.Setenv("HILOOP_HTTP_IO_TIMEOUT", "7s")
-	if s, err := parseServe(t); err != nil || s.HTTPIOTimeout != 7*time.Second {
-		t.Errorf("HILOOP_HTTP_IO_TIMEOUT=7s: %v, %v", s.HTTPIOTimeout, err)
+	t.Setenv("HILOOP_HTTP_MAX_HEADER_READS_PER_SOURCE", "3")
+	if s, err := parseServe(t, "--http-max-header-reads=9"); err != nil || s.HTTPIOTimeout != 7*time.Second || s.HTTPMaxHeaderReads != 9 || s.HTTPMaxHeaderReadsPerSource != 3 {
+		t.Errorf("set: %v %d %d, %v; want 7s 9 3", s.HTTPIOTimeout, s.HTTPMaxHeaderReads, s.HTTPMaxHeaderReadsPerSource, err)
 	}
-	for _, v := range []string{"0s", "-1s"} {
-		if _, err := parseServe(t, "--http-io-timeout="+v); err == nil || !strings.Contains(err.Error(), "--http-io-timeout:") {
-			t.Errorf("--http-io-timeout=%s: %v, want refused naming the flag", v, err)
+	for _, arg := range []string{"--http-io-timeout=0s", "--http-io-timeout=-1s", "--http-max-header-reads=0", "--http-max-header-reads-per-source=-1"} {
+		flag, _, _ := strings.Cut(arg, "=")
+		if _, err := parseServe(t, arg); err == nil || !strings.Contains(err.Error(), flag+":") {
+			t.Errorf("%s: %v, want refused naming the flag", arg, err)
 		}
 	}
 }

@@ -142,9 +142,9 @@ type ServeCmd struct {
 	CreateRateLimit    float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
 	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
 	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	MaxFileSize        int64               `name:"max-file-size" default:"1073741824" env:"HILOOP_MAX_FILE_SIZE" help:"Most bytes one file upload or download (PUT and GET .../files, which count as exec sessions) may move; a directory's tar stream counts whole."`
 	AdminOrg           string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
 	ShutdownTimeout    time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
-	HTTPIOTimeout      time.Duration       `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may take to arrive once its headers did, and how long one write of a response may wait for the client to take it; past either the connection is closed (API and metrics)."`
 	LogLevel           string              `default:"info" enum:"debug,info,warn,error" env:"HILOOP_LOG_LEVEL" help:"Log level: debug, info, warn, error."`
 	LogFormat          string              `default:"text" enum:"text,json" env:"HILOOP_LOG_FORMAT" help:"Log format: text or json (one object per line)."`
 	EventRetention     time.Duration       `default:"720h" env:"HILOOP_EVENT_RETENTION" help:"How long sandboxes' state transitions (sandbox events) are kept; older ones are pruned hourly. 0 keeps them forever."`
@@ -163,6 +163,13 @@ type ServeCmd struct {
 	SSHMaxConnsPerOrg       int           `name:"ssh-max-conns-per-org" default:"256" env:"HILOOP_SSH_MAX_CONNS_PER_ORG" help:"Most authenticated SSH connections of all of one organization's SSH keys together; a login past it fails."`
 	SSHMaxChannelsPerConn   int           `name:"ssh-max-channels-per-conn" default:"32" env:"HILOOP_SSH_MAX_CHANNELS_PER_CONN" help:"Most channels (sessions and ssh -L channels together) open at once on one SSH connection, as sshd's MaxSessions; one more is refused and the connection stays."`
 	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the SSH handshake (ssh -L)."`
+
+	// Limits of the HTTP listeners (API and metrics) on what a client can
+	// hold before a handler sees its request, or while the server waits on
+	// it (docs/api.md, "Rate limits and key limits").
+	HTTPIOTimeout               time.Duration `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may take to arrive once its headers did, and how long one write of an answer may wait for the client to take it; past either the connection is closed."`
+	HTTPMaxHeaderReads          int           `name:"http-max-header-reads" default:"256" env:"HILOOP_HTTP_MAX_HEADER_READS" help:"Most HTTP connections reading a request's headers at once (each may hold up to 512 KiB of them for up to 10s before any key is checked); a connection that starts a request past it is closed."`
+	HTTPMaxHeaderReadsPerSource int           `name:"http-max-header-reads-per-source" default:"32" env:"HILOOP_HTTP_MAX_HEADER_READS_PER_SOURCE" help:"The same, per client address (an IPv6 /64)."`
 
 	// Limits of the API that no caller can multiply by making keys or
 	// tokens (docs/api.md, "Rate limits").
@@ -257,8 +264,17 @@ func (s *ServeCmd) Validate() error {
 	if s.ShutdownTimeout <= 0 {
 		return errors.New("--shutdown-timeout: must be positive")
 	}
+	if s.MaxFileSize < 1 {
+		return errors.New("--max-file-size: must be at least 1")
+	}
 	if s.HTTPIOTimeout <= 0 {
 		return errors.New("--http-io-timeout: must be positive")
+	}
+	if s.HTTPMaxHeaderReads < 1 {
+		return errors.New("--http-max-header-reads: must be at least 1")
+	}
+	if s.HTTPMaxHeaderReadsPerSource < 1 {
+		return errors.New("--http-max-header-reads-per-source: must be at least 1")
 	}
 	if err := s.validateSSHLimits(); err != nil {
 		return err

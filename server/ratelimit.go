@@ -1,17 +1,17 @@
 package server
 
 import (
-	"github.com/hiloop/hiloop/api"
-
 	"context"
 	"math"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
 )
 
 // RateLimits bound how fast callers may call. Zero rates turn a limit off.
@@ -396,25 +396,10 @@ func (l *limiters) chargeAddress(lim RateLimits, addr string) {
 	}
 }
 
-// clientAddress is the address a request's client is counted under: the
-// connection's IPv4 address, or the /64 of its IPv6 address (one host
-// commonly holds a whole /64). Headers such as X-Forwarded-For are not
-// trusted: any client can write them.
-func clientAddress(r *http.Request) string {
-	host := r.RemoteAddr
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	ip := net.ParseIP(host)
-	switch {
-	case ip == nil:
-		return host
-	case ip.To4() != nil:
-		return ip.To4().String()
-	default:
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
-}
+// clientAddress is the address a request's client is counted under
+// (control.Source), from the connection: headers such as X-Forwarded-For
+// are not trusted, since any client can write them.
+func clientAddress(r *http.Request) string { return control.Source(r.RemoteAddr) }
 
 // A refusal is held back until the caller may retry, at least minHold, and
 // maxHold once its bucket has been refused floodAfter times since its last

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/control"
 )
 
 // What a stranger can hold open before authenticating, and what one key can
@@ -86,7 +88,7 @@ type heldConn struct {
 // once, past either) and starts its login grace. The connection is kept in
 // ctx for the authentication callbacks.
 func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
-	source := sourceOf(nc.RemoteAddr())
+	source := control.Source(nc.RemoteAddr().String())
 	g.limits.mu.Lock()
 	reason := ""
 	switch {
@@ -113,26 +115,6 @@ func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
 	c.mu.Unlock()
 	ctx.SetValue(connKey{}, c)
 	return c
-}
-
-// sourceOf is the source address a connection is counted under: the IPv4
-// address, or the /64 of an IPv6 one, since one IPv6 host commonly holds a
-// whole /64 and could otherwise open MaxStartupsPerSource from each of its
-// addresses.
-func sourceOf(addr net.Addr) string {
-	host := addr.String()
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	ip := net.ParseIP(host)
-	switch {
-	case ip == nil:
-		return host
-	case ip.To4() != nil:
-		return ip.To4().String()
-	default:
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
 }
 
 // connKey keeps a connection's *heldConn in its ssh.Context.

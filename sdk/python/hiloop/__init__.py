@@ -1,0 +1,18 @@
+"""hiloop: run untrusted code in sandboxes from Python.
+
+    import hiloop
+    client = hiloop.Client()          # HILOOP_URL, HILOOP_TOKEN
+    with client.sandboxes.create("python:3.12-slim", ttl="1h") as sb:
+        sb.files.write("/work/main.py", "print(6*7)")
+        print(sb.run(["python3", "/work/main.py"]).stdout)
+"""
+
+from .client import Client, CommandResult, Files, Sandbox, Sandboxes
+from .errors import (AuthenticationError, ConflictError, HiloopError, InvalidRequestError, NotFoundError,
+                     QuotaError, StreamLostError, UnavailableError, UnsupportedError, WaitError)
+
+__all__ = [
+    "Client", "CommandResult", "Files", "Sandbox", "Sandboxes",
+    "HiloopError", "AuthenticationError", "ConflictError", "InvalidRequestError", "NotFoundError",
+    "QuotaError", "StreamLostError", "UnavailableError", "UnsupportedError", "WaitError",
+]

@@ -24,12 +24,12 @@ func parseServe(t *testing.T, args ...string) (*ServeCmd, error) {
 
 // sshLimits are the gateway's limits as serve's flags set them.
 type sshLimits struct {
-	LoginGrace, HelperDialTimeout                                                         time.Duration
-	MaxStartups, MaxStartupsPerSource, MaxConnsPerKey, MaxConnsPerOrg, MaxChannelsPerConn int
+	LoginGrace, HelperDialTimeout                                                                            time.Duration
+	MaxStartups, MaxStartupsPerSource, MaxConnsPerKey, MaxConnsPerOrg, MaxChannelsPerConn, MaxChannelsPerOrg int
 }
 
 func sshLimitsOf(s *ServeCmd) sshLimits {
-	return sshLimits{s.SSHLoginGrace, s.SSHHelperDialTimeout, s.SSHMaxStartups, s.SSHMaxStartupsPerSource, s.SSHMaxConnsPerKey, s.SSHMaxConnsPerOrg, s.SSHMaxChannelsPerConn}
+	return sshLimits{s.SSHLoginGrace, s.SSHHelperDialTimeout, s.SSHMaxStartups, s.SSHMaxStartupsPerSource, s.SSHMaxConnsPerKey, s.SSHMaxConnsPerOrg, s.SSHMaxChannelsPerConn, s.SSHMaxChannelsPerOrg}
 }
 
 // TestSSHLimitFlags: each of the gateway's limits is a flag with a default
@@ -40,15 +40,15 @@ func TestSSHLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 64, 10, 32, 256, 32}, sshLimitsOf(s)); diff != "" {
+	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 64, 10, 32, 256, 32, 128}, sshLimitsOf(s)); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 	s, err = parseServe(t, "--ssh-login-grace=5s", "--ssh-helper-dial-timeout=2s", "--ssh-max-startups=100",
-		"--ssh-max-startups-per-source=3", "--ssh-max-conns-per-key=4", "--ssh-max-conns-per-org=5", "--ssh-max-channels-per-conn=6")
+		"--ssh-max-startups-per-source=3", "--ssh-max-conns-per-key=4", "--ssh-max-conns-per-org=5", "--ssh-max-channels-per-conn=6", "--ssh-max-channels-per-org=7")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sshLimits{5 * time.Second, 2 * time.Second, 100, 3, 4, 5, 6}, sshLimitsOf(s)); diff != "" {
+	if diff := cmp.Diff(sshLimits{5 * time.Second, 2 * time.Second, 100, 3, 4, 5, 6, 7}, sshLimitsOf(s)); diff != "" {
 		t.Errorf("set by flags (-want +got):\n%s", diff)
 	}
 	t.Setenv("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE", "7")
@@ -56,7 +56,7 @@ func TestSSHLimitFlags(t *testing.T) {
 		t.Errorf("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE=7: %d, %v", s.SSHMaxStartupsPerSource, err)
 	}
 	for _, flag := range []string{"--ssh-login-grace", "--ssh-helper-dial-timeout", "--ssh-max-startups",
-		"--ssh-max-startups-per-source", "--ssh-max-conns-per-key", "--ssh-max-conns-per-org", "--ssh-max-channels-per-conn"} {
+		"--ssh-max-startups-per-source", "--ssh-max-conns-per-key", "--ssh-max-conns-per-org", "--ssh-max-channels-per-conn", "--ssh-max-channels-per-org"} {
 		for _, v := range []string{"0", "-1"} {
 			if strings.HasSuffix(flag, "grace") || strings.HasSuffix(flag, "timeout") {
 				v += "s"

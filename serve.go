@@ -162,6 +162,7 @@ type ServeCmd struct {
 	SSHMaxConnsPerKey       int           `name:"ssh-max-conns-per-key" default:"32" env:"HILOOP_SSH_MAX_CONNS_PER_KEY" help:"Most authenticated SSH connections of one SSH key at once; a login past it fails."`
 	SSHMaxConnsPerOrg       int           `name:"ssh-max-conns-per-org" default:"256" env:"HILOOP_SSH_MAX_CONNS_PER_ORG" help:"Most authenticated SSH connections of all of one organization's SSH keys together; a login past it fails."`
 	SSHMaxChannelsPerConn   int           `name:"ssh-max-channels-per-conn" default:"32" env:"HILOOP_SSH_MAX_CHANNELS_PER_CONN" help:"Most channels (sessions and ssh -L channels together) open at once on one SSH connection, as sshd's MaxSessions; one more is refused and the connection stays."`
+	SSHMaxChannelsPerOrg    int           `name:"ssh-max-channels-per-org" default:"128" env:"HILOOP_SSH_MAX_CHANNELS_PER_ORG" help:"Most channels open at once on all of one organization's SSH connections together; one more is refused."`
 	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the SSH handshake (ssh -L)."`
 
 	// Limits of the HTTP listeners (API and metrics) on what a client can
@@ -310,7 +311,7 @@ func (s *ServeCmd) validateSSHLimits() error {
 	for _, n := range []struct {
 		flag string
 		v    int
-	}{{"--ssh-max-startups", s.SSHMaxStartups}, {"--ssh-max-startups-per-source", s.SSHMaxStartupsPerSource}, {"--ssh-max-conns-per-key", s.SSHMaxConnsPerKey}, {"--ssh-max-conns-per-org", s.SSHMaxConnsPerOrg}, {"--ssh-max-channels-per-conn", s.SSHMaxChannelsPerConn}} {
+	}{{"--ssh-max-startups", s.SSHMaxStartups}, {"--ssh-max-startups-per-source", s.SSHMaxStartupsPerSource}, {"--ssh-max-conns-per-key", s.SSHMaxConnsPerKey}, {"--ssh-max-conns-per-org", s.SSHMaxConnsPerOrg}, {"--ssh-max-channels-per-conn", s.SSHMaxChannelsPerConn}, {"--ssh-max-channels-per-org", s.SSHMaxChannelsPerOrg}} {
 		if n.v < 1 {
 			return fmt.Errorf("%s: must be at least 1", n.flag)
 		}

@@ -27,8 +27,11 @@ type link struct {
 	// open counts the session channels being served.
 	open int
 	// channels counts the channels being served, sessions and -L
-	// channels alike; at most max.
-	channels, max int
+	// channels alike: at most MaxChannelsPerConn, and each holds a place
+	// of org's among its MaxChannelsPerOrg.
+	channels int
+	g        *Gateway
+	org      string
 	// cause is why the core hung up; nil until it did. From then on no
 	// session channel is accepted.
 	cause error
@@ -50,7 +53,7 @@ func (g *Gateway) register(ctx ssh.Context, md gossh.ConnMetadata, who control.C
 		g.log.Error("ssh login refused: the connection cannot be closed from outside", "type", fmt.Sprintf("%T", md))
 		return errors.New("permission denied")
 	}
-	l := &link{idle: make(chan struct{}), max: g.o.MaxChannelsPerConn}
+	l := &link{idle: make(chan struct{}), g: g, org: who.OrgID}
 	reg, err := g.o.Control.Connect(ctx, who, md.User(), func(cause error) { g.hangUp(l, conn, who, cause) })
 	if err != nil {
 		return err
@@ -89,8 +92,8 @@ func (g *Gateway) hangUp(l *link, conn gossh.Conn, who control.Caller, cause err
 
 // open counts a new channel of an authenticated connection in, or rejects
 // it and says why: the core hung up on the connection, or it has
-// MaxChannelsPerConn channels open. The caller calls leave once the channel
-// is done.
+// MaxChannelsPerConn channels open, or its organization's connections
+// MaxChannelsPerOrg. The caller calls leave once the channel is done.
 func (g *Gateway) open(ctx ssh.Context, nc gossh.NewChannel, session bool) (*link, bool) {
 	l := linkOf(ctx)
 	if l == nil {
@@ -98,11 +101,11 @@ func (g *Gateway) open(ctx ssh.Context, nc gossh.NewChannel, session bool) (*lin
 		return nil, false
 	}
 	err := l.enter(session)
-	var tooMany errChannels
+	var tooMany *errChannels
 	switch {
 	case errors.As(err, &tooMany):
-		g.o.Metrics.SSHRefused(refusedChannels)
-		g.log.Info("ssh channel refused: too many open on the connection", "type", nc.ChannelType(), "sandbox", ctx.User(), "max", int(tooMany))
+		g.o.Metrics.SSHRefused(tooMany.reason)
+		g.log.Info("ssh channel refused: too many open", "type", nc.ChannelType(), "sandbox", ctx.User(), "org", l.org, "limit", tooMany.reason, "max", tooMany.max)
 		nc.Reject(gossh.ResourceShortage, err.Error())
 		return nil, false
 	case err != nil:
@@ -112,23 +115,34 @@ func (g *Gateway) open(ctx ssh.Context, nc gossh.NewChannel, session bool) (*lin
 	return l, true
 }
 
-// errChannels refuses a channel past MaxChannelsPerConn.
-type errChannels int
-
-func (e errChannels) Error() string {
-	return fmt.Sprintf("too many channels open on this connection (at most %d); close one, or open another connection", int(e))
+// errChannels refuses a channel past MaxChannelsPerConn or
+// MaxChannelsPerOrg.
+type errChannels struct {
+	reason string // refusedChannels or refusedOrgChannels
+	max    int
 }
 
-// enter counts a channel in, a session or not; it refuses one past max
-// with errChannels and, once the core hung up, any with the reason.
+func (e *errChannels) Error() string {
+	if e.reason == refusedOrgChannels {
+		return fmt.Sprintf("too many channels open on your organization's SSH connections (at most %d); close one", e.max)
+	}
+	return fmt.Sprintf("too many channels open on this connection (at most %d); close one, or open another connection", e.max)
+}
+
+// enter counts a channel in, a session or not; it refuses one past
+// MaxChannelsPerConn or MaxChannelsPerOrg with an *errChannels and, once
+// the core hung up, any with the reason.
 func (l *link) enter(session bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.cause != nil {
 		return l.cause
 	}
-	if l.channels >= l.max {
-		return errChannels(l.max)
+	if l.channels >= l.g.o.MaxChannelsPerConn {
+		return &errChannels{refusedChannels, l.g.o.MaxChannelsPerConn}
+	}
+	if !l.g.limits.takeChannel(l.org, l.g.o.MaxChannelsPerOrg) {
+		return &errChannels{refusedOrgChannels, l.g.o.MaxChannelsPerOrg}
 	}
 	l.channels++
 	if session {
@@ -142,6 +156,7 @@ func (l *link) leave(session bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.channels--
+	l.g.limits.dropChannel(l.org)
 	if session {
 		l.open--
 	}

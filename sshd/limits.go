@@ -21,6 +21,7 @@ const (
 	defaultMaxConnsPerKey       = 32
 	defaultMaxConnsPerOrg       = 256
 	defaultMaxChannelsPerConn   = 32
+	defaultMaxChannelsPerOrg    = 128
 	defaultHelperDialTimeout    = 10 * time.Second
 )
 
@@ -36,6 +37,9 @@ const (
 	// because their connection had MaxChannelsPerConn open; the
 	// connection stays.
 	refusedChannels = "channels_per_conn"
+	// refusedOrgChannels counts channels refused because the
+	// organization's connections had MaxChannelsPerOrg open together.
+	refusedOrgChannels = "channels_per_org"
 	// refusedHelperDial counts -L channels refused because the session
 	// helper did not finish the dial and handshake within
 	// HelperDialTimeout; the client's connection stays.
@@ -61,6 +65,30 @@ type limits struct {
 	bySource map[string]int
 	byKey    map[string]int
 	byOrg    map[string]int
+	// channelsByOrg counts the channels open on each organization's
+	// connections together.
+	channelsByOrg map[string]int
+}
+
+// takeChannel takes a place among the channels of org's connections;
+// false past max.
+func (l *limits) takeChannel(org string, max int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.channelsByOrg[org] >= max {
+		return false
+	}
+	if l.channelsByOrg == nil {
+		l.channelsByOrg = map[string]int{}
+	}
+	l.channelsByOrg[org]++
+	return true
+}
+
+func (l *limits) dropChannel(org string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dec(l.channelsByOrg, org)
 }
 
 // heldConn is one accepted connection, held against the caps from accept until

@@ -558,3 +558,47 @@ func TestChannelsPerConnCap(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestChannelsPerOrgCap: all of one organization's connections together
+// hold at most MaxChannelsPerOrg channels, so that its many connections do
+// not multiply MaxChannelsPerConn: one more, on any of them, is refused
+// with the reason and counted; another organization opens its own, and a
+// channel closed frees its place.
+func TestChannelsPerOrgCap(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxChannelsPerOrg = 3 })
+	orgA, orgB := g.org("a"), g.org("b")
+	keyA, _ := g.key(orgA)
+	otherA, _ := g.key(orgA)
+	keyB, _ := g.key(orgB)
+	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	first, second := g.login(idA, keyA), g.login(idA, otherA)
+	var open []gossh.Channel
+	for _, c := range []*gossh.Client{first, first, second} {
+		ch, _, err := c.OpenChannel("session", nil)
+		if err != nil {
+			t.Fatalf("a session within the organization's cap: %v", err)
+		}
+		open = append(open, ch)
+	}
+	for _, c := range []*gossh.Client{first, second, g.login(idA, keyA)} {
+		_, _, err := c.OpenChannel("session", nil)
+		var oce *gossh.OpenChannelError
+		if !errors.As(err, &oce) || oce.Reason != gossh.ResourceShortage || !strings.Contains(oce.Message, "organization") {
+			t.Errorf("a session past MaxChannelsPerOrg 3: %v, want refused naming the organization", err)
+		}
+	}
+	if got := refused(t, met, "channels_per_org"); got != 3 {
+		t.Errorf("channels refused per organization: %d, want 3", got)
+	}
+	if got := run(t, g.login(idB, keyB), "print"); got.Stdout != "out\n" {
+		t.Errorf("a command of another organization: %+v", got)
+	}
+	open[2].Close()
+	eventually(t, "a closed channel's place free for its organization", func() bool {
+		ch, _, err := first.OpenChannel("session", nil)
+		if err == nil {
+			ch.Close()
+		}
+		return err == nil
+	})
+}

@@ -68,6 +68,11 @@ type Options struct {
 	// connection could hold any amount of the process's memory. One past
 	// it is refused, and the connection stays. 32 when zero.
 	MaxChannelsPerConn int
+	// MaxChannelsPerOrg bounds the channels open at once on all of one
+	// organization's connections together, which MaxChannelsPerConn times
+	// MaxConnsPerOrg would not bound usefully: what one tenant can hold of
+	// the gateway's memory is this many SSH windows. 128 when zero.
+	MaxChannelsPerOrg int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
 	// connect and SSH handshake together; 10s when zero.
 	HelperDialTimeout time.Duration
@@ -129,6 +134,9 @@ func New(o Options) (*Gateway, error) {
 	}
 	if o.MaxChannelsPerConn == 0 {
 		o.MaxChannelsPerConn = defaultMaxChannelsPerConn
+	}
+	if o.MaxChannelsPerOrg == 0 {
+		o.MaxChannelsPerOrg = defaultMaxChannelsPerOrg
 	}
 	if o.HelperDialTimeout == 0 {
 		o.HelperDialTimeout = defaultHelperDialTimeout

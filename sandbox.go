@@ -82,6 +82,7 @@ type SandboxCmd struct {
 	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
 	Events SandboxEventsCmd `cmd:"" help:"Show a sandbox's state history."`
 	Exec   SandboxExecCmd   `cmd:"" help:"Run a command in a sandbox and exit with its exit code."`
+	Cp     SandboxCpCmd     `cmd:"" name:"cp" help:"Copy a file or directory into (PATH SANDBOX:/abs/path) or out of (SANDBOX:/abs/path PATH) a sandbox."`
 	SSH    SandboxSSHCmd    `cmd:"" name:"ssh" help:"ssh into a sandbox through the gateway, host key pinned; exits with ssh's code."`
 }
 

@@ -230,14 +230,59 @@ componentsPatches:
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: ClusterExec
 metadata:
+  name: no-tar
+spec:
+  selector:
+    matchNamespaces: [` + NoTarNamespace + `]
+  execs:
+  - local:
+      envs:
+      - name: PATH
+        value: NO_TAR_PATH
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
   name: local
 spec:
   execs:
   - local: {}
 `
 
+// NoTarNamespace is a sandbox namespace whose pods stand for an image
+// without tar. Pods never run images here, so exec commands run on this
+// machine; there they run with a PATH that holds sh and the usual
+// utilities but no tar (noTarTools). The namespace is not made until
+// AddSandboxNamespace makes it.
+const NoTarNamespace = "hiloop-no-tar"
+
+// noTarTools are what an image without tar offers.
+var noTarTools = []string{"sh", "cat", "chmod", "echo", "head", "ls", "mkdir", "mv", "rm", "sleep", "true", "false", "wc"}
+
+// noTarPath makes the directory of noTarTools, linked to this machine's.
+func (c *Cluster) noTarPath() (string, error) {
+	dir := filepath.Join(c.Workdir, "no-tar-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, tool := range noTarTools {
+		full, err := exec.LookPath(tool)
+		if err != nil {
+			continue
+		}
+		if err := os.Symlink(full, filepath.Join(dir, tool)); err != nil && !os.IsExist(err) {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
 func (c *Cluster) createControlPlane(ctx context.Context) error {
-	config := kwokConfig + "---\n" + string(KwokStages)
+	noTar, err := c.noTarPath()
+	if err != nil {
+		return err
+	}
+	config := strings.Replace(kwokConfig, "NO_TAR_PATH", noTar, 1) + "---\n" + string(KwokStages)
 	configPath := filepath.Join(c.Workdir, "kwok.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return err

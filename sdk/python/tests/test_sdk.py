@@ -223,6 +223,7 @@ class RetryTest(unittest.TestCase):
 
         srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
         self.addCleanup(srv.shutdown)
         self.url = "http://127.0.0.1:%d" % srv.server_address[1]
         return keys

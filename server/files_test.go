@@ -325,3 +325,52 @@ func TestCutUploadLeavesFileWhole(t *testing.T) {
 		t.Errorf("after a cut upload the file holds %d bytes (%v), want the old %d", len(got), err, len(old))
 	}
 }
+
+// TestFilesAdmittedAsExec: a file transfer is an exec session: refused in
+// a sandbox that is not running or is quarantined, and past the session
+// limit, as an exec is, with nothing run.
+func TestFilesAdmittedAsExec(t *testing.T) {
+	var argvs [][]string
+	hold, held := make(chan struct{}), make(chan struct{})
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, co *control.Options) {
+		local := localExec(os.Getenv("PATH"), &argvs)
+		co.Exec = controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+			if req.Command[0] == "hold" {
+				close(held)
+				<-hold
+				return k8s.ExitStatus{}, nil
+			}
+			return local.Run(ctx, req)
+		}}
+		co.Limits = control.Limits{PerSandbox: 1, PerOrg: 10}
+	})
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "f")
+	stopped := ts.create(`{"image":"busybox"}`)
+	if rec := ts.put(stopped, p, []byte("x")); rec.Code != 409 || errCode(t, rec) != api.CodeSandboxNotRunning {
+		t.Errorf("a sandbox not running: %d %s", rec.Code, rec.Body.String())
+	}
+	quarantined := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(ctx, quarantined, store.Observation{State: store.StateQuarantined, Anomaly: "foreign_pod"})
+	if rec := ts.do("GET", "/v1/sandboxes/"+quarantined+"/files?path="+p, ""); rec.Code != 409 || errCode(t, rec) != api.CodeSandboxQuarantined {
+		t.Errorf("a quarantined sandbox: %d %s", rec.Code, rec.Body.String())
+	}
+	busy := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(ctx, busy, store.Observation{State: store.StateRunning})
+	done := make(chan int)
+	go func() {
+		done <- ts.do("POST", "/v1/sandboxes/"+busy+"/exec/run", `{"command":["hold"]}`).Code
+	}()
+	<-held
+	if rec := ts.put(busy, p, []byte("x")); rec.Code != 429 || errCode(t, rec) != api.CodeExecLimit {
+		t.Errorf("past the session limit: %d %s", rec.Code, rec.Body.String())
+	}
+	close(hold)
+	<-done
+	if len(argvs) != 0 {
+		t.Errorf("refused transfers ran commands: %q", argvs)
+	}
+	if rec := ts.put(busy, p, []byte("x")); rec.Code != 200 {
+		t.Errorf("once the slot is free: %d %s", rec.Code, rec.Body.String())
+	}
+}

@@ -150,9 +150,10 @@ type Control struct {
 	boundary atomic.Pointer[BoundaryReport]
 
 	// activity is the use of sandboxes; wakes makes concurrent wakes of
-	// one sandbox one.
+	// one sandbox one, and waking holds the ids of those under way.
 	activity activity
 	wakes    singleflight.Group
+	waking   sync.Map
 
 	changedMu sync.Mutex
 	changed   map[string]bool

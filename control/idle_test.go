@@ -412,7 +412,9 @@ func TestUseRacingIdleStop(t *testing.T) {
 }
 
 // mirrorStarts stands in for the cluster and the mirror of a wake: once
-// the core asks the cluster to run id, the record is observed starting,
+// the core asks the cluster to run id, the record is observed stopped
+// again (as the mirror does when it decides on an object its watch has not
+// seen the start of, marking it stopped outside hiloop), then starting,
 // then running.
 func (ic *idleCore) mirrorStarts(t *testing.T, id string) (stop func()) {
 	t.Helper()
@@ -426,6 +428,11 @@ func (ic *idleCore) mirrorStarts(t *testing.T, id string) (stop func()) {
 			case <-time.After(5 * time.Millisecond):
 			}
 			if slices.Contains(ic.fc.Calls(), "mode "+id+" running") {
+				ic.observe(t, id, store.StateStopped)
+				if !ic.get(t, id).ModeOutside {
+					t.Error("the stale observation did not mark the sandbox stopped outside hiloop")
+				}
+				time.Sleep(20 * time.Millisecond) // callers that come now see it so
 				ic.observe(t, id, store.StateStarting)
 				ic.observe(t, id, store.StateRunning)
 				return
@@ -459,8 +466,11 @@ func TestConcurrentWakes(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
 	var waiting atomic.Int32
-	for range 20 {
+	for i := range 20 {
 		wg.Go(func() {
+			// Spread over the start, some of them while the record shows
+			// the stale observation.
+			time.Sleep(time.Duration(i) * 3 * time.Millisecond)
 			s, err := ic.AdmitWaking(context.Background(), ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec,
 				Waking: func() { waiting.Add(1) }})
 			if err == nil {

@@ -42,7 +42,9 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	if !sandbox.RecordReceipt(sb.Receipt).Has(o.Transport) {
 		return &TransportError{Transport: o.Transport}
 	}
-	if err := reachable(sb); err == nil || !wakeable(sb) {
+	// A wake under way joins it whatever the record shows meanwhile (see
+	// waitRunning).
+	if err := reachable(sb); err == nil || !wakeable(sb) && !c.wakingNow(id) {
 		return err
 	}
 	if o.Waking != nil {
@@ -100,10 +102,27 @@ func wakeable(sb store.Sandbox) bool {
 	return false
 }
 
+// wakingNow reports whether a wake of sandbox id is under way.
+func (c *Control) wakingNow(id string) bool {
+	_, ok := c.waking.Load(id)
+	return ok
+}
+
+// starting reports whether sb, asked to run, may still come up.
+func starting(sb store.Sandbox) bool {
+	switch sb.State {
+	case store.StatePending, store.StateStarting, store.StateStopping, store.StateStopped:
+		return sb.DesiredMode == store.ModeRunning
+	}
+	return false
+}
+
 // wake is the one wake of a sandbox that its concurrent callers share: it
 // starts the sandbox if it is still stopped for idleness and waits up to
 // WakeTimeout for it to run, detached from any one caller.
 func (c *Control) wake(id, trigger string) error {
+	c.waking.Store(id, true)
+	defer c.waking.Delete(id)
 	ctx, cancel := context.WithTimeout(c.base, c.o.WakeTimeout)
 	defer cancel()
 	begun := c.o.Now()
@@ -159,7 +178,10 @@ func (c *Control) startIdle(ctx context.Context, id string) (bool, error) {
 // waitRunning waits until the record says the sandbox runs, until it is in
 // a state it will not run from, or until ctx ends: a *WakeTimeoutError
 // with the state it is in when ctx's deadline passed, ErrShuttingDown when
-// hiloop began to shut down.
+// hiloop began to shut down. While it is asked to run, stopped or stopping
+// is a state it is on its way from: the mirror can decide on an object
+// its watch has not seen the start of yet, and marks the sandbox stopped
+// outside hiloop until the next event says otherwise.
 func (c *Control) waitRunning(ctx context.Context, id string) error {
 	for {
 		// Taken before the read, so a change between the two is not missed.
@@ -169,7 +191,7 @@ func (c *Control) waitRunning(ctx context.Context, id string) error {
 			release()
 			return err
 		}
-		if err := reachable(sb); err == nil || !wakeable(sb) {
+		if err := reachable(sb); err == nil || !starting(sb) {
 			release()
 			return err
 		}

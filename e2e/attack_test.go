@@ -196,3 +196,40 @@ func serveHolds(t *testing.T, nc net.Conn) bool {
 	}
 	return false
 }
+
+// TestAttackSSHForwardRevokedMidTransfer: deleting an SSH key while one of
+// its -L channels is in the middle of a transfer ends the transfer and the
+// client's connection, not only new channels: a stream the sandbox would
+// send forever stops, and ssh -L exits.
+func TestAttackSSHForwardRevokedMidTransfer(t *testing.T) {
+	in, _, sb, u := forwardSandbox(t)
+	_, port, _ := net.SplitHostPort(loopbackServer(t, func(c *net.TCPConn) {
+		chunk := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	local, ssh, sshOut := forward(t, u, sb.ID, port)
+	c, err := net.Dial("tcp", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(clientPatience))
+	if _, err := io.ReadFull(c, make([]byte, 1<<20)); err != nil {
+		t.Fatalf("the stream before the delete: %v", err)
+	}
+	in.MustCLI(in.Token, "ssh-key", "delete", keyID(t, in, in.Token, u.key))
+	if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the stream went on after its key was deleted")
+	}
+	done := make(chan struct{})
+	go func() { ssh.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(clientPatience):
+		t.Fatalf("ssh -L outlived its key:\n%s", sshOut.String())
+	}
+}

@@ -318,13 +318,24 @@ func TestConcurrentWakes(t *testing.T) {
 
 // TestWakeOverQuota: a wake is a start: one past the organization's running
 // quota is refused with the quota's error, over ssh and over the API, and
-// the sandbox stays stopped for idleness.
+// the sandbox stays stopped for idleness. A create that names no idle
+// timeout takes the organization's (hiloop org idle-timeout), else the
+// deployment's (--default-idle-timeout).
 func TestWakeOverQuota(t *testing.T) {
 	requireSSH(t)
-	in, _ := idleServe(t)
+	in, _ := idleServe(t, "--default-idle-timeout", "1h")
 	token := in.NewOrg("idle-quota", 5, 1)
 	u := newSSHUser(t, in, token)
-	a := in.Create(token, "busybox", "--idle-timeout", "2s", "--wait")
+	if out := in.MustCLI(in.Token, "sandbox", "create", "-o", "json", "busybox"); !strings.Contains(out, `"idle_timeout": "1h0m0s"`) {
+		t.Fatalf("a create under the deployment's default: %s", out)
+	}
+	if out := in.MustCLI("", "org", "idle-timeout", "idle-quota", "2s"); !strings.Contains(out, "idle-quota: idle timeout of new sandboxes 2s") {
+		t.Fatalf("org idle-timeout: %q", out)
+	}
+	a := in.Create(token, "busybox", "--wait")
+	if sb := getIdle(t, in, token, a.ID); sb.IdleTimeout != "2s" {
+		t.Fatalf("a create under the organization's default: idle_timeout %q, want 2s", sb.IdleTimeout)
+	}
 	waitIdleStopped(t, in, token, a.ID)
 	in.Create(token, "busybox", "--idle-timeout", "0", "--wait")
 

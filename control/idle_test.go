@@ -610,6 +610,15 @@ func TestWakeRefusals(t *testing.T) {
 		}
 		noStart(t, ic, sb.ID)
 	})
+	t.Run("quarantined", func(t *testing.T) {
+		ic := newIdleCore(t, nil)
+		sb := ic.stoppedIdle(t)
+		ic.observe(t, sb.ID, store.StateQuarantined)
+		if _, err := ic.AdmitWaking(context.Background(), ic.who, sb.ID, exec); !errors.Is(err, ErrQuarantined) {
+			t.Fatalf("a wake of a quarantined sandbox: %v, want ErrQuarantined", err)
+		}
+		noStart(t, ic, sb.ID)
+	})
 	t.Run("timeout", func(t *testing.T) {
 		ic := newIdleCore(t, func(o *Options) { o.WakeTimeout = 50 * time.Millisecond })
 		sb := ic.stoppedIdle(t)

@@ -68,22 +68,23 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 const wakeTries = 3
 
 // AdmitWaking is Admit for a caller who may wake the sandbox (ssh, ssh -L,
-// exec with wake=true): Wake, then Admit. An idle stop that lands between
-// the two is woken from again.
+// exec with wake=true): a sandbox that is not running is handed to Wake,
+// which starts it or says why not, and admitted once it runs. An idle stop
+// that lands in between is woken from again. A running sandbox costs
+// nothing more than Admit.
 func (c *Control) AdmitWaking(ctx context.Context, who Caller, id string, o WakeOptions) (*Session, error) {
 	if o.Waking != nil {
 		o.Waking = sync.OnceFunc(o.Waking)
 	}
 	for try := 1; ; try++ {
+		s, err := c.Admit(ctx, who, id, o.Transport)
+		var se *StateError
+		if !errors.As(err, &se) || try == wakeTries {
+			return s, err
+		}
 		if err := c.Wake(ctx, who, id, o); err != nil {
 			return nil, err
 		}
-		s, err := c.Admit(ctx, who, id, o.Transport)
-		var se *StateError
-		if errors.As(err, &se) && se.Idle() && try < wakeTries {
-			continue
-		}
-		return s, err
 	}
 }
 

@@ -31,8 +31,12 @@ type httpLimits struct {
 	// address (control.Source), as sshd's MaxStartups does for logins:
 	// each may hold up to maxHeaderBytes for up to the header timeout
 	// before anything checks who it is, so without a bound a stranger
-	// opening connections holds any amount of memory. A connection that
-	// starts a request past either is closed.
+	// opening connections holds any amount of memory. A request whose
+	// line and headers come in one read (a few KiB at most, sent at once:
+	// every ordinary request) holds no place, so bursts of them never
+	// meet the caps; one that needs a second read holds a place from then
+	// until its headers are read, and its connection is closed when the
+	// caps refuse it.
 	MaxHeaderReads, MaxHeaderReadsPerSource int
 	Metrics                                 *metrics.Metrics
 
@@ -155,7 +159,7 @@ func (sl servedListener) Accept() (net.Conn, error) {
 }
 
 // servedConn is one connection of an HTTP server, held to its limits: it
-// takes a place among the connections reading headers from the first byte
+// takes a place among the connections reading headers from the second read
 // of a request until the server has read its headers (the server's
 // ConnState tells it), and gives each write IOTimeout to be taken by the
 // client, until it is hijacked (the exec WebSocket keeps to its own
@@ -167,9 +171,10 @@ type servedConn struct {
 	hijacked atomic.Bool
 
 	mu sync.Mutex
-	// between is true while the server waits for a request: the next byte
-	// read starts one.
+	// between is true while the server waits for a request or reads its
+	// headers; reads counts the reads that brought bytes meanwhile.
 	between bool
+	reads   int
 	// reading is true while the connection holds a place among those
 	// reading headers.
 	reading bool
@@ -184,12 +189,16 @@ func (c *servedConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// startRequest takes a place among the connections reading headers when a
-// byte read starts a request; false when the caps refuse it.
+// startRequest takes a place among the connections reading headers when
+// a request's line and headers need a second read; false when the caps
+// refuse it.
 func (c *servedConn) startRequest() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.between || c.reading {
+		return true
+	}
+	if c.reads++; c.reads < 2 {
 		return true
 	}
 	if !c.l.take(c.source) {
@@ -205,7 +214,7 @@ func (c *servedConn) startRequest() bool {
 func (c *servedConn) state(st http.ConnState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.between = st == http.StateNew || st == http.StateIdle
+	c.between, c.reads = st == http.StateNew || st == http.StateIdle, 0
 	if !c.between && c.reading {
 		c.reading = false
 		c.l.drop(c.source)

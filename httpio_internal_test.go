@@ -190,12 +190,12 @@ func readUntil(nc net.Conn, want string) (string, error) {
 	}
 }
 
-// TestHeaderReadsCapped: connections reading a request's headers hold at
-// most MaxHeaderReadsPerSource places per client address and
-// MaxHeaderReads in all, each refusal counted; one more is closed as it
-// starts its request, before it can send the rest. Connections between
-// requests (idle keep-alives) hold none, and a place given back is taken
-// again.
+// TestHeaderReadsCapped: connections reading a request's headers over more
+// than one read hold at most MaxHeaderReadsPerSource places per client
+// address and MaxHeaderReads in all, each refusal counted; one more is
+// closed before it can send the rest. Requests whose headers come in one
+// read (every ordinary one), and connections between requests, hold none;
+// a place given back is taken again.
 func TestHeaderReadsCapped(t *testing.T) {
 	met := metrics.New()
 	l := &httpLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 3, MaxHeaderReadsPerSource: 2, Metrics: met}
@@ -214,59 +214,68 @@ func TestHeaderReadsCapped(t *testing.T) {
 		}
 		return nc
 	}
-	const partial = "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "
-	const whole = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-	// closedAtOnce reads what the server says to nc: nothing, and the
-	// connection closed, for one refused.
-	closedAtOnce := func(nc net.Conn) bool {
-		t.Helper()
-		n, err := nc.Read(make([]byte, 1))
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatal("the server neither answered nor closed a connection")
-		}
-		return n == 0 && err != nil
-	}
 	answered := func(nc net.Conn) bool {
 		t.Helper()
 		_, err := readUntil(nc, "ok")
 		return err == nil
 	}
-	// hold opens a connection that starts a request and sends only part of
-	// its headers, and waits until the server has read them.
-	hold := func(source string) net.Conn {
+	refusals := func() float64 {
+		return counter(t, met, "hiloop_http_refused_connections_total", refusedHeaderReads) +
+			counter(t, met, "hiloop_http_refused_connections_total", refusedHeaderReadsPerSource)
+	}
+	// dribble starts a request from source and sends its headers a byte at
+	// a time until the server takes a place for it (true) or refuses it.
+	dribble := func(source string) (net.Conn, bool) {
 		t.Helper()
 		l.mu.Lock()
-		want := l.reading + 1
+		places := l.reading
 		l.mu.Unlock()
-		nc := from(source, partial)
-		deadline := time.Now().Add(clientPatience)
-		for {
+		refused := refusals()
+		nc := from(source, "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+		for deadline := time.Now().Add(clientPatience); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+			nc.Write([]byte("a"))
 			l.mu.Lock()
 			n := l.reading
 			l.mu.Unlock()
-			if n == want {
-				return nc
+			switch {
+			case n > places:
+				return nc, true
+			case refusals() > refused:
+				return nc, false
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the server did not start reading a request from %s", source)
-			}
-			time.Sleep(time.Millisecond)
 		}
+		t.Fatalf("the server neither took nor refused a place for a request from %s", source)
+		return nil, false
 	}
 
-	// Idle keep-alive connections from .1 hold no place.
-	for range 4 {
-		if nc := from("127.0.0.1", whole); !answered(nc) {
-			t.Fatal("a whole request was not answered")
+	// A burst of ordinary requests from one address, on as many
+	// connections as the caps allow three times over, all answered.
+	var burst []net.Conn
+	for range 9 {
+		burst = append(burst, from("127.0.0.1", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	}
+	for _, nc := range burst {
+		if !answered(nc) {
+			t.Fatal("a request whose headers came at once was not answered")
 		}
 	}
-	held := []net.Conn{hold("127.0.0.1"), hold("127.0.0.1")}
-	if nc := from("127.0.0.1", partial); !closedAtOnce(nc) {
-		t.Error("a third connection from one address reading headers was not closed")
+	var held []net.Conn
+	hold := func(source string) {
+		t.Helper()
+		nc, ok := dribble(source)
+		if !ok {
+			t.Fatalf("a request from %s within the caps was refused", source)
+		}
+		held = append(held, nc)
 	}
-	held = append(held, hold("127.0.0.2"))
-	if nc := from("127.0.0.3", partial); !closedAtOnce(nc) {
-		t.Error("a fourth connection reading headers in all was not closed")
+	hold("127.0.0.1")
+	hold("127.0.0.1")
+	if _, ok := dribble("127.0.0.1"); ok {
+		t.Error("a third connection from one address reading headers took a place")
+	}
+	hold("127.0.0.2")
+	if _, ok := dribble("127.0.0.3"); ok {
+		t.Error("a fourth connection reading headers in all took a place")
 	}
 	for reason, want := range map[string]float64{refusedHeaderReads: 1, refusedHeaderReadsPerSource: 1} {
 		if got := counter(t, met, "hiloop_http_refused_connections_total", reason); got != want {
@@ -274,12 +283,12 @@ func TestHeaderReadsCapped(t *testing.T) {
 		}
 	}
 	// A held connection that finishes its headers gives its place back.
-	io.WriteString(held[0], "x\r\n\r\n")
+	io.WriteString(held[0], "\r\n\r\n")
 	if !answered(held[0]) {
 		t.Fatal("a held request, finished, was not answered")
 	}
-	if nc := from("127.0.0.3", whole); !answered(nc) {
-		t.Error("a request after a place was given back was not answered")
+	if _, ok := dribble("127.0.0.3"); !ok {
+		t.Error("a request after a place was given back was refused")
 	}
 }
 

@@ -127,7 +127,7 @@ func idleServe(t testing.TB, extra ...string) (*e2e.Instance, string) {
 // again by waking its sandbox.
 func TestIdleStop(t *testing.T) {
 	requireSSH(t)
-	in, dir := idleServe(t)
+	in, _ := idleServe(t)
 	u := newSSHUser(t, in, in.Token)
 	// The sandboxes to be kept awake start with idle stop off, so none
 	// stops before its use is under way; then their timeout is set.
@@ -150,14 +150,22 @@ func TestIdleStop(t *testing.T) {
 	if err := session.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitHelper(t, in, dir, viaForward)
-	// The echo server holds each connection until its client closes it.
+	// The echo server holds each connection until its client closes it;
+	// its echo says the channel is open end to end.
 	local, _, _ := forward(t, u, viaForward, echoServer(t))
 	channel, err := net.Dial("tcp", local)
 	if err != nil {
 		t.Fatal(err)
 	}
-	channel.Write([]byte("open"))
+	channel.SetDeadline(time.Now().Add(30 * time.Second))
+	echo := make([]byte, 4)
+	if _, err := channel.Write([]byte("open")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(channel, echo); err != nil || string(echo) != "open" {
+		t.Fatalf("-L channel: %q %v", echo, err)
+	}
+	channel.SetDeadline(time.Time{})
 	execCmd := exec.Command(e2e.Binary(t), "sandbox", "exec", viaExec, "--", "sleep", "20")
 	execCmd.Env = in.Env(in.Token)
 	execCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

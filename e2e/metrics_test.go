@@ -69,7 +69,7 @@ func TestMetrics(t *testing.T) {
 		t.Error("the mirror's lag is not measured")
 	}
 	value(`hiloop_mirror_queue_depth`)
-	if value(`hiloop_self_check{check="network_policy",object="NetworkPolicy `+in.NS+`/hiloop-sandbox-isolation"}`) != 1 ||
+	if value(`hiloop_self_check{check="network_policy",object="NetworkPolicies in namespace `+in.NS+`"}`) != 1 ||
 		value(`hiloop_self_check{check="admission_binding",object="ValidatingAdmissionPolicyBinding hiloop-pod-isolation"}`) != 1 {
 		t.Error("the self-check is not reported as holding")
 	}

@@ -109,11 +109,12 @@ func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
 
 // TestAnswersWhileTheAPIServerHangs stops the API server for 35 s (longer
 // than the stall after which a leader-electing scheduler gives up): reads
-// still answer from the record, /readyz answers not ready, stop and exec
+// still answer from the record, /readyz stays ready (hiloop can serve what
+// does not need the cluster, so it stays in its Services), stop and exec
 // answer 503 cluster_unavailable with Retry-After instead of hanging (an
 // exec whose own timeout passes first too: no command ran), and a
 // create is accepted (its write may land when the server wakes). After the
-// resume everything converges: ready again, the create runs exactly once
+// resume everything converges: the create runs exactly once
 // (the scheduler and controller manager survived), and the server's memory
 // did not pile up. The client's timeout only tells a hang from an answer.
 func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
@@ -144,7 +145,7 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 	if status, _, body := call("GET", "/v1/sandboxes/"+sb.ID, ""); status != 200 || !strings.Contains(body, `"running"`) {
 		t.Fatalf("read during the outage: %d %s", status, body)
 	}
-	if status, h, body := call("GET", "/readyz", ""); status != 503 || errorCode(t, body) != "not_ready" || h.Get("Retry-After") == "" {
+	if status, _, body := call("GET", "/readyz", ""); status != 200 || !strings.Contains(body, `"ready"`) {
 		t.Fatalf("readyz during the outage: %d %s", status, body)
 	}
 	if status, h, body := call("POST", "/v1/sandboxes/"+sb.ID+"/exec/run", `{"command":["true"]}`); status != 503 ||
@@ -186,10 +187,6 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	resume()
-	e2e.Eventually(t, "ready again", 60*time.Second, func() (bool, error) {
-		status, _ := in.Call("", "GET", "/readyz", "")
-		return status == 200, nil
-	})
 	for _, c := range []string{"kube-scheduler", "kube-controller-manager"} {
 		if exec.Command("pgrep", "-f", "clusters/hiloop/bin/"+c).Run() != nil {
 			t.Fatalf("%s did not survive the stall", c)

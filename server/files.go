@@ -243,13 +243,16 @@ type uploadBody struct {
 	cancel context.CancelFunc
 	rc     *http.ResponseController
 	idle   time.Duration
-	n      int64
-	err    error
+	// moved is when the deadline was last moved: at most once a second.
+	moved time.Time
+	n     int64
+	err   error
 }
 
 func (b *uploadBody) Read(p []byte) (int, error) {
-	if b.idle > 0 {
-		b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	if now := time.Now(); b.idle > 0 && now.Sub(b.moved) >= time.Second {
+		b.rc.SetReadDeadline(now.Add(b.idle))
+		b.moved = now
 	}
 	n, err := b.r.Read(p)
 	b.n += int64(n)
@@ -325,7 +328,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	}
 	w.WriteHeader(http.StatusOK)
-	n, cerr := io.Copy(w, io.LimitReader(out, limit))
+	n, cerr := io.CopyBuffer(w, io.LimitReader(out, limit), make([]byte, 256<<10))
 	if kind == 'd' && n > max {
 		cerr = fmt.Errorf("the tar stream passed the cap of %d bytes", max)
 	}

@@ -154,6 +154,9 @@ type Control struct {
 	activity activity
 	wakes    singleflight.Group
 	waking   sync.Map
+	// wakesBegun counts every wake begun, so a caller can tell that one
+	// began while it read a record.
+	wakesBegun atomic.Int64
 
 	changedMu sync.Mutex
 	changed   map[string]bool

@@ -35,6 +35,12 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	if err := c.keyLive(ctx, who); err != nil {
 		return err
 	}
+	// A wake under way is joined whatever the record shows meanwhile (see
+	// waitRunning): one under way before the read, one begun during it, or
+	// one under way after it. Checked after the read alone, a wake that
+	// began before it and ended just after would be missed, and the stale
+	// record it read refused.
+	wasWaking, begun := c.wakingNow(id), c.wakesBegun.Load()
 	sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
 	if err != nil {
 		return err
@@ -42,12 +48,13 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	if !sandbox.RecordReceipt(sb.Receipt).Has(o.Transport) {
 		return &TransportError{Transport: o.Transport}
 	}
-	// A wake under way joins it whatever the record shows meanwhile (see
-	// waitRunning).
-	if err := reachable(sb); err == nil || !wakeable(sb) && !c.wakingNow(id) {
+	joins := wakeable(sb) || wasWaking || c.wakingNow(id)
+	if err := reachable(sb); err == nil || !joins && c.wakesBegun.Load() == begun {
 		return err
 	}
-	if o.Waking != nil {
+	// A wake begun during the read, maybe of another sandbox, is asked
+	// (startIdle reads the record again) but not announced.
+	if joins && o.Waking != nil {
 		o.Waking()
 	}
 	trigger := o.Trigger
@@ -122,6 +129,7 @@ func starting(sb store.Sandbox) bool {
 // starts the sandbox if it is still stopped for idleness and waits up to
 // WakeTimeout for it to run, detached from any one caller.
 func (c *Control) wake(id, trigger string) error {
+	c.wakesBegun.Add(1)
 	c.waking.Store(id, true)
 	defer c.waking.Delete(id)
 	ctx, cancel := context.WithTimeout(c.base, c.o.WakeTimeout)

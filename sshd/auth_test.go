@@ -215,3 +215,23 @@ func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
 		t.Errorf("A logging in again after B deleted its registration: %+v", r)
 	}
 }
+
+// TestUserNameVariantsRefused: the user name must be the sandbox id exactly.
+// Variants a lookup folding case, trimming, matching patterns or
+// normalizing Unicode could take for the id (of the key's own sandbox, so
+// that only the name is wrong) are refused like an absent sandbox.
+func TestUserNameVariantsRefused(t *testing.T) {
+	g := start(t, setup{})
+	org := g.org("a")
+	id := g.sandbox(org, sandbox.TransportSSH)
+	key, _ := g.key(org)
+	if _, err := g.dial(id, gossh.PublicKeys(key)); err != nil {
+		t.Fatalf("the id itself: %v", err)
+	}
+	for _, user := range []string{strings.ToUpper(id), " " + id, id + " ", id + "\n", id + "\x00", id[:len(id)-1] + "%",
+		id[:len(id)-1] + "_", strings.Replace(id, "_", "\uff3f", 1), strings.Replace(id, "s", "\u0455", 1), id + "/..", ""} {
+		if _, err := g.dial(user, gossh.PublicKeys(key)); err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
+			t.Errorf("user %q: %v, want refused at authentication", user, err)
+		}
+	}
+}

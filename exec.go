@@ -45,7 +45,7 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 	if len(c.Command) == 0 {
 		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
 	}
-	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout, Wake: c.Wake}
+	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
 	// A terminal without input is of no use; -t implies -i, as in ssh.
 	if c.Interactive || c.TTY {
 		o.Stdin = os.Stdin
@@ -58,7 +58,9 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 		defer restore()
 		o.Resize = resize
 	}
-	st, err := c.api().Exec(ctx, c.ID, o)
+	client := c.api()
+	client.NoWake = !c.Wake
+	st, err := client.Exec(ctx, c.ID, o)
 	switch {
 	case err == nil:
 		return exitCode(st.Code)

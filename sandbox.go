@@ -23,8 +23,10 @@ type Conn struct {
 	InsecureHTTP bool   `name:"insecure-http" env:"HILOOP_INSECURE_HTTP" help:"Allow a plain http:// URL to a host that is not loopback: the API key then crosses the network in clear text."`
 }
 
+// api is the CLI's client. Unlike the SDKs' default, it wakes no sandbox
+// stopped for idleness unless a command is told to (sandbox exec --wake).
 func (c *Conn) api() *api.Client {
-	return &api.Client{URL: c.URL, Token: c.Token, InsecureHTTP: c.InsecureHTTP}
+	return &api.Client{URL: c.URL, Token: c.Token, InsecureHTTP: c.InsecureHTTP, NoWake: true}
 }
 
 // Client flags shared by the commands that talk to the API and print.

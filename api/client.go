@@ -36,6 +36,26 @@ type Client struct {
 	// Retry-After is tried again, after waiting as asked; 4 when zero, none
 	// when negative.
 	MaxRetries int
+	// NoWake stops Run, Exec and the file calls from waking a sandbox
+	// stopped for idleness: by default they ask the server to start it
+	// and wait for it (?wake=true, up to the server's wake timeout), as
+	// if it had been running; with NoWake such a sandbox is an *Error
+	// with code sandbox_not_running. A sandbox its owner stopped is never
+	// woken.
+	NoWake bool
+}
+
+// wakeWait is how much longer than its own time a call that may wake a
+// sandbox waits: serve's --wake-timeout, by default.
+const wakeWait = 2 * time.Minute
+
+// wake adds ?wake=true to q unless c.NoWake, and says whether it did.
+func (c *Client) wake(q url.Values) bool {
+	if c.NoWake {
+		return false
+	}
+	q.Set("wake", "true")
+	return true
 }
 
 // NewClient returns a client of the API at url with the key token; an
@@ -542,8 +562,13 @@ func (c *Client) Run(ctx context.Context, id string, req ExecRunRequest) (ExecRu
 			timeout = d
 		}
 	}
+	path := sandboxPath(id, "/exec/run")
+	if q := (url.Values{}); c.wake(q) {
+		path += "?" + q.Encode()
+		timeout += wakeWait
+	}
 	var out ExecRunResponse
-	err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/exec/run"), in: req,
+	err := c.do(ctx, request{method: http.MethodPost, path: path, in: req,
 		timeout: timeout + callTimeout}, &out)
 	return out, err
 }
@@ -561,9 +586,6 @@ type ExecOptions struct {
 	Resize <-chan ResizeFrame
 	// Timeout kills the command after this long; the server's maximum when 0.
 	Timeout time.Duration
-	// Wake starts a sandbox stopped for idleness and waits for it
-	// (?wake=true); without it such a sandbox is refused as not running.
-	Wake bool
 }
 
 // ExitStatus is how a command ended: its exit code, and the signal that
@@ -619,11 +641,10 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 		q.Set("timeout", o.Timeout.String())
 	}
 	handshake := 30 * time.Second
-	if o.Wake {
+	if c.wake(q) {
 		// The server answers the handshake once the sandbox runs: up to
-		// its wake timeout (2m by default) later.
-		q.Set("wake", "true")
-		handshake += 2 * time.Minute
+		// its wake timeout later.
+		handshake += wakeWait
 	}
 	u.RawQuery = q.Encode()
 	d := websocket.Dialer{Subprotocols: []string{ExecSubprotocol}, HandshakeTimeout: handshake,

@@ -38,11 +38,14 @@ type FileInfo struct {
 	SHA256 string `json:"sha256"`
 }
 
-func filesPath(id, p string, extra url.Values) string {
+// filesPath is the files endpoint for path p in sandbox id, waking the
+// sandbox unless c.NoWake.
+func (c *Client) filesPath(id, p string, extra url.Values) string {
 	q := url.Values{"path": {p}}
 	for k, v := range extra {
 		q[k] = v
 	}
+	c.wake(q)
 	return sandboxPath(id, "/files?"+q.Encode())
 }
 
@@ -56,7 +59,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, si
 	if mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", mode.Perm()))
 	}
-	return c.upload(ctx, filesPath(id, path, q), "application/octet-stream", r, size)
+	return c.upload(ctx, c.filesPath(id, path, q), "application/octet-stream", r, size)
 }
 
 // WriteTar extracts a tar stream of size bytes from r into the directory
@@ -64,7 +67,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, si
 // (else an *Error with code tar_unavailable). Unlike a file, a directory is
 // not replaced atomically: a cut upload leaves what was extracted so far.
 func (c *Client) WriteTar(ctx context.Context, id, path string, r io.Reader, size int64) (FileInfo, error) {
-	return c.upload(ctx, filesPath(id, path, nil), TarMediaType, r, size)
+	return c.upload(ctx, c.filesPath(id, path, nil), TarMediaType, r, size)
 }
 
 func (c *Client) upload(ctx context.Context, p, contentType string, r io.Reader, size int64) (FileInfo, error) {
@@ -105,7 +108,7 @@ func (c *Client) ReadFile(ctx context.Context, id, path string) (*FileReader, er
 	if err := c.checkURL(); err != nil {
 		return nil, err
 	}
-	resp, err := c.send(ctx, request{method: http.MethodGet, path: filesPath(id, path, nil)})
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: c.filesPath(id, path, nil)})
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,9 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
 )
 
@@ -258,13 +261,30 @@ func TestWake(t *testing.T) {
 	if out := in.MustCLI(in.Token, "sandbox", "exec", "--wake", sb.ID, "--", "echo", "cli"); out != "cli\n" {
 		t.Fatalf("sandbox exec --wake: %q", out)
 	}
-	for trigger, want := range map[string]float64{"ssh": 1, "forward": 1, "exec": 2} {
+	// The Go SDK wakes by default, for commands and files alike; with
+	// NoWake it gets the plain refusal.
+	waitIdleStopped(t, in, in.Token, sb.ID)
+	ctx := context.Background()
+	noWake := sdk(in, in.Token)
+	noWake.NoWake = true
+	var ae *api.Error
+	if _, err := noWake.Run(ctx, sb.ID, api.ExecRunRequest{Command: []string{"true"}}); !errors.As(err, &ae) || ae.Code != api.CodeSandboxNotRunning {
+		t.Fatalf("SDK run with NoWake into a sandbox stopped for idleness: %v", err)
+	}
+	if res, err := sdk(in, in.Token).Run(ctx, sb.ID, api.ExecRunRequest{Command: []string{"echo", "sdk"}}); err != nil || res.Stdout != "sdk\n" {
+		t.Fatalf("SDK run into a sandbox stopped for idleness: %+v %v", res, err)
+	}
+	waitIdleStopped(t, in, in.Token, sb.ID)
+	if _, err := sdk(in, in.Token).WriteFile(ctx, sb.ID, "/tmp/woken", strings.NewReader("files"), 5, 0); err != nil {
+		t.Fatalf("SDK file write into a sandbox stopped for idleness: %v", err)
+	}
+	for trigger, want := range map[string]float64{"ssh": 1, "forward": 1, "exec": 3, "files": 1} {
 		if n := metric(t, in, `hiloop_wakes_total{trigger="`+trigger+`"}`); n != want {
 			t.Errorf("hiloop_wakes_total{trigger=%q} %v, want %v", trigger, n, want)
 		}
 	}
-	if n := metric(t, in, "hiloop_wake_duration_seconds_count"); n != 4 {
-		t.Errorf("hiloop_wake_duration_seconds_count %v, want 4", n)
+	if n := metric(t, in, "hiloop_wake_duration_seconds_count"); n != 6 {
+		t.Errorf("hiloop_wake_duration_seconds_count %v, want 6", n)
 	}
 
 	// Its owner's stop is not undone by a connection.

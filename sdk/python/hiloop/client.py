@@ -28,6 +28,10 @@ _FAILED = {"exited", "expired", "deleted", "lost", "attention", "quarantined", "
 
 Command = Union[str, Sequence[str]]
 
+# How much longer than its own time a call that may wake a sandbox waits:
+# serve's --wake-timeout, by default.
+_WAKE_WAIT = 120.0
+
 
 def _argv(cmd: Command) -> List[str]:
     """A string runs through sh -c; a list is the argv as is."""
@@ -62,7 +66,12 @@ class Client:
     http://127.0.0.1:8080) with the key token (HILOOP_TOKEN)."""
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, timeout: float = 120.0,
-                 max_retries: int = 4, ssl_context: Optional[ssl.SSLContext] = None) -> None:
+                 max_retries: int = 4, ssl_context: Optional[ssl.SSLContext] = None, wake: bool = True) -> None:
+        # wake: run, exec and the file calls start a sandbox stopped for
+        # idleness and wait for it (?wake=true, up to the server's wake
+        # timeout); with wake=False such a sandbox raises ConflictError
+        # (sandbox_not_running). A sandbox its owner stopped is never woken.
+        self.wake = wake
         self.url = (url or os.environ.get("HILOOP_URL") or "http://127.0.0.1:8080").rstrip("/")
         self.token = token or os.environ.get("HILOOP_TOKEN", "")
         self.timeout = timeout
@@ -282,7 +291,10 @@ class Sandbox:
             req["timeout"] = "%dms" % int(timeout * 1000)
         if stdin is not None:
             req["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
-        res = self._c._json("POST", self._path("/exec/run"), req, timeout=(timeout or 60) + 60)
+        path, wait = self._path("/exec/run"), (timeout or 60) + 60
+        if self._c.wake:
+            path, wait = path + "?wake=true", wait + _WAKE_WAIT
+        res = self._c._json("POST", path, req, timeout=wait)
         return CommandResult(res.get("exit_code"), res["stdout"].encode(), res["stderr"].encode(),
                              res["timed_out"], res.get("signal", ""))
 
@@ -299,12 +311,16 @@ class Sandbox:
             q["stdin"] = "true"
         if timeout is not None:
             q["timeout"] = "%dms" % int(timeout * 1000)
+        handshake = 30.0
+        if self._c.wake:
+            q["wake"] = "true"
+            handshake += _WAKE_WAIT
         url = self._c.url + self._path("/exec") + ("?" + urlencode(q) if q else "")
         headers = {"Authorization": "Bearer " + self._c.token}
         attempt = 0
         while True:
             try:
-                ws = _ws.WebSocket.connect(url, headers, EXEC_SUBPROTOCOL, timeout=30.0,
+                ws = _ws.WebSocket.connect(url, headers, EXEC_SUBPROTOCOL, timeout=handshake,
                                            ssl_context=self._c.ssl_context)
                 break
             except _ws.HandshakeError as e:
@@ -384,6 +400,8 @@ class Files:
         self._sb = sandbox
 
     def _path(self, path: str, **extra: str) -> str:
+        if self._sb._c.wake:
+            extra["wake"] = "true"
         return self._sb._path("/files?" + urlencode(dict(path=path, **extra)))
 
     def write(self, path: str, data: Union[bytes, str, BinaryIO], mode: Optional[int] = None) -> Dict[str, Any]:

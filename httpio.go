@@ -20,8 +20,9 @@ import (
 // only while the server waits on the client.
 type httpLimits struct {
 	// IOTimeout is how long a request's body may take to arrive once its
-	// headers did, and how long one write of an answer may wait for the
-	// client to take it; past either the connection is closed. Without
+	// headers did (longer by a second for each minBodyRate bytes it
+	// brings), and how long one write of an answer may wait for the client
+	// to take it; past either the connection is closed. Without
 	// them a client that announces a body and never sends it, or stops
 	// reading what it asked for, holds its connection forever, even on the
 	// probes, which no rate limit holds.
@@ -110,36 +111,55 @@ func (l *httpLimits) drop(source string) {
 	}
 }
 
+// minBodyRate is the slowest a request's body may arrive on average, past
+// the first IOTimeout: slow enough for a large upload over a poor link,
+// and it still closes a connection whose client dribbles its body.
+const minBodyRate = 16 << 10 // bytes per second
+
 // bodyDeadline gives a request's body timeout to arrive, from when its
-// headers were read, and lifts the deadline once the body was read to its
+// headers were read, plus a second for each minBodyRate bytes it has
+// brought so far, and lifts the deadline once the body was read to its
 // end, so the server's wait for the client's next bytes (which tells it the
 // client went away) has none. A handler that does not read the body leaves
-// it to the server, which reads what is left before it answers, within the
-// same deadline.
+// it to the server, which reads what is left (at most 256 KiB) before it
+// answers, within the deadline as it then stands.
 func bodyDeadline(next http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 { // -1: chunked, length unknown
-			rc := http.NewResponseController(w)
-			if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
-				r.Body = &liftAtEOF{ReadCloser: r.Body, lift: func() { rc.SetReadDeadline(time.Time{}) }}
+			b := &bodyReader{ReadCloser: r.Body, rc: http.NewResponseController(w), start: time.Now(), timeout: timeout}
+			if b.rc.SetReadDeadline(b.deadline()) == nil {
+				r.Body = b
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// liftAtEOF calls lift once its body has been read to the end.
-type liftAtEOF struct {
+// bodyReader moves its connection's read deadline on as the body arrives,
+// and lifts it at the body's end.
+type bodyReader struct {
 	io.ReadCloser
-	lift func()
-	done bool
+	rc      *http.ResponseController
+	start   time.Time
+	timeout time.Duration
+	read    int64
+	done    bool
 }
 
-func (b *liftAtEOF) Read(p []byte) (int, error) {
+func (b *bodyReader) deadline() time.Time {
+	return b.start.Add(b.timeout + time.Duration(b.read)*time.Second/minBodyRate)
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && !b.done {
+	switch {
+	case b.done:
+	case err == io.EOF:
 		b.done = true
-		b.lift()
+		b.rc.SetReadDeadline(time.Time{})
+	case n > 0:
+		b.read += int64(n)
+		b.rc.SetReadDeadline(b.deadline())
 	}
 	return n, err
 }

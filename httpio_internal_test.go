@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -100,6 +101,42 @@ func TestBodyNeverSent(t *testing.T) {
 				waitClosed(t, closed, "a connection whose body never came")
 			}
 		})
+	}
+}
+
+// TestBodyDribbled: a body that trickles in, a byte at a time, is cut once
+// the deadline passes; one that arrives steadily above minBodyRate is read
+// whole, however long it takes past IOTimeout.
+func TestBodyDribbled(t *testing.T) {
+	addr, closed := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(w, "read %d\n", n)
+	}), nil)
+	nc := dialRaw(t, addr, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+	go func() {
+		for range 1000 {
+			if _, err := nc.Write([]byte("a")); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	waitClosed(t, closed, "a connection whose body trickled in")
+
+	const size = 64 << 10
+	steady := dialRaw(t, addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size))
+	chunk := make([]byte, 2<<10)
+	for range size / len(chunk) { // 64 KiB/s, for a second: five times IOTimeout
+		if _, err := steady.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second / time.Duration(size/len(chunk)))
+	}
+	if got, err := readUntil(steady, fmt.Sprintf("read %d", size)); err != nil {
+		t.Errorf("a body arriving steadily: %v after %q", err, got)
 	}
 }
 

@@ -19,8 +19,8 @@ import (
 // start of a request and end long polls and one-shot commands; these count
 // only while the server waits on the client.
 type httpLimits struct {
-	// IOTimeout is how long a request's body may take to arrive once its
-	// headers did (longer by a second for each minBodyRate bytes it
+	// IOTimeout is how long a request's body may go without a byte, and
+	// take to arrive (longer by a second for each minBodyRate bytes it
 	// brings), and how long one write of an answer may wait for the client
 	// to take it; past either the connection is closed. Without
 	// them a client that announces a body and never sends it, or stops
@@ -116,18 +116,21 @@ func (l *httpLimits) drop(source string) {
 // and it still closes a connection whose client dribbles its body.
 const minBodyRate = 16 << 10 // bytes per second
 
-// bodyDeadline gives a request's body timeout to arrive, from when its
-// headers were read, plus a second for each minBodyRate bytes it has
-// brought so far, and lifts the deadline once the body was read to its
-// end, so the server's wait for the client's next bytes (which tells it the
-// client went away) has none. A handler that does not read the body leaves
-// it to the server, which reads what is left (at most 256 KiB) before it
-// answers, within the deadline as it then stands.
+// bodyDeadline holds a request's body to arriving: each read within
+// timeout of the last (from when the headers were read, for the first),
+// and no later than timeout after the headers plus a second for each
+// minBodyRate bytes it brought, so a body that trickles in is cut however
+// regularly it trickles. The deadline is lifted once the body was read to
+// its end, so the server's wait for the client's next bytes (which tells
+// it the client went away) has none. A handler that does not read the
+// body leaves it to the server, which reads what is left (at most
+// 256 KiB) before it answers, within the deadline as it then stands.
 func bodyDeadline(next http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 { // -1: chunked, length unknown
-			b := &bodyReader{ReadCloser: r.Body, rc: http.NewResponseController(w), start: time.Now(), timeout: timeout}
-			if b.rc.SetReadDeadline(b.deadline()) == nil {
+			now := time.Now()
+			b := &bodyReader{ReadCloser: r.Body, rc: http.NewResponseController(w), start: now, timeout: timeout}
+			if b.rc.SetReadDeadline(b.deadline(now)) == nil {
 				r.Body = b
 			}
 		}
@@ -146,8 +149,13 @@ type bodyReader struct {
 	done    bool
 }
 
-func (b *bodyReader) deadline() time.Time {
-	return b.start.Add(b.timeout + time.Duration(b.read)*time.Second/minBodyRate)
+// deadline is when the next read must have brought bytes, as of now.
+func (b *bodyReader) deadline(now time.Time) time.Time {
+	next, floor := now.Add(b.timeout), b.start.Add(b.timeout+time.Duration(b.read)*time.Second/minBodyRate)
+	if floor.Before(next) {
+		return floor
+	}
+	return next
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -159,7 +167,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.rc.SetReadDeadline(time.Time{})
 	case n > 0:
 		b.read += int64(n)
-		b.rc.SetReadDeadline(b.deadline())
+		b.rc.SetReadDeadline(b.deadline(time.Now()))
 	}
 	return n, err
 }

@@ -105,8 +105,9 @@ func TestBodyNeverSent(t *testing.T) {
 }
 
 // TestBodyDribbled: a body that trickles in, a byte at a time, is cut once
-// the deadline passes; one that arrives steadily above minBodyRate is read
-// whole, however long it takes past IOTimeout.
+// the deadline passes, and so is one that stops arriving halfway; one that
+// arrives steadily above minBodyRate is read whole, however long it takes
+// past IOTimeout.
 func TestBodyDribbled(t *testing.T) {
 	addr, closed := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, err := io.Copy(io.Discard, r.Body)
@@ -125,6 +126,9 @@ func TestBodyDribbled(t *testing.T) {
 		}
 	}()
 	waitClosed(t, closed, "a connection whose body trickled in")
+	stalled := dialRaw(t, addr, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+	stalled.Write(make([]byte, 600000)) // enough to earn more of the rate's allowance than clientPatience
+	waitClosed(t, closed, "a connection whose body stopped arriving halfway")
 
 	const size = 64 << 10
 	steady := dialRaw(t, addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size))

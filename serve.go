@@ -168,7 +168,7 @@ type ServeCmd struct {
 	// Limits of the HTTP listeners (API and metrics) on what a client can
 	// hold before a handler sees its request, or while the server waits on
 	// it (docs/api.md, "Rate limits and key limits").
-	HTTPIOTimeout               time.Duration `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may take to arrive once its headers did (plus a second per 16 KiB it brings), and how long one write of an answer may wait for the client to take it; past either the connection is closed."`
+	HTTPIOTimeout               time.Duration `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may go without a byte, and take to arrive once its headers did (plus a second per 16 KiB it brings), and how long one write of an answer may wait for the client to take it; past any of them the connection is closed."`
 	HTTPMaxHeaderReads          int           `name:"http-max-header-reads" default:"256" env:"HILOOP_HTTP_MAX_HEADER_READS" help:"Most HTTP connections reading a request's headers over more than one read at once (each may hold up to 512 KiB of them for up to 10s before any key is checked; a request whose headers come in one read holds no place); one more is closed."`
 	HTTPMaxHeaderReadsPerSource int           `name:"http-max-header-reads-per-source" default:"32" env:"HILOOP_HTTP_MAX_HEADER_READS_PER_SOURCE" help:"The same, per client address (an IPv6 /64)."`
 

@@ -3,15 +3,49 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/k8s"
 )
+
+// ArgvError is a command line no sandbox is given: empty, with a NUL byte,
+// or past api.MaxArgs arguments or api.MaxArgvBytes bytes.
+type ArgvError struct{ Problem string }
+
+func (e *ArgvError) Error() string { return "command " + e.Problem }
+
+// CheckArgv holds a command line to the limits every way in shares (the
+// API's exec and files, and the SSH gateway's sessions): Session.Exec
+// checks it, and the API checks it before admission too, to answer 400.
+func CheckArgv(argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return &ArgvError{"must name a program"}
+	}
+	if len(argv) > api.MaxArgs {
+		return &ArgvError{fmt.Sprintf("may have at most %d arguments", api.MaxArgs)}
+	}
+	total := 0
+	for _, a := range argv {
+		total += len(a) + 1
+		if strings.ContainsRune(a, 0) {
+			return &ArgvError{"arguments cannot contain NUL bytes"}
+		}
+	}
+	if total > api.MaxArgvBytes {
+		return &ArgvError{fmt.Sprintf("exceeds %d bytes", api.MaxArgvBytes)}
+	}
+	return nil
+}
 
 // Context ends with the session; context.Cause(ctx) tells why.
 func (s *Session) Context() context.Context { return s.ctx }
 
 // Exec runs a command in the session's sandbox and classifies how it ended,
 // once for every way in: nil with the command's exit status, or
+//   - an *ArgvError for a command line past the limits (CheckArgv), with
+//     nothing run;
 //   - an *EndedError when the session was ended from outside (its key
 //     revoked, its sandbox stopped, deleted or quarantined, shutdown);
 //   - ErrCallerGone when ctx was cancelled by the caller;
@@ -26,6 +60,9 @@ func (s *Session) Context() context.Context { return s.ctx }
 func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
 	if s.c.o.Exec == nil {
 		return k8s.ExitStatus{}, ErrNoExec
+	}
+	if err := CheckArgv(req.Command); err != nil {
+		return k8s.ExitStatus{}, err
 	}
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
 	if err == nil {

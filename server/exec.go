@@ -37,21 +37,9 @@ func boolQuery(q url.Values, name string) (bool, error) {
 }
 
 func validateArgv(argv []string) error {
-	if len(argv) == 0 || argv[0] == "" {
-		return fieldError("command", "must name a program")
-	}
-	if len(argv) > api.MaxArgs {
-		return fieldError("command", fmt.Sprintf("at most %d arguments", api.MaxArgs))
-	}
-	total := 0
-	for _, a := range argv {
-		total += len(a) + 1
-		if strings.ContainsRune(a, 0) {
-			return fieldError("command", "arguments cannot contain NUL bytes")
-		}
-	}
-	if total > api.MaxArgvBytes {
-		return fieldError("command", fmt.Sprintf("argv exceeds %d bytes", api.MaxArgvBytes))
+	var ae *control.ArgvError
+	if err := control.CheckArgv(argv); errors.As(err, &ae) {
+		return fieldError("command", ae.Problem)
 	}
 	return nil
 }

@@ -247,7 +247,10 @@ func refusal(id string, err error) string {
 func ended(err error) string {
 	var ee *control.EndedError
 	var ce *control.ClusterError
+	var ae *control.ArgvError
 	switch {
+	case errors.As(err, &ae):
+		return "refused: " + ae.Error()
 	case errors.As(err, &ee):
 		return "session ended: " + ee.Cause.Error()
 	case errors.As(err, &ce):

@@ -3,12 +3,14 @@ package sshd_test
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -175,6 +177,27 @@ func TestCommandExitStatus(t *testing.T) {
 			got.Stderr = ""
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("(-want +got)\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestCommandLineLimits: an ssh command is held to the same command-line
+// limits as the API's exec (control.CheckArgv): a NUL byte or a command
+// past api.MaxArgvBytes is refused with the reason, and nothing runs.
+func TestCommandLineLimits(t *testing.T) {
+	g := start(t, setup{})
+	org := g.org("a")
+	key, _ := g.key(org)
+	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	for _, tc := range []struct{ name, cmd, stderr string }{
+		{"nul", "exit 0\x00", "refused: command arguments cannot contain NUL bytes"},
+		{"long", "exit 0;" + strings.Repeat(" ", api.MaxArgvBytes), fmt.Sprintf("refused: command exceeds %d bytes", api.MaxArgvBytes)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := run(t, c, tc.cmd)
+			if got.Exit != "exit-status 255" || got.Stdout != "" || !strings.Contains(got.Stderr, tc.stderr) {
+				t.Errorf("exit %q, stdout %q, stderr %q; want 255 and %q", got.Exit, got.Stdout, got.Stderr, tc.stderr)
 			}
 		})
 	}

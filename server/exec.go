@@ -119,7 +119,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, ok := s.admitExec(w, r, id)
+	sess, ok := s.admitExec(w, r, id, "exec")
 	if !ok {
 		return
 	}
@@ -156,8 +156,9 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 // admitExec admits an exec session for the request's caller, or answers
 // why not. With ?wake=true a sandbox stopped for idleness is started first
 // and waited for (control.AdmitWaking); without it, it is refused as not
-// running, with a message that says how to wake it.
-func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id string) (*control.Session, bool) {
+// running, with a message that says how to wake it. trigger names the way
+// in for the wake metrics: exec or files.
+func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id, trigger string) (*control.Session, bool) {
 	wake, err := boolQuery(r.URL.Query(), "wake")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -165,10 +166,6 @@ func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id string) (*
 	}
 	var sess *control.Session
 	if wake {
-		trigger := "exec"
-		if strings.Contains(info(r).route, "/files") {
-			trigger = "files"
-		}
 		sess, err = s.o.Control.AdmitWaking(r.Context(), caller(r), id, control.WakeOptions{Transport: sandbox.TransportExec, Trigger: trigger})
 	} else {
 		sess, err = s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
@@ -229,7 +226,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusBadRequest, api.CodeWebSocketRequired, "this endpoint speaks WebSocket ("+api.ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
 		return
 	}
-	sess, ok := s.admitExec(w, r, id)
+	sess, ok := s.admitExec(w, r, id, "exec")
 	if !ok {
 		return
 	}

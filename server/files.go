@@ -175,7 +175,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, newError(http.StatusRequestEntityTooLarge, api.CodeFileTooLarge, fmt.Sprintf("%d bytes is more than the %d an upload may have", size, s.o.MaxFileBytes)))
 		return
 	}
-	sess, ok := s.admitExec(w, r, id)
+	sess, ok := s.admitExec(w, r, id, "files")
 	if !ok {
 		return
 	}
@@ -270,7 +270,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, ok := s.admitExec(w, r, id)
+	sess, ok := s.admitExec(w, r, id, "files")
 	if !ok {
 		return
 	}

@@ -6,7 +6,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 TEST_TIMEOUT ?= 45m
 
-.PHONY: run test cluster build bench vet fuzz fuzz-short soak chart image
+.PHONY: run test cluster build bench bench-spread vet fuzz fuzz-short soak chart image
 
 # FUZZ lists the fuzz targets as package:target.
 FUZZ := ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./sandbox:FuzzParseReceipt
@@ -78,6 +78,16 @@ KILLS ?= 200
 soak:
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
 	  HILOOP_CLUSTER_BIN=$$bin HILOOP_CRASH_KILLS=$(KILLS) $(GO) test -count=1 -run '^TestCrashSafety$$' -v -timeout 60m ./e2e | grep -E 'kills survived|^(--- |ok|FAIL)'
+
+# bench-spread runs one benchmark RUNS times (each run against its own
+# baseline measured in the same run) and prints every run, the median and
+# the range of each figure: make bench-spread BENCH=BenchmarkExecRoundTrip.
+BENCH ?= BenchmarkExecRoundTrip
+RUNS ?= 5
+bench-spread:
+	@command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }
+	@set -o pipefail; bin=$$(testdata/cluster/build.sh | tail -n1) && \
+	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -run '^$$' -bench '^($(BENCH))$$' -benchtime 1x -count $(RUNS) -timeout 120m ./e2e | $(GO) run ./internal/benchspread
 
 # bench runs the benchmarks against the local cluster; see docs/benchmarks.md.
 # The -L throughput benchmark compares with OpenSSH's sshd (Debian's

@@ -148,8 +148,13 @@ func New(o Options) (*Gateway, error) {
 		IdleTimeout: o.IdleTimeout,
 		// Every connection is held against the caps on connections not
 		// yet authenticated, and closed unless it authenticates within
-		// the login grace.
-		ConnCallback: g.accept,
+		// the login grace. Until it authenticates, what it sends is
+		// acknowledged at once (quickAckConn).
+		ConnCallback: func(ctx ssh.Context, nc net.Conn) net.Conn {
+			qc := &quickAckConn{Conn: nc}
+			ctx.SetValue(quickAckKey{}, qc)
+			return g.accept(ctx, qc)
+		},
 		// Setting a public-key handler keeps NoClientAuth off; no password
 		// or keyboard-interactive handler means those methods fail.
 		PublicKeyHandler: g.publicKey,
@@ -210,6 +215,9 @@ func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.P
 	if err := g.register(ctx, conn, who); err != nil {
 		c.dropOrg()
 		return nil, err
+	}
+	if qc, ok := ctx.Value(quickAckKey{}).(*quickAckConn); ok {
+		qc.stop()
 	}
 	g.log.Info("ssh login", "fingerprint", gossh.FingerprintSHA256(key), "sandbox", conn.User(), "org", who.OrgID, "key", who.KeyID)
 	return &gossh.Permissions{Extensions: map[string]string{permKey: who.KeyID, permOrg: who.OrgID}}, nil

@@ -1,0 +1,179 @@
+package forward
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"time"
+)
+
+// Protocol is the ALPN name of the gateway's protocol to the helper: TLS
+// 1.3 with a client certificate both ways, then the mux. A later,
+// incompatible protocol gets a new name, so the two ends fail the
+// handshake rather than misread each other.
+const Protocol = "hiloop-forward/1"
+
+// Ready is the one byte the helper sends once it accepted the gateway's
+// certificate. In TLS 1.3 the client's handshake ends before the server
+// has checked the client's certificate, so without it the gateway would
+// learn of a refusal only at its first stream.
+const Ready byte = 0x01
+
+// Certificate makes a self-signed certificate for key, which is all either
+// end checks: the helper compares the gateway's public key with the one
+// it was given, the gateway pins the helper's per pod. Nothing is signed
+// by an authority, and names and dates play no part.
+func Certificate(key ed25519.PrivateKey) (tls.Certificate, error) {
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		NotBefore:    time.Unix(0, 0),
+		NotAfter:     time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// PeerKey is the ed25519 public key of the certificate the other end
+// showed.
+func PeerKey(cs tls.ConnectionState) (ed25519.PublicKey, error) {
+	if len(cs.PeerCertificates) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	k, ok := cs.PeerCertificates[0].PublicKey.(ed25519.PublicKey)
+	if !ok {
+		return nil, errors.New("not an ed25519 key")
+	}
+	return k, nil
+}
+
+// Fingerprint is an ed25519 public key's SHA-256 fingerprint in OpenSSH's
+// form (SHA256:base64 of the key's SSH encoding), as logs and the
+// helper_host_key_changed anomaly name helper keys.
+func Fingerprint(k ed25519.PublicKey) string {
+	// The SSH wire form: string "ssh-ed25519", string key.
+	b := binary.BigEndian.AppendUint32(nil, 11)
+	b = append(b, "ssh-ed25519"...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(k)))
+	b = append(b, k...)
+	sum := sha256.Sum256(b)
+	return "SHA256:" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// EncodeOpen is the open request of a stream to host:port.
+func EncodeOpen(host string, port uint32) ([]byte, error) {
+	if len(host) > 255 {
+		return nil, errors.New("host name too long")
+	}
+	b := binary.BigEndian.AppendUint32(nil, port)
+	b = append(b, byte(len(host)))
+	return append(b, host...), nil
+}
+
+// DecodeOpen is EncodeOpen's inverse.
+func DecodeOpen(b []byte) (host string, port uint32, err error) {
+	if len(b) < 5 || len(b) != 5+int(b[4]) {
+		return "", 0, errors.New("malformed open request")
+	}
+	return string(b[5:]), binary.BigEndian.Uint32(b), nil
+}
+
+// ErrOldHelper is a helper that answered in SSH: one started before the
+// gateway moved to this protocol, which speaks only SSH.
+var ErrOldHelper = errors.New("the sandbox's session helper is older than the gateway; restart the sandbox")
+
+// ErrRefused is a helper that refused the gateway's certificate: a key it
+// does not hold for its sandbox, or another sandbox's name.
+var ErrRefused = errors.New("the session helper refused the gateway")
+
+// ServerConfig is the helper's side: its certificate, a client certificate
+// required, TLS 1.3 only, and verify deciding on each client. Session
+// tickets are off: every connection authenticates afresh.
+func ServerConfig(cert tls.Certificate, verify func(tls.ConnectionState) error) *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		Certificates:           []tls.Certificate{cert},
+		ClientAuth:             tls.RequireAnyClientCert,
+		NextProtos:             []string{Protocol},
+		SessionTicketsDisabled: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if cs.NegotiatedProtocol != Protocol {
+				return errors.New("not the forward protocol")
+			}
+			return verify(cs)
+		},
+	}
+}
+
+// ClientConfig is the gateway's side toward the helper of sandboxID: the
+// certificate of key (the key derived for that sandbox), the sandbox id as
+// the server name, which the helper checks against its own, and verify
+// deciding on the helper's public key (the pin).
+func ClientConfig(sandboxID string, key ed25519.PrivateKey, verify func(ed25519.PublicKey) error) (*tls.Config, error) {
+	cert, err := Certificate(key)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ServerName:   sandboxID,
+		NextProtos:   []string{Protocol},
+		// No authority vouches for a helper; VerifyConnection pins its key.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if cs.NegotiatedProtocol != Protocol {
+				return errors.New("the helper does not speak " + Protocol)
+			}
+			k, err := PeerKey(cs)
+			if err != nil {
+				return err
+			}
+			return verify(k)
+		},
+	}, nil
+}
+
+// Handshake runs the gateway's side of the handshake on c and waits for
+// the helper's Ready, so a refused certificate is known here (ErrRefused)
+// rather than at the first stream. A helper that greets in SSH is
+// ErrOldHelper. The caller bounds it by closing c.
+func Handshake(c net.Conn, cfg *tls.Config) (*tls.Conn, error) {
+	tc := tls.Client(c, cfg)
+	if err := tc.Handshake(); err != nil {
+		return nil, oldHelper(err)
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(tc, b[:]); err != nil {
+		if err := oldHelper(err); errors.Is(err, ErrOldHelper) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	if b[0] != Ready {
+		return nil, errors.New("the session helper sent no ready")
+	}
+	return tc, nil
+}
+
+// oldHelper turns the error of a TLS client that read an SSH version line
+// ("SSH-2.0-...") instead of a TLS record into ErrOldHelper.
+func oldHelper(err error) error {
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) && bytes.HasPrefix(rh.RecordHeader[:], []byte("SSH-")) {
+		return ErrOldHelper
+	}
+	return err
+}

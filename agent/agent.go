@@ -1,12 +1,15 @@
-// Package agent is the session helper, `hiloop agent`: a small SSH server
-// that runs as a hardened helper container in a sandbox pod, sharing the
-// pod's network namespace, so the gateway can reach the sandbox's loopback
-// under gVisor, where the runtime's port-forward cannot. It accepts only a
-// login whose user name is its own sandbox's id, with the key the gateway
-// derived for that sandbox (read from a file the kubelet projects from a
-// pod annotation, re-read at every login, so a rotation needs no restart),
-// serves only direct-tcpip, and dials only loopback. A gateway dial that
-// lands on another sandbox's helper is refused either way.
+// Package agent is the session helper, `hiloop agent`: a small server that
+// runs as a hardened helper container in a sandbox pod, sharing the pod's
+// network namespace, so the gateway can reach the sandbox's loopback under
+// gVisor, where the runtime's port-forward cannot. The gateway connects
+// over TLS 1.3 with a client certificate and multiplexes its client
+// connection's -L channels as streams on that one connection (package
+// forward). The helper accepts only a connection that names its own
+// sandbox and shows the key the gateway derived for that sandbox (read
+// from a file the kubelet projects from a pod annotation, re-read at every
+// connection, so a rotation needs no restart), and dials only loopback. A
+// gateway dial that lands on another sandbox's helper is refused either
+// way.
 package agent
 
 import (
@@ -14,6 +17,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,14 +28,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hiloop/hiloop/forward"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/forward"
 )
 
 // Options configure New.
 type Options struct {
-	// SandboxID is the sandbox whose pod the helper runs in, the only user
-	// name it accepts.
+	// SandboxID is the sandbox whose pod the helper runs in, the only
+	// server name it accepts.
 	SandboxID string
 	// AuthorizedKeysFile holds the gateway's public key(s) for this
 	// sandbox, authorized_keys form.
@@ -39,20 +44,26 @@ type Options struct {
 	Log                *slog.Logger
 	// DialTimeout bounds a dial to a loopback port; 5s when zero.
 	DialTimeout time.Duration
+	// HandshakeTimeout bounds a connection's TLS handshake; 30s when zero.
+	HandshakeTimeout time.Duration
+	// MaxStreams bounds the streams open at once on one connection;
+	// forward.MaxStreams when zero.
+	MaxStreams int
 }
 
-// Agent is the helper's SSH server.
+// Agent is the helper's server.
 type Agent struct {
-	o      Options
-	log    *slog.Logger
-	config *gossh.ServerConfig
+	o   Options
+	log *slog.Logger
+	tls *tls.Config
 	// conns counts gateway connections accepted since start: the gateway
 	// holds one per client connection, whatever its number of channels.
 	conns atomic.Int64
 	wg    sync.WaitGroup
 }
 
-// New builds the agent with a fresh host key; the gateway pins it per pod.
+// New builds the agent with a fresh key for its certificate; the gateway
+// pins it per pod.
 func New(o Options) (*Agent, error) {
 	if o.AuthorizedKeysFile == "" || o.SandboxID == "" {
 		return nil, errors.New("agent: a sandbox id and an authorized keys file are required")
@@ -63,43 +74,49 @@ func New(o Options) (*Agent, error) {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 5 * time.Second
 	}
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = 30 * time.Second
+	}
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	signer, err := gossh.NewSignerFromKey(priv)
+	cert, err := forward.Certificate(priv)
 	if err != nil {
 		return nil, err
 	}
 	a := &Agent{o: o, log: o.Log.With("component", "agent")}
-	a.config = &gossh.ServerConfig{PublicKeyCallback: a.authorize, ServerVersion: "SSH-2.0-hiloop-agent"}
-	a.config.Ciphers = forward.Ciphers()
-	a.config.AddHostKey(signer)
+	a.tls = forward.ServerConfig(cert, a.authorize)
 	return a, nil
 }
 
-// authorize accepts exactly the keys the file lists now, for a user named
-// after the helper's own sandbox.
-func (a *Agent) authorize(meta gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
-	if meta.User() != a.o.SandboxID {
-		return nil, errors.New("not this sandbox")
+// authorize accepts a connection that names the helper's own sandbox and
+// shows exactly a key the file lists now.
+func (a *Agent) authorize(cs tls.ConnectionState) error {
+	if cs.ServerName != a.o.SandboxID {
+		return errors.New("not this sandbox")
+	}
+	key, err := forward.PeerKey(cs)
+	if err != nil {
+		return err
 	}
 	raw, err := os.ReadFile(a.o.AuthorizedKeysFile)
 	if err != nil {
-		return nil, fmt.Errorf("read authorized keys: %w", err)
+		return fmt.Errorf("read authorized keys: %w", err)
 	}
-	want := key.Marshal()
 	for len(bytes.TrimSpace(raw)) > 0 {
 		k, _, _, rest, err := gossh.ParseAuthorizedKey(raw)
 		if err != nil {
 			break
 		}
-		if bytes.Equal(k.Marshal(), want) {
-			return &gossh.Permissions{}, nil
+		if ck, ok := k.(gossh.CryptoPublicKey); ok {
+			if pub, ok := ck.CryptoPublicKey().(ed25519.PublicKey); ok && pub.Equal(key) {
+				return nil
+			}
 		}
 		raw = rest
 	}
-	return nil, errors.New("key not authorized")
+	return errors.New("key not authorized")
 }
 
 // Conns is the number of gateway connections accepted since start.
@@ -128,59 +145,71 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 
 func (a *Agent) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
-	conn, chans, reqs, err := gossh.NewServerConn(c, a.config)
-	if err != nil {
+	c.SetDeadline(time.Now().Add(a.o.HandshakeTimeout))
+	tc := tls.Server(c, a.tls)
+	if err := tc.HandshakeContext(ctx); err != nil {
 		a.log.Info("handshake refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
+	if _, err := tc.Write([]byte{forward.Ready}); err != nil {
+		return
+	}
 	c.SetDeadline(time.Time{})
-	defer conn.Close()
 	n := a.conns.Add(1)
 	a.log.Info("gateway connected", "remote", c.RemoteAddr().String(), "conns", n)
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	m := forward.NewMux(tc, forward.MuxOptions{Server: true, MaxStreams: a.o.MaxStreams})
+	defer m.Close()
+	// The connection's end, or the helper's, closes every stream's
+	// loopback connection, so no copy waits on a quiet port.
+	done, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { m.Close() })
 	defer stop()
-	go gossh.DiscardRequests(reqs) // no global requests: no -R
+	go func() {
+		<-m.Done()
+		cancel()
+	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for nc := range chans {
-		if nc.ChannelType() != "direct-tcpip" {
-			nc.Reject(gossh.UnknownChannelType, "only direct-tcpip")
-			continue
+	for {
+		st, err := m.Accept()
+		if err != nil {
+			return
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.dial(nc)
+			a.dial(done, st)
 		}()
 	}
 }
 
-// dial dials loopback inside the pod and copies both ways.
-func (a *Agent) dial(nc gossh.NewChannel) {
-	var p forward.DirectTCPIP
-	if err := gossh.Unmarshal(nc.ExtraData(), &p); err != nil {
-		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
-		return
-	}
-	if reason := forward.Loopback(p.Host, p.Port); reason != "" {
-		nc.Reject(gossh.Prohibited, reason)
-		return
-	}
-	host := "127.0.0.1"
-	if p.Host == "::1" || p.Host == "[::1]" {
-		host = "::1"
-	}
-	dst, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(int(p.Port))), a.o.DialTimeout)
+// dial dials loopback inside the pod for one stream and copies both ways
+// until both are done or ctx ends.
+func (a *Agent) dial(ctx context.Context, st *forward.Stream) {
+	host, port, err := forward.DecodeOpen(st.Request())
 	if err != nil {
-		nc.Reject(gossh.ConnectionFailed, fmt.Sprintf("nothing answers on port %d inside the sandbox", p.Port))
+		st.Reject(forward.ConnectionFailed, "malformed open request")
 		return
 	}
-	ch, reqs, err := nc.Accept()
+	if reason := forward.Loopback(host, port); reason != "" {
+		st.Reject(forward.Prohibited, reason)
+		return
+	}
+	addr := "127.0.0.1"
+	if host == "::1" || host == "[::1]" {
+		addr = "::1"
+	}
+	dst, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(int(port))), a.o.DialTimeout)
 	if err != nil {
+		st.Reject(forward.ConnectionFailed, fmt.Sprintf("nothing answers on port %d inside the sandbox", port))
+		return
+	}
+	if err := st.Accept(); err != nil {
 		dst.Close()
 		return
 	}
-	go gossh.DiscardRequests(reqs)
-	forward.Pipe(ch, dst.(*net.TCPConn))
+	stop := context.AfterFunc(ctx, func() { dst.Close(); st.Close() })
+	defer stop()
+	forward.Pipe(st, dst.(*net.TCPConn))
 }

@@ -179,7 +179,11 @@ func TestHelperKeyOnlyForHelpers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(signers[0].PublicKey()))); key != want {
+	pub, err := gossh.NewPublicKey(signers[0].Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(pub))); key != want {
 		t.Errorf("helper key %q, want the sandbox's key from the gateway's current one %q", key, want)
 	}
 	if _, err := db.RotateGatewayKey(ctx); err != nil {

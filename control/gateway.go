@@ -26,7 +26,7 @@ const helperLoginSalt = "hiloop session helper login v1"
 // other sandbox that answers a dial refuses the login; and one stored
 // secret still makes every sandbox's key, so nothing per sandbox is kept
 // and a rotation re-derives them all.
-func HelperLoginKey(gateway ed25519.PrivateKey, sandboxID string) (gossh.Signer, error) {
+func HelperLoginKey(gateway ed25519.PrivateKey, sandboxID string) (ed25519.PrivateKey, error) {
 	if len(gateway) != ed25519.PrivateKeySize || sandboxID == "" {
 		return nil, errors.New("helper login key: a gateway key and a sandbox id are required")
 	}
@@ -34,7 +34,7 @@ func HelperLoginKey(gateway ed25519.PrivateKey, sandboxID string) (gossh.Signer,
 	if err != nil {
 		return nil, fmt.Errorf("helper login key: %w", err)
 	}
-	return gossh.NewSignerFromKey(ed25519.NewKeyFromSeed(seed))
+	return ed25519.NewKeyFromSeed(seed), nil
 }
 
 // HelperAuthorizedKey is HelperLoginKey's public key in authorized_keys
@@ -44,14 +44,18 @@ func HelperAuthorizedKey(gateway ed25519.PrivateKey, sandboxID string) (string, 
 	if err != nil {
 		return "", err
 	}
-	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(k.PublicKey()))), nil
+	pub, err := gossh.NewPublicKey(k.Public())
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(pub))), nil
 }
 
 // GatewayKeys are the keys the gateway logs in to the session helper of the
 // session's sandbox with, derived for that sandbox alone: from the current
 // gateway key first, then from the one it replaced, which helpers whose
 // annotation was not refreshed yet still accept.
-func (c *Control) GatewayKeys(ctx context.Context, s *Session) ([]gossh.Signer, error) {
+func (c *Control) GatewayKeys(ctx context.Context, s *Session) ([]ed25519.PrivateKey, error) {
 	cur, err := c.o.Store.PrivateKey(ctx, store.KeyGateway)
 	if err != nil {
 		return nil, err
@@ -60,16 +64,16 @@ func (c *Control) GatewayKeys(ctx context.Context, s *Session) ([]gossh.Signer, 
 	if err != nil {
 		return nil, err
 	}
-	var keys []gossh.Signer
+	var keys []ed25519.PrivateKey
 	for _, k := range []ed25519.PrivateKey{cur, prev} {
 		if k == nil {
 			continue
 		}
-		signer, err := HelperLoginKey(k, s.SandboxID)
+		key, err := HelperLoginKey(k, s.SandboxID)
 		if err != nil {
 			return nil, err
 		}
-		keys = append(keys, signer)
+		keys = append(keys, key)
 	}
 	return keys, nil
 }

@@ -35,7 +35,7 @@ func TestHelperLoginKeyPerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return gossh.FingerprintSHA256(s.PublicKey())
+		return fingerprint(t, s)
 	}
 	rootPub, _ := gossh.NewPublicKey(root.Public())
 	a, b := fp(root, "sbx_a"), fp(root, "sbx_b")
@@ -67,7 +67,7 @@ func TestHelperLoginKeyPerSandbox(t *testing.T) {
 		}
 		var out []string
 		for _, k := range signers {
-			out = append(out, gossh.FingerprintSHA256(k.PublicKey()))
+			out = append(out, fingerprint(t, k))
 		}
 		return out
 	}
@@ -124,4 +124,14 @@ func TestHelperAddrOnlyObservedPod(t *testing.T) {
 			t.Errorf("%s: %q in pod %q (%v), want %q in pod %q", tc.name, addr, uid, err, tc.addr, tc.podUID)
 		}
 	}
+}
+
+// fingerprint is the SSH fingerprint of k's public key.
+func fingerprint(t *testing.T, k ed25519.PrivateKey) string {
+	t.Helper()
+	pub, err := gossh.NewPublicKey(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gossh.FingerprintSHA256(pub)
 }

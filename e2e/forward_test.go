@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	gossh "golang.org/x/crypto/ssh"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/control"
+	hlforward "github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
@@ -175,25 +175,27 @@ func TestSSHForward(t *testing.T) {
 	cur := helperLoginKey(t, in.DB, sb.ID)
 	podIP := e2e.Kubectl(t, "get", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "-o", "jsonpath={.status.podIP}")
 	helper := net.JoinHostPort(podIP, "2223")
-	dial := func(user string, k gossh.Signer) error {
-		c, err := gossh.Dial("tcp", helper, &gossh.ClientConfig{User: user, Auth: []gossh.AuthMethod{gossh.PublicKeys(k)},
-			HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
-		if err == nil {
-			c.Close()
+	dial := func(sandboxID string, k ed25519.PrivateKey) error {
+		cfg, err := hlforward.ClientConfig(sandboxID, k, func(ed25519.PublicKey) error { return nil })
+		if err != nil {
+			return err
 		}
+		nc, err := net.DialTimeout("tcp", helper, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = hlforward.Handshake(nc, cfg)
 		return err
 	}
 	e2e.Eventually(t, "the helper takes the new key", 60*time.Second, func() (bool, error) {
 		return dial(sb.ID, cur) == nil && dial(sb.ID, old) != nil, nil
 	})
 	if dial("gateway", cur) == nil {
-		t.Error("the helper let in a user that is not its sandbox")
+		t.Error("the helper let in a connection that names another than its sandbox")
 	}
-	root, err := gossh.NewSignerFromKey(gatewayKey(t, in.DB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dial(sb.ID, root) == nil {
+	if dial(sb.ID, gatewayKey(t, in.DB)) == nil {
 		t.Error("the helper let in the gateway key itself")
 	}
 	// A new client connection reaches the helper with the new key.
@@ -265,7 +267,7 @@ func gatewayKey(t *testing.T, db string) ed25519.PrivateKey {
 
 // helperLoginKey is the key the gateway logs in to the sandbox's helper
 // with now, derived from its current key.
-func helperLoginKey(t *testing.T, db, id string) gossh.Signer {
+func helperLoginKey(t *testing.T, db, id string) ed25519.PrivateKey {
 	t.Helper()
 	k, err := control.HelperLoginKey(gatewayKey(t, db), id)
 	if err != nil {

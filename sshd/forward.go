@@ -2,6 +2,8 @@ package sshd
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,15 +19,15 @@ import (
 	"github.com/hiloop/hiloop/sandbox"
 )
 
-// upstream is the one SSH connection to a sandbox's session helper that a
-// client connection's -L channels share. It lives as long as the client
-// connection and its forward session (a revoke, a stop or shutdown ends
-// it).
+// upstream is the one connection to a sandbox's session helper that a
+// client connection's -L channels share, each channel a stream of its mux.
+// It lives as long as the client connection and its forward session (a
+// revoke, a stop or shutdown ends it).
 type upstream struct {
-	// dialled is closed once the dial ended, with client and sess, or err,
+	// dialled is closed once the dial ended, with mux and sess, or err,
 	// set.
 	dialled chan struct{}
-	client  *gossh.Client
+	mux     *forward.Mux
 	// sess is the forward session the upstream belongs to.
 	sess *control.Session
 	err  error
@@ -59,29 +61,33 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		nc.Reject(gossh.Prohibited, reason)
 		return
 	}
+	req, err := forward.EncodeOpen(p.Host, p.Port)
+	if err != nil {
+		nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
 	up, done, ok := g.upstreamInUse(ctx, nc, conn, who, log)
 	if !ok {
 		return
 	}
 	defer done()
-	ch, reqs, err := up.client.OpenChannel("direct-tcpip", nc.ExtraData())
+	st, err := up.mux.Open(ctx.Done(), req)
 	if err != nil {
-		var oce *gossh.OpenChannelError
-		if errors.As(err, &oce) {
-			nc.Reject(oce.Reason, oce.Message)
+		var oe *forward.OpenError
+		if errors.As(err, &oe) {
+			nc.Reject(gossh.RejectionReason(oe.Reason), oe.Message)
 		} else {
 			nc.Reject(gossh.ConnectionFailed, "the sandbox's session helper went away")
 		}
 		return
 	}
-	go gossh.DiscardRequests(reqs)
 	cch, creqs, err := nc.Accept()
 	if err != nil {
-		ch.Close()
+		st.Close()
 		return
 	}
 	go gossh.DiscardRequests(creqs)
-	up.sess.Moved(forward.Pipe(cch, ch))
+	up.sess.Moved(forward.Pipe(cch, st))
 }
 
 // upstreamInUse wakes the connection's sandbox if it was stopped for
@@ -132,7 +138,7 @@ func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.
 			return nil, errors.New("the connection closed")
 		}
 	}
-	up.client, up.sess, up.err = g.dialHelper(ctx, conn, who, log, up)
+	up.mux, up.sess, up.err = g.dialHelper(ctx, conn, who, log, up)
 	if up.err != nil {
 		g.upstreams.CompareAndDelete(conn, up)
 	}
@@ -141,15 +147,15 @@ func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.
 }
 
 // dialHelper admits a forward session for the connection and dials the
-// sandbox's helper for up, pinning its host key to the pod. The session and
-// the upstream end together, with the client connection or when control
-// ends the session.
-func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger, up *upstream) (*gossh.Client, *control.Session, error) {
+// sandbox's helper for up, pinning its key to the pod. The session and the
+// upstream end together, with the client connection or when control ends
+// the session.
+func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger, up *upstream) (*forward.Mux, *control.Session, error) {
 	sess, err := g.o.Control.Admit(ctx, who, conn.User(), sandbox.TransportForward)
 	if err != nil {
 		return nil, nil, errors.New(refusal(conn.User(), err))
 	}
-	fail := func(msg string, err error) (*gossh.Client, *control.Session, error) {
+	fail := func(msg string, err error) (*forward.Mux, *control.Session, error) {
 		sess.End()
 		g.log.Warn(msg, "sandbox", conn.User(), "err", err)
 		return nil, nil, errors.New(msg)
@@ -162,17 +168,13 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		}
 		return fail(msg, err)
 	}
-	// The user is the sandbox id and the keys are derived for this sandbox
-	// alone: a helper of any other sandbox refuses the login.
+	// The server name is the sandbox id and the keys are derived for this
+	// sandbox alone: a helper of any other sandbox refuses them.
 	keys, err := g.o.Control.GatewayKeys(ctx, sess)
 	if err != nil {
 		return fail("the gateway's key is unreadable", err)
 	}
-	client, err := g.dialSSH(sess.Context(), addr, &gossh.ClientConfig{
-		User: sess.SandboxID, Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
-		HostKeyCallback: g.pinned(ctx, sess, podUID),
-		Config:          gossh.Config{Ciphers: forward.Ciphers()},
-	})
+	tc, err := g.dialTLS(sess.Context(), addr, sess.SandboxID, keys, g.pinned(ctx, sess, podUID))
 	if err != nil {
 		if cause := context.Cause(sess.Context()); cause != nil {
 			// The client left, or control ended the session: nobody
@@ -181,61 +183,83 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 			log.Debug("forward dial abandoned", "cause", cause)
 			return nil, nil, fmt.Errorf("the session ended: %w", cause)
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case errors.Is(err, forward.ErrOldHelper):
+			return fail(forward.ErrOldHelper.Error(), err)
+		case errors.Is(err, forward.ErrRefused):
+			return fail("the sandbox's session helper refused the gateway", err)
+		case errors.Is(err, context.DeadlineExceeded):
 			g.o.Metrics.SSHRefused(refusedHelperDial)
 		}
 		return fail("the sandbox's session helper did not answer", err)
 	}
+	mux := forward.NewMux(tc, forward.MuxOptions{MaxStreams: g.o.MaxChannelsPerConn})
 	log.Info("forward session opened", "pod_uid", podUID)
 	// Whichever ends first, the client's connection or the session, ends
 	// the other and the upstream; but a session ended by an idle stop
 	// leaves the client's connection open, so that its next -L channel
-	// wakes the sandbox.
+	// wakes the sandbox. An upstream whose helper went away ends its
+	// session and is forgotten, so the next channel dials again.
 	go func() {
 		select {
 		case <-ctx.Done():
+		case <-mux.Done():
 		case <-sess.Context().Done():
 			if !errors.Is(sess.Ended(), control.ErrIdleStopped) {
 				conn.Close()
 			}
 		}
-		client.Close()
+		mux.Close()
 		sess.End()
 		g.upstreams.CompareAndDelete(conn, up)
 	}()
-	return client, sess, nil
+	return mux, sess, nil
 }
 
-// dialSSH connects to addr and completes the SSH handshake within
-// HelperDialTimeout, and gives up at once when ctx ends. ClientConfig.Timeout
-// bounds only the TCP connect: a helper address whose listener accepts and
-// never speaks would hold the handshake, and the session slot, forever.
-func (g *Gateway) dialSSH(ctx context.Context, addr string, cfg *gossh.ClientConfig) (*gossh.Client, error) {
+// dialTLS connects to the helper at addr and completes the TLS handshake,
+// through the helper's ready, with the first of keys it accepts (the
+// sandbox's key from the current gateway key, then from the one it
+// replaced), all within HelperDialTimeout; it gives up at once when ctx
+// ends. A helper that refuses one key is dialled again with the next.
+func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed25519.PrivateKey, pin func(ed25519.PublicKey) error) (*tls.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
 	defer cancel()
-	nc, err := dialRefused(ctx, addr)
-	if err != nil {
-		if ctx.Err() != nil {
+	err := forward.ErrRefused
+	for _, key := range keys {
+		var cfg *tls.Config
+		cfg, err = forward.ClientConfig(sandboxID, key, pin)
+		if err != nil {
+			return nil, err
+		}
+		var nc net.Conn
+		nc, err = dialRefused(ctx, addr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+		// Closing the connection is what ends a handshake in progress.
+		stop := context.AfterFunc(ctx, func() { nc.Close() })
+		var tc *tls.Conn
+		tc, err = forward.Handshake(nc, cfg)
+		if !stop() {
+			// ctx ended: the handshake failed on the closed connection, or
+			// finished just before it was closed.
+			if err == nil {
+				tc.Close()
+			}
 			return nil, ctx.Err()
 		}
-		return nil, err
-	}
-	// Closing the connection is what ends a handshake in progress.
-	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	c, chans, reqs, err := gossh.NewClientConn(nc, addr, cfg)
-	if !stop() {
-		// ctx ended: the handshake failed on the closed connection, or
-		// finished just before it was closed.
 		if err == nil {
-			c.Close()
+			return tc, nil
 		}
-		return nil, ctx.Err()
-	}
-	if err != nil {
 		nc.Close()
-		return nil, err
+		if !errors.Is(err, forward.ErrRefused) {
+			return nil, err
+		}
 	}
-	return gossh.NewClient(c, chans, reqs), nil
+	return nil, err
 }
 
 // dialRefused dials addr, and again while it is refused, until ctx ends:
@@ -258,12 +282,12 @@ func dialRefused(ctx context.Context, addr string) (net.Conn, error) {
 	}
 }
 
-// pinned accepts the first host key a pod's helper shows and only that key
-// for the rest of the pod's life: a new pod may have a new key, one pod may
+// pinned accepts the first key a pod's helper shows and only that key for
+// the rest of the pod's life: a new pod may have a new key, one pod may
 // not change it.
-func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) gossh.HostKeyCallback {
-	return func(_ string, _ net.Addr, key gossh.PublicKey) error {
-		fp := gossh.FingerprintSHA256(key)
+func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) func(ed25519.PublicKey) error {
+	return func(key ed25519.PublicKey) error {
+		fp := forward.Fingerprint(key)
 		g.pinMu.Lock()
 		defer g.pinMu.Unlock()
 		if g.pins == nil {

@@ -3,6 +3,7 @@ package sshd_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -74,4 +75,40 @@ func TestForwardRefusedForPodNotObserved(t *testing.T) {
 	if n := a.Conns(); n != 0 {
 		t.Errorf("the helper was dialled %d times", n)
 	}
+}
+
+// TestForwardOldHelper: a helper that greets in SSH, as one started before
+// the gateway moved to TLS does, refuses the -L channel at once with a
+// message that says to restart the sandbox, rather than holding it until
+// the dial's deadline.
+func TestForwardOldHelper(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.Write([]byte("SSH-2.0-hiloop-agent\r\n"))
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	g := start(t, setup{sessionPort: ln.Addr().(*net.TCPAddr).Port})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	_, err = forward(c, "127.0.0.1", echoServer(t))
+	var oce *gossh.OpenChannelError
+	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed || oce.Message != "the sandbox's session helper is older than the gateway; restart the sandbox" {
+		t.Fatalf("-L through a helper of the SSH protocol: %v", err)
+	}
+	eventually(t, "the refused forward session ended", func() bool { return g.core.Sessions() == 0 })
 }

@@ -229,6 +229,15 @@ func (m *Mux) dispatch(typ byte, id uint32, buf []byte) error {
 		if m.server {
 			return errors.New("accept or reject sent to the accepting side")
 		}
+		// One answer per open: a reject after the accept would drop a
+		// stream in use from the routes, its reads waiting for good.
+		s.mu.Lock()
+		again := s.gotAnswer
+		s.gotAnswer = true
+		s.mu.Unlock()
+		if again {
+			return errors.New("an open answered twice")
+		}
 		var err error
 		if typ == frameReject {
 			if len(buf) < 1 {
@@ -365,7 +374,9 @@ type Stream struct {
 	gotFin   bool // the other side sends no more
 	sentFin  bool // this side sends no more
 	reset    bool // the stream is over both ways
-	wmu      sync.Mutex
+	// gotAnswer: the other side accepted or rejected the open.
+	gotAnswer bool
+	wmu       sync.Mutex
 }
 
 // Request is the open request the other side sent.

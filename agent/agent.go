@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -49,13 +50,27 @@ type Options struct {
 	// MaxStreams bounds the streams open at once on one connection;
 	// forward.MaxStreams when zero.
 	MaxStreams int
+	// MaxHandshakes bounds the connections still in their handshake at
+	// once; one past it is closed at once. Anything that reaches the port
+	// can open connections, and the helper's memory limit is small: past
+	// it the helper would be killed and come back with a new key, which
+	// the gateway's pin refuses for the rest of the pod's life.
+	// DefaultMaxHandshakes when zero.
+	MaxHandshakes int
 }
+
+// DefaultMaxHandshakes is Options.MaxHandshakes when zero: the gateway
+// dials once per client connection, and a handshake takes a round trip or
+// two.
+const DefaultMaxHandshakes = 64
 
 // Agent is the helper's server.
 type Agent struct {
 	o   Options
 	log *slog.Logger
 	tls *tls.Config
+	// handshakes holds a place for each connection in its handshake.
+	handshakes chan struct{}
 	// conns counts gateway connections accepted since start: the gateway
 	// holds one per client connection, whatever its number of channels.
 	conns atomic.Int64
@@ -77,6 +92,9 @@ func New(o Options) (*Agent, error) {
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = 30 * time.Second
 	}
+	if o.MaxHandshakes == 0 {
+		o.MaxHandshakes = DefaultMaxHandshakes
+	}
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -85,7 +103,7 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{o: o, log: o.Log.With("component", "agent")}
+	a := &Agent{o: o, log: o.Log.With("component", "agent"), handshakes: make(chan struct{}, o.MaxHandshakes)}
 	a.tls = forward.ServerConfig(cert, a.authorize)
 	return a, nil
 }
@@ -122,18 +140,39 @@ func (a *Agent) authorize(cs tls.ConnectionState) error {
 // Conns is the number of gateway connections accepted since start.
 func (a *Agent) Conns() int64 { return a.conns.Load() }
 
-// Serve accepts connections on ln until ctx ends.
+// Serve accepts connections on ln until ctx ends. A failure to accept that
+// passes (out of file descriptors or memory, a connection aborted before
+// it was accepted) is waited out rather than ending the helper, whose
+// restart would bring a new key.
 func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	defer a.wg.Wait()
+	var wait time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			if !passing(err) {
+				return err
+			}
+			wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+			a.log.Warn("accept failed; retrying", "err", err, "wait", wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			continue
+		}
+		wait = 0
+		select {
+		case a.handshakes <- struct{}{}:
+		default:
+			c.Close()
+			continue
 		}
 		a.wg.Add(1)
 		go func() {
@@ -143,15 +182,29 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
+// passing reports whether an accept error may go away by itself.
+func passing(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle serves one connection; it holds a place in a.handshakes until its
+// handshake ended.
 func (a *Agent) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(a.o.HandshakeTimeout))
 	tc := tls.Server(c, a.tls)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		a.log.Info("handshake refused", "remote", c.RemoteAddr().String(), "err", err)
-		return
+	err := tc.HandshakeContext(ctx)
+	if err == nil {
+		_, err = tc.Write([]byte{forward.Ready})
 	}
-	if _, err := tc.Write([]byte{forward.Ready}); err != nil {
+	<-a.handshakes
+	if err != nil {
+		a.log.Info("handshake refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
 	c.SetDeadline(time.Time{})

@@ -348,7 +348,7 @@ func BenchmarkCreateToRunning(b *testing.B) {
 			b.Logf("hiloop round: p50 %v", percentile(r, 50).Round(time.Millisecond))
 			hl, hlCalls, hlAfter = append(hl, r...), append(hlCalls, c...), append(hlAfter, a...)
 		}
-		for range 5 {
+		for range benchBlocks(b, 5) {
 			floorRound()
 			hiloopRound()
 			hiloopRound()
@@ -378,6 +378,22 @@ func BenchmarkCreateToRunning(b *testing.B) {
 		b.ReportMetric(float64(percentile(hl, 50))/float64(percentile(floor, 50)), "p50-ratio")
 		b.ReportMetric(float64(percentile(hl, 99))/float64(percentile(floor, 99)), "p99-ratio")
 	}
+}
+
+// benchBlocks is how many blocks of rounds a benchmark runs: def, or
+// HILOOP_BENCH_BLOCKS when set, for a quicker look while working on one
+// path (the figures of fewer blocks pool fewer sandboxes and move more from
+// run to run).
+func benchBlocks(b *testing.B, def int) int {
+	v := os.Getenv("HILOOP_BENCH_BLOCKS")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("HILOOP_BENCH_BLOCKS=%q: want a whole number of at least 1", v)
+	}
+	return n
 }
 
 // cpuTime is the CPU time, user and system, process pid has used.

@@ -68,7 +68,7 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 			if err != nil {
 				return nil, err
 			}
-			return watch.NewStreamWatcher(&sandboxDecoder{body: body, dec: json.NewDecoder(body)},
+			return watch.NewStreamWatcher(&sandboxDecoder{body: body},
 				apierrors.NewClientErrorReporter(http.StatusInternalServerError, "GET", "ClientWatchDecoding")), nil
 		},
 	}
@@ -117,44 +117,153 @@ func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
 }
 
 // sandboxDecoder reads a Sandbox watch's events: each a JSON object of a
-// type and an object, a Sandbox, or a Status for an error. Each event is
-// decoded in one pass, into the fields of both.
+// type and an object, a Sandbox, or a Status for an error. encoding/json
+// walks every byte of an event twice (once to find its end, once to
+// decode it), managed fields and pod template included, though the view
+// keeps a few fields of a few hundred bytes: that was most of the cost of
+// the watch. The decoder finds the event's end, and the members the view
+// keeps, with a scan that looks only at quotes and brackets (scan.go), and
+// decodes those members alone, in one json.Unmarshal. An error event, rare,
+// is decoded whole.
 type sandboxDecoder struct {
 	body io.ReadCloser
-	dec  *json.Decoder
+	// buf holds what was read of the stream; buf[off:] is not decoded yet.
+	buf []byte
+	off int
+	// kept is reused to assemble the members of each event that the view
+	// keeps.
+	kept []byte
+}
+
+// readChunk is how much the decoder asks of the stream at a time, at
+// least: an event is a few kilobytes.
+const readChunk = 32 << 10
+
+// next returns the next JSON value of the stream, which stays valid until
+// the next call.
+func (d *sandboxDecoder) next() ([]byte, error) {
+	for {
+		start := skipSpace(d.buf, d.off)
+		if start < len(d.buf) {
+			end, err := skipValue(d.buf, start)
+			if err == nil {
+				d.off = end
+				return d.buf[start:end], nil
+			}
+			if err != errShort {
+				return nil, err
+			}
+		}
+		// Not all of it yet: move what is left to the front and read more.
+		n := copy(d.buf, d.buf[start:])
+		d.buf, d.off = d.buf[:n], 0
+		if cap(d.buf)-n < readChunk {
+			d.buf = append(d.buf, make([]byte, readChunk)...)[:n]
+		}
+		m, err := d.body.Read(d.buf[n:cap(d.buf)])
+		d.buf = d.buf[:n+m]
+		if m > 0 {
+			continue
+		}
+		if err == io.EOF && n > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return nil, err
+	}
 }
 
 func (d *sandboxDecoder) Decode() (watch.EventType, runtime.Object, error) {
-	var ev struct {
-		Type   watch.EventType `json:"type"`
-		Object struct {
-			liteSandbox
-			// A Status's own fields; its status is liteSandbox's.
-			Code    int32                 `json:"code"`
-			Reason  metav1.StatusReason   `json:"reason"`
-			Message string                `json:"message"`
-			Details *metav1.StatusDetails `json:"details"`
-		} `json:"object"`
-	}
-	if err := d.dec.Decode(&ev); err != nil {
+	raw, err := d.next()
+	if err != nil {
 		return "", nil, err
 	}
-	switch ev.Type {
+	var typ, object []byte
+	if err := members(raw, func(key, v []byte) error {
+		switch string(key) {
+		case "type":
+			typ = v
+		case "object":
+			object = v
+		}
+		return nil
+	}); err != nil {
+		return "", nil, fmt.Errorf("sandbox watch: %w", err)
+	}
+	var t watch.EventType
+	if err := json.Unmarshal(typ, &t); err != nil {
+		return "", nil, fmt.Errorf("sandbox watch: event type: %w", err)
+	}
+	switch t {
 	case watch.Added, watch.Modified, watch.Deleted, watch.Bookmark:
-		sb, err := ev.Object.sandbox()
+		d.kept, err = keptMembers(d.kept[:0], object)
+		if err != nil {
+			return "", nil, fmt.Errorf("sandbox watch: %w", err)
+		}
+		var l liteSandbox
+		if err := json.Unmarshal(d.kept, &l); err != nil {
+			return "", nil, fmt.Errorf("sandbox watch: %w", err)
+		}
+		sb, err := l.sandbox()
 		if err != nil {
 			return "", nil, err
 		}
-		return ev.Type, sb, nil
+		return t, sb, nil
 	case watch.Error:
-		o := &ev.Object
-		st := &metav1.Status{Code: o.Code, Reason: o.Reason, Message: o.Message, Details: o.Details}
-		if err := json.Unmarshal(o.Status, &st.Status); err != nil {
+		st := &metav1.Status{}
+		if err := json.Unmarshal(object, st); err != nil {
 			return "", nil, fmt.Errorf("decode sandbox watch error: %w", err)
 		}
-		return ev.Type, st, nil
+		return t, st, nil
 	}
-	return "", nil, fmt.Errorf("sandbox watch: event of unknown type %q", ev.Type)
+	return "", nil, fmt.Errorf("sandbox watch: event of unknown type %q", t)
+}
+
+// viewKeeps names the members of a Sandbox that liteSandbox reads, by
+// object: its top-level members are metadata, spec and status.
+var viewKeeps = map[string]map[string]bool{
+	"metadata": {"name": true, "namespace": true, "uid": true, "resourceVersion": true, "creationTimestamp": true,
+		"deletionTimestamp": true, "labels": true, "annotations": true, "ownerReferences": true},
+	"spec":   {"operatingMode": true, "shutdownTime": true},
+	"status": {"conditions": true},
+}
+
+// keptMembers appends to dst a JSON object of only the members of the
+// Sandbox obj that the view keeps (viewKeeps): managed fields, the pod
+// template and the rest are skipped unread.
+func keptMembers(dst, obj []byte) ([]byte, error) {
+	dst = append(dst, '{')
+	outer := 0
+	err := members(obj, func(key, v []byte) error {
+		keep := viewKeeps[string(key)]
+		if keep == nil {
+			return nil
+		}
+		if len(v) == 0 || v[0] != '{' {
+			return fmt.Errorf("%s is not an object", key)
+		}
+		if outer > 0 {
+			dst = append(dst, ',')
+		}
+		outer++
+		dst = append(append(append(dst, '"'), key...), `":{`...)
+		inner := 0
+		err := members(v, func(k, iv []byte) error {
+			if keep[string(k)] {
+				if inner > 0 {
+					dst = append(dst, ',')
+				}
+				inner++
+				dst = append(append(append(append(dst, '"'), k...), `":`...), iv...)
+			}
+			return nil
+		})
+		dst = append(dst, '}')
+		return err
+	})
+	return append(dst, '}'), err
 }
 
 func (d *sandboxDecoder) Close() { d.body.Close() }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"testing"
+	"testing/iotest"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,8 +37,7 @@ func TestSandboxDecoderKeepsTheView(t *testing.T) {
 	enc.Encode(map[string]any{"type": watch.Bookmark, "object": &v1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{
 		ResourceVersion: "43", Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}})
 
-	d := &sandboxDecoder{body: io.NopCloser(&stream)}
-	d.dec = json.NewDecoder(d.body)
+	d := &sandboxDecoder{body: io.NopCloser(iotest.OneByteReader(&stream))}
 	for i, o := range objs {
 		typ, got, err := d.Decode()
 		if err != nil || typ != watch.Modified {

@@ -71,12 +71,21 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 		return
 	}
 	defer done()
-	st, err := up.mux.Open(ctx.Done(), req)
+	// The helper answers an open within its own dial timeout; one that
+	// does not (a tenant's program on the helper's port) holds the
+	// channel only until HelperDialTimeout.
+	octx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
+	st, err := up.mux.Open(octx.Done(), req)
+	late := octx.Err() != nil && ctx.Err() == nil
+	cancel()
 	if err != nil {
 		var oe *forward.OpenError
-		if errors.As(err, &oe) {
+		switch {
+		case errors.As(err, &oe):
 			nc.Reject(gossh.RejectionReason(oe.Reason), oe.Message)
-		} else {
+		case late:
+			nc.Reject(gossh.ConnectionFailed, "the sandbox's session helper did not answer")
+		default:
 			nc.Reject(gossh.ConnectionFailed, "the sandbox's session helper went away")
 		}
 		return

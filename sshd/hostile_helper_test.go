@@ -1,0 +1,361 @@
+package sshd_test
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	fwd "github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/sshd"
+)
+
+// A tenant can stop the session helper in its pod and listen on its port
+// itself, so the gateway may be talking to a program that shows any key
+// first (which it then pins) and speaks the protocol as it likes. These
+// tests run such a program: whatever it does ends that client's upstream
+// at worst, never the gateway, another client, or the pin.
+
+// Frame types and header of the mux (forward/mux.go), spelt out as a
+// hostile helper would.
+const (
+	fOpen byte = iota + 1
+	fAccept
+	fReject
+	fData
+	fWindow
+	fFin
+	fReset
+)
+
+func frame(typ byte, id uint32, payload []byte) []byte {
+	b := make([]byte, 9, 9+len(payload))
+	b[0] = typ
+	binary.BigEndian.PutUint32(b[1:], id)
+	binary.BigEndian.PutUint32(b[5:], uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// readFrame reads one frame's type and stream id, dropping its payload.
+func readFrame(c io.Reader) (byte, uint32, error) {
+	var hdr [9]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return 0, 0, err
+	}
+	_, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[5:])))
+	return hdr[0], binary.BigEndian.Uint32(hdr[1:]), err
+}
+
+// impostor serves the helper's port with the helper's TLS side but a
+// behaviour of the test's: behave gets the n-th connection (from 0) after
+// the ready byte, and the key it showed is keyFor(n). It accepts any
+// gateway certificate; the test ends every connection.
+func impostor(t *testing.T, keyFor func(n int) ed25519.PrivateKey, behave func(n int, c *tls.Conn)) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for n := 0; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			cert, err := fwd.Certificate(keyFor(n))
+			if err != nil {
+				t.Error(err)
+				c.Close()
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				tc := tls.Server(c, fwd.ServerConfig(cert, func(tls.ConnectionState) error { return nil }))
+				if err := tc.Handshake(); err != nil {
+					return
+				}
+				if _, err := tc.Write([]byte{fwd.Ready}); err != nil {
+					return
+				}
+				behave(n, tc)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func sameKey(t *testing.T) func(int) ed25519.PrivateKey {
+	_, k, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(int) ed25519.PrivateKey { return k }
+}
+
+// echoHelper serves c as a well-behaved helper whose every stream echoes.
+func echoHelper(c *tls.Conn) {
+	m := fwd.NewMux(c, fwd.MuxOptions{Server: true})
+	defer m.Close()
+	for {
+		st, err := m.Accept()
+		if err != nil {
+			return
+		}
+		st.Accept()
+		go func() { io.Copy(st, st); st.CloseWrite() }()
+	}
+}
+
+// openWithin opens a -L channel, failing the test if the open is not
+// answered within d.
+func openWithin(t *testing.T, c *gossh.Client, d time.Duration) (gossh.Channel, error) {
+	t.Helper()
+	type res struct {
+		ch  gossh.Channel
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		ch, err := forward(c, "127.0.0.1", 8080)
+		got <- res{ch, err}
+	}()
+	select {
+	case r := <-got:
+		return r.ch, r.err
+	case <-time.After(d):
+		t.Fatalf("a -L channel open not answered within %v", d)
+		return nil, nil
+	}
+}
+
+func echoes(t *testing.T, ch gossh.Channel, what string) {
+	t.Helper()
+	go func() { ch.Write([]byte("ping")); ch.CloseWrite() }()
+	if got, err := io.ReadAll(ch); err != nil || string(got) != "ping" {
+		t.Fatalf("%s: %q, %v", what, got, err)
+	}
+	ch.Close()
+}
+
+// TestForwardHelperNeverAnswersOpen: a helper that reads the stream's open
+// and never answers holds the -L channel open only until
+// HelperDialTimeout.
+func TestForwardHelperNeverAnswersOpen(t *testing.T) {
+	port := impostor(t, sameKey(t), func(_ int, c *tls.Conn) { io.Copy(io.Discard, c) })
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	defer c.Close()
+	_, err := openWithin(t, c, 20*time.Second)
+	var oce *gossh.OpenChannelError
+	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed || !strings.Contains(oce.Message, "did not answer") {
+		t.Fatalf("-L through a helper that never answers: %v, want connection failed, did not answer", err)
+	}
+}
+
+// TestForwardHostileHelperFrames: a helper that answers a stream's open
+// with a frame that breaks the protocol (a length near 2^32, an open of
+// its own toward the gateway, a window update near 2^32, a reject after
+// its accept) ends its upstream: the channel fails or ends, the forward
+// session ends, and the client's next channel dials again and works with
+// a helper that behaves.
+func TestForwardHostileHelperFrames(t *testing.T) {
+	hostile := []func(c *tls.Conn, id uint32){
+		func(c *tls.Conn, id uint32) { c.Write([]byte{fData, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}) },
+		func(c *tls.Conn, id uint32) {
+			req, _ := fwd.EncodeOpen("10.0.0.1", 22)
+			c.Write(frame(fOpen, 1, req))
+		},
+		func(c *tls.Conn, id uint32) {
+			c.Write(append(frame(fAccept, id, nil), frame(fWindow, id, []byte{0xff, 0xff, 0xff, 0xff})...))
+		},
+		func(c *tls.Conn, id uint32) {
+			c.Write(append(frame(fAccept, id, nil), frame(fReject, id, []byte{1})...))
+		},
+	}
+	port := impostor(t, sameKey(t), func(n int, c *tls.Conn) {
+		if n >= len(hostile) {
+			echoHelper(c)
+			return
+		}
+		typ, id, err := readFrame(c)
+		if err != nil || typ != fOpen {
+			return
+		}
+		hostile[n](c, id)
+		io.Copy(io.Discard, c)
+	})
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	defer c.Close()
+	for i := range hostile {
+		ch, err := openWithin(t, c, 20*time.Second)
+		if err == nil {
+			// Accepted before it broke the protocol: the channel ends.
+			go ch.Write(make([]byte, 1<<16))
+			read := make(chan struct{})
+			go func() { io.Copy(io.Discard, ch); close(read) }()
+			select {
+			case <-read:
+			case <-time.After(20 * time.Second):
+				t.Errorf("hostile helper %d: the channel did not end", i)
+			}
+			ch.Close()
+		}
+		eventually(t, "the hostile helper's session ended", func() bool { return g.core.Sessions() == 0 })
+	}
+	ch, err := openWithin(t, c, 20*time.Second)
+	if err != nil {
+		t.Fatalf("-L once the helper behaves: %v", err)
+	}
+	echoes(t, ch, "-L once the helper behaves")
+}
+
+// TestForwardHelperNeverReads: a helper that accepts a stream and then
+// reads nothing stalls that client's channel only: another client's -L
+// through another upstream moves, and the stuck client's leaving ends its
+// session and upstream.
+func TestForwardHelperNeverReads(t *testing.T) {
+	block := make(chan struct{})
+	port := impostor(t, sameKey(t), func(n int, c *tls.Conn) {
+		if n > 0 {
+			echoHelper(c)
+			return
+		}
+		typ, id, err := readFrame(c)
+		if err != nil || typ != fOpen {
+			return
+		}
+		c.Write(frame(fAccept, id, nil))
+		<-block
+	})
+	t.Cleanup(func() { close(block) })
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+
+	stuck := g.login(id, key)
+	ch, err := openWithin(t, stuck, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More than the stream's window and the TCP buffers between.
+	go func() {
+		buf := make([]byte, 1<<20)
+		for range 64 {
+			if _, err := ch.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+
+	other := g.login(id, key)
+	defer other.Close()
+	och, err := openWithin(t, other, 20*time.Second)
+	if err != nil {
+		t.Fatalf("another client while one upstream is stuck: %v", err)
+	}
+	echoes(t, och, "another client while one upstream is stuck")
+	och2, err := openWithin(t, other, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes(t, och2, "another channel while one upstream is stuck")
+
+	stuck.Close()
+	eventually(t, "the stuck client's session ended", func() bool { return g.core.Sessions() == 1 })
+	other.Close()
+	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+}
+
+// TestForwardHelperKeyChange: within one pod's life, a helper that shows
+// another key than the one the gateway pinned (a tenant's program that
+// took the port over) is refused and recorded; the first key still gets
+// in.
+func TestForwardHelperKeyChange(t *testing.T) {
+	_, k1, _ := ed25519.GenerateKey(rand.Reader)
+	_, k2, _ := ed25519.GenerateKey(rand.Reader)
+	var mu sync.Mutex
+	current := k1
+	port := impostor(t, func(int) ed25519.PrivateKey {
+		mu.Lock()
+		defer mu.Unlock()
+		return current
+	}, func(_ int, c *tls.Conn) { echoHelper(c) })
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+
+	c := g.login(id, key)
+	ch, err := openWithin(t, c, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes(t, ch, "-L through the first key")
+	c.Close()
+	eventually(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
+
+	mu.Lock()
+	current = k2
+	mu.Unlock()
+	c = g.login(id, key)
+	_, err = openWithin(t, c, 20*time.Second)
+	var oce *gossh.OpenChannelError
+	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed {
+		t.Fatalf("-L through a changed key: %v, want connection failed", err)
+	}
+	if !strings.Contains(g.logs.String(), "host key changed") {
+		t.Error("the key change was not logged")
+	}
+	c.Close()
+	eventually(t, "the refused session ended", func() bool { return g.core.Sessions() == 0 })
+
+	mu.Lock()
+	current = k1
+	mu.Unlock()
+	c = g.login(id, key)
+	defer c.Close()
+	ch, err = openWithin(t, c, 20*time.Second)
+	if err != nil {
+		t.Fatalf("-L through the pinned key again: %v", err)
+	}
+	echoes(t, ch, "-L through the pinned key again")
+}

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,9 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/remotecommand"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/client-go/transport/websocket"
 
@@ -105,6 +108,10 @@ type Execer struct {
 	Namespace string
 	// ConnectTimeout is the ConnectTimeout of requests that set none.
 	ConnectTimeout time.Duration
+
+	once   sync.Once
+	dialer *execDialer
+	err    error
 }
 
 // Exec runs a command in the workload container of a sandbox's pod.
@@ -112,7 +119,63 @@ func (e *Execer) Exec(ctx context.Context, sandboxID string, req ExecRequest) (E
 	if req.ConnectTimeout == 0 {
 		req.ConnectTimeout = e.ConnectTimeout
 	}
-	return e.Clients.Exec(ctx, e.Namespace, ObjectName(sandboxID), req)
+	e.once.Do(func() { e.dialer, e.err = newExecDialer(e.Clients.Config) })
+	if e.err != nil {
+		return ExitStatus{}, e.err
+	}
+	return e.dialer.exec(ctx, e.Clients.ExecURL(e.Namespace, ObjectName(sandboxID), req), req)
+}
+
+// execDialer opens exec streams to one API server. Its TLS configuration is
+// built once, with a session cache, so every stream after the first
+// resumes a TLS session instead of making a whole handshake: that spares
+// the API server its signature and hiloop the certificate checks and, with
+// a client certificate, an RSA signature of its own. In a loop of execs the
+// whole handshake was a fifth of serve's CPU (half of it that signature)
+// and building the configuration anew for each stream, parsing its keys
+// and certificates, another twentieth. The CA bundle is read once, as the
+// clients' own transport reads it; a client certificate that client-go
+// reloads from its files still is.
+type execDialer struct {
+	cfg       *rest.Config
+	transport *transport.Config
+	tls       *tls.Config
+	proxy     func(*http.Request) (*url.URL, error)
+}
+
+// execSessions is how many TLS sessions an execDialer keeps: one per API
+// server address it reached.
+const execSessions = 64
+
+func newExecDialer(cfg *rest.Config) (*execDialer, error) {
+	tc, err := cfg.TransportConfig()
+	if err != nil {
+		return nil, err
+	}
+	tlsCfg, err := transport.TLSConfigFor(tc)
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg != nil {
+		tlsCfg.ClientSessionCache = tls.NewLRUClientSessionCache(execSessions)
+	}
+	proxy := cfg.Proxy
+	if proxy == nil {
+		proxy = utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)
+	}
+	return &execDialer{cfg: cfg, transport: tc, tls: tlsCfg, proxy: proxy}, nil
+}
+
+// roundTripper is one stream's: client-go's WebSocket round tripper holds
+// the connection it opened, so each stream needs its own, behind the
+// configuration's wrappers (credentials, user agent, impersonation).
+func (d *execDialer) roundTripper() (http.RoundTripper, websocket.ConnectionHolder, error) {
+	ws := &websocket.RoundTripper{TLSConfig: d.tls, Proxier: d.proxy}
+	rt, err := transport.HTTPWrappersForConfig(d.transport, ws)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rt, ws, nil
 }
 
 // connectCtx bounds the set-up of a stream. Both transports use the
@@ -125,20 +188,23 @@ func connectCtx(ctx context.Context, req ExecRequest) (context.Context, context.
 	return context.WithTimeout(ctx, req.ConnectTimeout)
 }
 
-// Exec runs a command in the workload container of a pod.
-func (c *Clients) Exec(ctx context.Context, namespace, pod string, req ExecRequest) (ExitStatus, error) {
-	return Exec(ctx, c.Config, c.ExecURL(namespace, pod, req), req)
-}
-
 // Exec runs a command through the pods/exec endpoint at u: WebSocket
 // (v5.channel.k8s.io) first, SPDY (v4.channel.k8s.io) when the server does
 // not upgrade to WebSocket. The exit status comes only from the terminating
 // status frame.
 func Exec(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
-	st, err := execWebSocket(ctx, cfg, u, req)
+	d, err := newExecDialer(cfg)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return d.exec(ctx, u, req)
+}
+
+func (d *execDialer) exec(ctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	st, err := d.execWebSocket(ctx, u, req)
 	var up *upgradeError
 	if errors.As(err, &up) {
-		return execSPDY(ctx, cfg, u, req)
+		return execSPDY(ctx, d.cfg, u, req)
 	}
 	return st, err
 }
@@ -149,8 +215,8 @@ type upgradeError struct{ err error }
 
 func (e *upgradeError) Error() string { return "websocket upgrade: " + e.err.Error() }
 
-func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
-	rt, holder, err := websocket.RoundTripperFor(cfg)
+func (d *execDialer) execWebSocket(ctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	rt, holder, err := d.roundTripper()
 	if err != nil {
 		return ExitStatus{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/apiserver/pkg/util/proxy"
 	"k8s.io/client-go/rest"
 	criremote "k8s.io/cri-streaming/pkg/streaming/remotecommand"
@@ -348,5 +350,42 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 20s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestExecerResumesTLS: an Execer's streams after the first resume the TLS
+// session of the first instead of a whole handshake, and each still runs
+// its command to its exit code.
+func TestExecerResumesTLS(t *testing.T) {
+	up := httptest.NewServer(kubelet())
+	t.Cleanup(up.Close)
+	inner := apiserver(t, up)
+	var mu sync.Mutex
+	var resumed []bool
+	front := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		resumed = append(resumed, r.TLS.DidResume)
+		mu.Unlock()
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: front.Certificate().Raw})
+	clients, err := k8s.NewClients(&rest.Config{Host: front.URL, TLSClientConfig: rest.TLSClientConfig{CAData: ca}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &k8s.Execer{Clients: clients, Namespace: "ns"}
+	for code := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		st, err := e.Exec(ctx, "sbx_a", k8s.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("exit %d", code)}, Stdout: io.Discard, Stderr: io.Discard})
+		cancel()
+		if err != nil || st.Code != code {
+			t.Fatalf("exec %d: %+v %v", code, st, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]bool{false, true, true}, resumed); diff != "" {
+		t.Fatalf("TLS sessions resumed (-want +got):\n%s", diff)
 	}
 }

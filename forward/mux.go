@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // The mux carries many streams over one connection (the gateway's TLS
@@ -77,6 +78,12 @@ type MuxOptions struct {
 	// MaxStreams bounds the streams open at once; MaxStreams when zero. A
 	// server refuses an open past it with ResourceShortage.
 	MaxStreams int
+	// WriteTimeout, when not zero, bounds each frame's write: the other
+	// side's reader never waits on anything, so a frame it takes no
+	// longer than this to take in means it stopped reading (a program of
+	// the tenant's in the helper's place), and the mux ends rather than
+	// hold the writer, its stream and every stream queued behind it.
+	WriteTimeout time.Duration
 }
 
 // Mux multiplexes streams over one connection.
@@ -84,6 +91,7 @@ type Mux struct {
 	conn   net.Conn
 	server bool
 	max    int
+	wto    time.Duration
 
 	wmu  sync.Mutex // serialises frames on conn
 	wbuf []byte
@@ -104,7 +112,7 @@ func NewMux(conn net.Conn, o MuxOptions) *Mux {
 	if o.MaxStreams == 0 {
 		o.MaxStreams = MaxStreams
 	}
-	m := &Mux{conn: conn, server: o.Server, max: o.MaxStreams, streams: map[uint32]*Stream{},
+	m := &Mux{conn: conn, server: o.Server, max: o.MaxStreams, wto: o.WriteTimeout, streams: map[uint32]*Stream{},
 		closed: make(chan struct{}), readEnd: make(chan struct{}), wbuf: make([]byte, headerSize+maxFrame)}
 	m.pool.New = func() any { return make([]byte, maxFrame) }
 	if o.Server {
@@ -168,6 +176,9 @@ func (m *Mux) writeFrame(typ byte, id uint32, payload []byte) error {
 	binary.BigEndian.PutUint32(b[1:], id)
 	binary.BigEndian.PutUint32(b[5:], uint32(len(payload)))
 	copy(b[headerSize:], payload)
+	if m.wto > 0 {
+		m.conn.SetWriteDeadline(time.Now().Add(m.wto))
+	}
 	if _, err := m.conn.Write(b); err != nil {
 		m.fail(ErrMuxClosed)
 		return ErrMuxClosed
@@ -444,6 +455,10 @@ func (s *Stream) received(buf []byte) error {
 }
 
 func (s *Stream) credit(n uint32) error {
+	if n > Window {
+		// Checked before the sum, which a 32-bit int would wrap.
+		return errors.New("window update past the window")
+	}
 	s.mu.Lock()
 	s.sendWin += int(n)
 	over := s.sendWin > Window

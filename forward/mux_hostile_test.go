@@ -319,3 +319,33 @@ func TestMuxHostileNeverReads(t *testing.T) {
 		t.Errorf("a read after the close: %v", err)
 	}
 }
+
+// TestMuxWriteTimeout: with WriteTimeout, a frame the other side does not
+// take in within it ends the mux, and with it the writes and opens waiting
+// behind that frame.
+func TestMuxWriteTimeout(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	g, h := net.Pipe()
+	defer h.Close()
+	m := NewMux(g, MuxOptions{WriteTimeout: 200 * time.Millisecond})
+	defer m.Close()
+	req, _ := EncodeOpen("localhost", 80)
+	opened := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := m.Open(nil, req)
+			opened <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case err := <-opened:
+			if !errors.Is(err, ErrMuxClosed) {
+				t.Errorf("an open to a side that never reads: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("an open to a side that never reads did not end")
+		}
+	}
+	ended(t, m, "a side that never reads")
+}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"regexp"
 	"time"
 )
 
@@ -37,7 +36,7 @@ func info(r *http.Request) *reqInfo {
 const RequestIDHeader = "X-Request-Id"
 
 // clientID is what a client may choose as its request id.
-var clientID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+var clientID = lazyRegexp(`^[A-Za-z0-9._-]{1,64}$`)
 
 func newRequestID() string {
 	b := make([]byte, 8)
@@ -96,7 +95,7 @@ func (s *Server) logged(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		id := r.Header.Get(RequestIDHeader)
-		if !clientID.MatchString(id) {
+		if !clientID().MatchString(id) {
 			id = newRequestID()
 		}
 		ri := &reqInfo{id: id}

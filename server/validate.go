@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,18 +39,28 @@ const (
 	reservedVolumePrefix = "hiloop-"
 )
 
+// The patterns are compiled on first use, not when the package is
+// initialized: the CLI is the same binary and initializes this package too
+// before every command, and their counted repetitions ({0,251}) compile to
+// large programs: half a megabyte and 3,300 allocations before main, a
+// twentieth of the CPU of `hiloop sandbox exec ID -- true`.
 var (
 	// imageRef follows the distribution reference grammar: optional
 	// registry host (with port), lower-case path components, optional tag,
 	// optional digest.
-	imageRef = regexp.MustCompile(`^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?` +
+	imageRef = lazyRegexp(`^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?` +
 		`[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*` +
 		`(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@(?:sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}))?$`)
-	transportName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
-	dnsLabel      = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
-	labelKey      = regexp.MustCompile(`^([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
-	labelValue    = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
+	transportName = lazyRegexp(`^[a-z][a-z0-9-]{0,31}$`)
+	dnsLabel      = lazyRegexp(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
+	labelKey      = lazyRegexp(`^([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
+	labelValue    = lazyRegexp(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
 )
+
+// lazyRegexp compiles pattern on its first use.
+func lazyRegexp(pattern string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
+}
 
 // validateCreate checks every field of a create request and returns the
 // spec to record, or an error naming the field. Whether the deployment
@@ -59,7 +70,7 @@ func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 	switch {
 	case req.Image == "":
 		return spec, fieldError("image", "is required")
-	case len(req.Image) > MaxImageLen || !imageRef.MatchString(req.Image):
+	case len(req.Image) > MaxImageLen || !imageRef().MatchString(req.Image):
 		return spec, fieldError("image", fmt.Sprintf("%q is not a valid image reference", truncate(req.Image)))
 	}
 	if r := req.Resources; r != nil {
@@ -91,7 +102,7 @@ func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 	names, mounts := map[string]bool{}, map[string]bool{}
 	for i, v := range req.Volumes {
 		f := fmt.Sprintf("volumes[%d]", i)
-		if !dnsLabel.MatchString(v.Name) {
+		if !dnsLabel().MatchString(v.Name) {
 			return spec, fieldError(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", truncate(v.Name)))
 		}
 		if strings.HasPrefix(v.Name, reservedVolumePrefix) {
@@ -114,7 +125,7 @@ func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 		}
 		mounts[v.MountPath] = true
 		if v.StorageClass != "" {
-			if !dnsLabel.MatchString(v.StorageClass) && !labelKey.MatchString(v.StorageClass) {
+			if !dnsLabel().MatchString(v.StorageClass) && !labelKey().MatchString(v.StorageClass) {
 				return spec, fieldError(f+".storage_class", fmt.Sprintf("%q is not a storage class name", truncate(v.StorageClass)))
 			}
 		}
@@ -124,7 +135,7 @@ func validateCreate(req api.CreateSandboxRequest) (store.Spec, error) {
 		return spec, fieldError("transports", fmt.Sprintf("at most %d transports", MaxTransports))
 	}
 	for i, t := range req.Transports {
-		if !transportName.MatchString(t) {
+		if !transportName().MatchString(t) {
 			return spec, fieldError(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", truncate(t)))
 		}
 		if !slices.Contains(spec.Transports, sandbox.Transport(t)) {
@@ -169,10 +180,10 @@ func validateLabels(field string, labels map[string]string) error {
 		return fieldError(field, fmt.Sprintf("at most %d labels", MaxLabels))
 	}
 	for k, v := range labels {
-		if !labelKey.MatchString(k) {
+		if !labelKey().MatchString(k) {
 			return fieldError(field, fmt.Sprintf("key %q is not a valid label key", truncate(k)))
 		}
-		if !labelValue.MatchString(v) {
+		if !labelValue().MatchString(v) {
 			return fieldError(field+"."+k, fmt.Sprintf("value %q is not a valid label value", truncate(v)))
 		}
 	}

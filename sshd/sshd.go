@@ -74,7 +74,7 @@ type Options struct {
 	// the gateway's memory is this many SSH windows. 128 when zero.
 	MaxChannelsPerOrg int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
-	// connect and SSH handshake together; 10s when zero.
+	// connect, TLS handshake and the helper's ready together; 10s when zero.
 	HelperDialTimeout time.Duration
 	// Metrics records refused keys, connections refused at a limit and
 	// bytes moved; optional.

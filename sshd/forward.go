@@ -202,7 +202,10 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		}
 		return fail("the sandbox's session helper did not answer", err)
 	}
-	mux := forward.NewMux(tc, forward.MuxOptions{MaxStreams: g.o.MaxChannelsPerConn})
+	// A helper takes in what the gateway writes at once (its reader never
+	// waits); one that does not within HelperDialTimeout stopped reading,
+	// and its upstream ends rather than hold every channel behind it.
+	mux := forward.NewMux(tc, forward.MuxOptions{MaxStreams: g.o.MaxChannelsPerConn, WriteTimeout: g.o.HelperDialTimeout})
 	log.Info("forward session opened", "pod_uid", podUID)
 	// Whichever ends first, the client's connection or the session, ends
 	// the other and the upstream; but a session ended by an idle stop

@@ -359,3 +359,79 @@ func TestForwardHelperKeyChange(t *testing.T) {
 	}
 	echoes(t, ch, "-L through the pinned key again")
 }
+
+// TestForwardHelperStopsReading: a helper that answers a client's opens
+// and then reads nothing more, so that what the gateway writes fills the
+// connection's buffers, has its upstream ended within HelperDialTimeout of
+// a write it did not take in: every channel of it ends and its session
+// with them, while the client stays connected and its next channel dials
+// again.
+func TestForwardHelperStopsReading(t *testing.T) {
+	const channels = 16
+	block := make(chan struct{})
+	port := impostor(t, sameKey(t), func(n int, c *tls.Conn) {
+		if n > 0 {
+			echoHelper(c)
+			return
+		}
+		// A small receive buffer, so the gateway's writes fill it and
+		// the socket's soon, whatever the host's autotuning allows.
+		c.NetConn().(*net.TCPConn).SetReadBuffer(4 << 10)
+		for opened := 0; opened < channels; {
+			typ, id, err := readFrame(c)
+			if err != nil {
+				return
+			}
+			if typ == fOpen {
+				c.Write(frame(fAccept, id, nil))
+				opened++
+			}
+		}
+		<-block
+	})
+	t.Cleanup(func() { close(block) })
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) {
+		o.HelperDialTimeout = time.Second
+		o.MaxChannelsPerConn = channels + 1
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	defer c.Close()
+	ended := make(chan struct{}, channels)
+	var chs []gossh.Channel
+	for range channels {
+		ch, err := openWithin(t, c, 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chs = append(chs, ch)
+	}
+	for _, ch := range chs {
+		// Each stream's window, a MiB, and more: 16 MiB in all, past
+		// what the sockets between hold.
+		go func() {
+			buf := make([]byte, 1<<20)
+			for range 2 {
+				if _, err := ch.Write(buf); err != nil {
+					break
+				}
+			}
+		}()
+		go func() { io.Copy(io.Discard, ch); ch.Close(); ended <- struct{}{} }()
+	}
+	for i := range channels {
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d channels to a helper that stopped reading still open", channels-i, channels)
+		}
+	}
+	eventually(t, "the stuck upstream's session ended", func() bool { return g.core.Sessions() == 0 })
+	ch, err := openWithin(t, c, 20*time.Second)
+	if err != nil {
+		t.Fatalf("-L after the stuck upstream ended: %v", err)
+	}
+	echoes(t, ch, "-L after the stuck upstream ended")
+}

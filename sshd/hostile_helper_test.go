@@ -1,11 +1,13 @@
 package sshd_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -15,9 +17,11 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/control"
 	fwd "github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
+	"github.com/hiloop/hiloop/store"
 )
 
 // A tenant can stop the session helper in its pod and listen on its port
@@ -434,4 +438,108 @@ func TestForwardHelperStopsReading(t *testing.T) {
 		t.Fatalf("-L after the stuck upstream ended: %v", err)
 	}
 	echoes(t, ch, "-L after the stuck upstream ended")
+}
+
+// TestForwardEndEndsUpstream: a key deleted, the sandbox stopped, or the
+// core closed for shutdown ends the client connection's one upstream to
+// the helper (the helper sees its connection close), not only the client's
+// channels.
+func TestForwardEndEndsUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, g *gateway, org store.Org, keyID, id string)
+	}{
+		{"key deleted", func(t *testing.T, g *gateway, org store.Org, keyID, _ string) {
+			if err := g.core.DeleteSSHKey(context.Background(), control.Caller{OrgID: org.ID}, keyID); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"sandbox stopped", func(t *testing.T, g *gateway, org store.Org, _, id string) {
+			if _, err := g.core.SetMode(context.Background(), control.Caller{OrgID: org.ID}, id, store.ModeStopped); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"shutdown", func(t *testing.T, g *gateway, _ store.Org, _, _ string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := g.core.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			upstreams := make(chan struct{}, 4)
+			port := impostor(t, sameKey(t), func(_ int, c *tls.Conn) {
+				echoHelper(c)
+				upstreams <- struct{}{}
+			})
+			g := start(t, setup{sessionPort: port})
+			org := g.org("a")
+			key, sshKey := g.key(org)
+			id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+			c := g.login(id, key)
+			defer c.Close()
+			ch, err := openWithin(t, c, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			echoes(t, ch, "-L before the end")
+			held, err := openWithin(t, c, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			tc.end(t, g, org, sshKey.ID, id)
+			select {
+			case <-upstreams:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the upstream to the helper outlived the end")
+			}
+			eventually(t, "the forward session ended", func() bool { return g.core.Sessions() == 0 })
+		})
+	}
+}
+
+// TestForwardConcurrentChannelsOneUpstream: channels a client opens all at
+// once, before any upstream exists, share one connection to the helper.
+func TestForwardConcurrentChannelsOneUpstream(t *testing.T) {
+	var mu sync.Mutex
+	dialled := 0
+	port := impostor(t, sameKey(t), func(_ int, c *tls.Conn) {
+		mu.Lock()
+		dialled++
+		mu.Unlock()
+		echoHelper(c)
+	})
+	g := start(t, setup{sessionPort: port})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	c := g.login(id, key)
+	defer c.Close()
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			ch, err := forward(c, "127.0.0.1", 8080)
+			if err == nil {
+				defer ch.Close()
+				go func() { ch.Write([]byte("ping")); ch.CloseWrite() }()
+				if got, rerr := io.ReadAll(ch); rerr != nil || string(got) != "ping" {
+					err = fmt.Errorf("a concurrent channel: %q, %v", got, rerr)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if dialled != 1 {
+		t.Errorf("%d connections to the helper for one client connection, want 1", dialled)
+	}
 }

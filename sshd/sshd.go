@@ -75,6 +75,9 @@ type Options struct {
 	MaxChannelsPerOrg int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
 	// connect, TLS handshake and the helper's ready together; 10s when zero.
+	// It also bounds the helper's answer to each -L channel's open, and
+	// each write to the helper: one that takes longer stopped reading, and
+	// its upstream ends.
 	HelperDialTimeout time.Duration
 	// Metrics records refused keys, connections refused at a limit and
 	// bytes moved; optional.

@@ -105,53 +105,68 @@ func skipValue(b []byte, i int) (int, error) {
 // members calls fn with the key and the raw value of each member of the
 // JSON object obj, in order, and returns the first error fn returns.
 func members(obj []byte, fn func(key, v []byte) error) error {
-	i := skipSpace(obj, 0)
+	_, err := walk(obj, skipSpace(obj, 0), func(key, b []byte, i int) (int, error) {
+		end, err := skipValue(b, i)
+		if err != nil {
+			return 0, err
+		}
+		return end, fn(key, b[i:end])
+	})
+	return err
+}
+
+// walk calls fn with the key of each member of the JSON object that starts
+// at obj[i], in order, and obj and the index where the member's value
+// starts; fn returns the index just past the value, so that it can read
+// the value as it skips it (see keptMembers), and each byte is scanned
+// once. walk returns the index just past the object.
+func walk(obj []byte, i int, fn func(key, b []byte, i int) (int, error)) (int, error) {
 	if i >= len(obj) || obj[i] != '{' {
-		return errors.New("json: not an object")
+		return 0, errors.New("json: not an object")
 	}
 	i = skipSpace(obj, i+1)
 	if i < len(obj) && obj[i] == '}' {
-		return nil
+		return i + 1, nil
 	}
 	for {
 		if i >= len(obj) || obj[i] != '"' {
-			return fmt.Errorf("json: want a key at offset %d", i)
+			return 0, fmt.Errorf("json: want a key at offset %d", i)
 		}
 		end, err := skipString(obj, i)
 		if err != nil {
-			return fmt.Errorf("json: key at offset %d: %w", i, err)
+			return 0, fmt.Errorf("json: key at offset %d: %w", i, err)
 		}
 		key := obj[i+1 : end-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
 			var k string
 			if err := json.Unmarshal(obj[i:end], &k); err != nil {
-				return err
+				return 0, err
 			}
 			key = []byte(k)
 		}
 		i = skipSpace(obj, end)
 		if i >= len(obj) || obj[i] != ':' {
-			return fmt.Errorf("json: want ':' at offset %d", i)
+			return 0, fmt.Errorf("json: want ':' at offset %d", i)
 		}
 		i = skipSpace(obj, i+1)
-		vend, err := skipValue(obj, i)
-		if err != nil {
-			return fmt.Errorf("json: value at offset %d: %w", i, err)
+		if i >= len(obj) {
+			return 0, fmt.Errorf("json: value at offset %d: %w", i, errShort)
 		}
-		if err := fn(key, obj[i:vend]); err != nil {
-			return err
+		vend, err := fn(key, obj, i)
+		if err != nil {
+			return 0, fmt.Errorf("json: value at offset %d: %w", i, err)
 		}
 		i = skipSpace(obj, vend)
 		if i >= len(obj) {
-			return errors.New("json: object not closed")
+			return 0, errors.New("json: object not closed")
 		}
 		switch obj[i] {
 		case ',':
 			i = skipSpace(obj, i+1)
 		case '}':
-			return nil
+			return i + 1, nil
 		default:
-			return fmt.Errorf("json: want ',' or '}' at offset %d", i)
+			return 0, fmt.Errorf("json: want ',' or '}' at offset %d", i)
 		}
 	}
 }

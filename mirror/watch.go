@@ -180,15 +180,23 @@ func (d *sandboxDecoder) Decode() (watch.EventType, runtime.Object, error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// The object is read as a Sandbox as it is scanned; an error event's,
+	// a Status, is decoded whole below.
 	var typ, object []byte
-	if err := members(raw, func(key, v []byte) error {
+	d.kept = d.kept[:0]
+	if _, err := walk(raw, 0, func(key, b []byte, i int) (int, error) {
 		switch string(key) {
-		case "type":
-			typ = v
 		case "object":
-			object = v
+			var end int
+			d.kept, end, err = keptMembers(d.kept, b, i)
+			object = b[i:end]
+			return end, err
+		case "type":
+			end, err := skipValue(b, i)
+			typ = b[i:end]
+			return end, err
 		}
-		return nil
+		return skipValue(b, i)
 	}); err != nil {
 		return "", nil, fmt.Errorf("sandbox watch: %w", err)
 	}
@@ -198,10 +206,6 @@ func (d *sandboxDecoder) Decode() (watch.EventType, runtime.Object, error) {
 	}
 	switch t {
 	case watch.Added, watch.Modified, watch.Deleted, watch.Bookmark:
-		d.kept, err = keptMembers(d.kept[:0], object)
-		if err != nil {
-			return "", nil, fmt.Errorf("sandbox watch: %w", err)
-		}
 		var l liteSandbox
 		if err := json.Unmarshal(d.kept, &l); err != nil {
 			return "", nil, fmt.Errorf("sandbox watch: %w", err)
@@ -231,18 +235,16 @@ var viewKeeps = map[string]map[string]bool{
 }
 
 // keptMembers appends to dst a JSON object of only the members of the
-// Sandbox obj that the view keeps (viewKeeps): managed fields, the pod
-// template and the rest are skipped unread.
-func keptMembers(dst, obj []byte) ([]byte, error) {
+// Sandbox that starts at b[i] that the view keeps (viewKeeps): managed
+// fields, the pod template and the rest are skipped unread. It scans the
+// Sandbox once, and returns the index just past it.
+func keptMembers(dst, b []byte, i int) ([]byte, int, error) {
 	dst = append(dst, '{')
 	outer := 0
-	err := members(obj, func(key, v []byte) error {
+	end, err := walk(b, i, func(key, b []byte, i int) (int, error) {
 		keep := viewKeeps[string(key)]
-		if keep == nil {
-			return nil
-		}
-		if len(v) == 0 || v[0] != '{' {
-			return fmt.Errorf("%s is not an object", key)
+		if keep == nil || b[i] != '{' {
+			return skipValue(b, i)
 		}
 		if outer > 0 {
 			dst = append(dst, ',')
@@ -250,20 +252,21 @@ func keptMembers(dst, obj []byte) ([]byte, error) {
 		outer++
 		dst = append(append(append(dst, '"'), key...), `":{`...)
 		inner := 0
-		err := members(v, func(k, iv []byte) error {
-			if keep[string(k)] {
+		end, err := walk(b, i, func(k, b []byte, i int) (int, error) {
+			end, err := skipValue(b, i)
+			if err == nil && keep[string(k)] {
 				if inner > 0 {
 					dst = append(dst, ',')
 				}
 				inner++
-				dst = append(append(append(append(dst, '"'), k...), `":`...), iv...)
+				dst = append(append(append(append(dst, '"'), k...), `":`...), b[i:end]...)
 			}
-			return nil
+			return end, err
 		})
 		dst = append(dst, '}')
-		return err
+		return end, err
 	})
-	return append(dst, '}'), err
+	return append(dst, '}'), end, err
 }
 
 func (d *sandboxDecoder) Close() { d.body.Close() }

@@ -76,9 +76,8 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 
 // liteSandbox is what the mirror reads of a Sandbox's JSON: what
 // compactSandbox keeps, and the annotations, which also carry the mark of
-// the end of a watch's initial events. Its status stays raw: a watch's
-// error event has a Status for its object, whose status is a string
-// (sandboxDecoder).
+// the end of a watch's initial events. (A watch's error event, whose
+// object is a Status, is decoded apart: sandboxDecoder.)
 type liteSandbox struct {
 	Metadata struct {
 		Name              string                  `json:"name"`
@@ -95,7 +94,9 @@ type liteSandbox struct {
 		OperatingMode v1beta1.SandboxOperatingMode `json:"operatingMode"`
 		ShutdownTime  *metav1.Time                 `json:"shutdownTime"`
 	} `json:"spec"`
-	Status json.RawMessage `json:"status"`
+	Status struct {
+		Conditions []metav1.Condition `json:"conditions"`
+	} `json:"status"`
 }
 
 func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
@@ -104,15 +105,7 @@ func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
 		ResourceVersion: m.ResourceVersion, CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
 		Labels: m.Labels, Annotations: m.Annotations, OwnerReferences: m.OwnerReferences}}
 	out.Spec.OperatingMode, out.Spec.ShutdownTime = l.Spec.OperatingMode, l.Spec.ShutdownTime
-	if len(l.Status) > 0 {
-		var st struct {
-			Conditions []metav1.Condition `json:"conditions"`
-		}
-		if err := json.Unmarshal(l.Status, &st); err != nil {
-			return nil, fmt.Errorf("decode sandbox %s status: %w", m.Name, err)
-		}
-		out.Status.Conditions = st.Conditions
-	}
+	out.Status.Conditions = l.Status.Conditions
 	return out, nil
 }
 

@@ -163,7 +163,7 @@ type ServeCmd struct {
 	SSHMaxConnsPerOrg       int           `name:"ssh-max-conns-per-org" default:"256" env:"HILOOP_SSH_MAX_CONNS_PER_ORG" help:"Most authenticated SSH connections of all of one organization's SSH keys together; a login past it fails."`
 	SSHMaxChannelsPerConn   int           `name:"ssh-max-channels-per-conn" default:"32" env:"HILOOP_SSH_MAX_CHANNELS_PER_CONN" help:"Most channels (sessions and ssh -L channels together) open at once on one SSH connection, as sshd's MaxSessions; one more is refused and the connection stays."`
 	SSHMaxChannelsPerOrg    int           `name:"ssh-max-channels-per-org" default:"128" env:"HILOOP_SSH_MAX_CHANNELS_PER_ORG" help:"Most channels open at once on all of one organization's SSH connections together; one more is refused."`
-	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the TLS handshake (ssh -L)."`
+	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the TLS handshake, to answer each stream open, and to take each frame written to it (ssh -L)."`
 
 	// Limits of the HTTP listeners (API and metrics) on what a client can
 	// hold before a handler sees its request, or while the server waits on

@@ -68,7 +68,7 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 			if err != nil {
 				return nil, err
 			}
-			return watch.NewStreamWatcher(&sandboxDecoder{body: body},
+			return watch.NewStreamWatcher(&sandboxDecoder{body: body, dec: json.NewDecoder(body)},
 				apierrors.NewClientErrorReporter(http.StatusInternalServerError, "GET", "ClientWatchDecoding")), nil
 		},
 	}
@@ -76,8 +76,9 @@ func sandboxListWatch(rc rest.Interface, ns, selector string) *cache.ListWatch {
 
 // liteSandbox is what the mirror reads of a Sandbox's JSON: what
 // compactSandbox keeps, and the annotations, which also carry the mark of
-// the end of a watch's initial events. (A watch's error event, whose
-// object is a Status, is decoded apart: sandboxDecoder.)
+// the end of a watch's initial events. Its status stays raw: a watch's
+// error event has a Status for its object, whose status is a string
+// (sandboxDecoder).
 type liteSandbox struct {
 	Metadata struct {
 		Name              string                  `json:"name"`
@@ -94,9 +95,7 @@ type liteSandbox struct {
 		OperatingMode v1beta1.SandboxOperatingMode `json:"operatingMode"`
 		ShutdownTime  *metav1.Time                 `json:"shutdownTime"`
 	} `json:"spec"`
-	Status struct {
-		Conditions []metav1.Condition `json:"conditions"`
-	} `json:"status"`
+	Status json.RawMessage `json:"status"`
 }
 
 func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
@@ -105,161 +104,57 @@ func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
 		ResourceVersion: m.ResourceVersion, CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
 		Labels: m.Labels, Annotations: m.Annotations, OwnerReferences: m.OwnerReferences}}
 	out.Spec.OperatingMode, out.Spec.ShutdownTime = l.Spec.OperatingMode, l.Spec.ShutdownTime
-	out.Status.Conditions = l.Status.Conditions
+	if len(l.Status) > 0 {
+		var st struct {
+			Conditions []metav1.Condition `json:"conditions"`
+		}
+		if err := json.Unmarshal(l.Status, &st); err != nil {
+			return nil, fmt.Errorf("decode sandbox %s status: %w", m.Name, err)
+		}
+		out.Status.Conditions = st.Conditions
+	}
 	return out, nil
 }
 
 // sandboxDecoder reads a Sandbox watch's events: each a JSON object of a
-// type and an object, a Sandbox, or a Status for an error. encoding/json
-// walks every byte of an event twice (once to find its end, once to
-// decode it), managed fields and pod template included, though the view
-// keeps a few fields of a few hundred bytes: that was most of the cost of
-// the watch. The decoder finds the event's end, and the members the view
-// keeps, with a scan that looks only at quotes and brackets (scan.go), and
-// decodes those members alone, in one json.Unmarshal. An error event, rare,
-// is decoded whole.
+// type and an object, a Sandbox, or a Status for an error. Each event is
+// decoded in one pass, into the fields of both.
 type sandboxDecoder struct {
 	body io.ReadCloser
-	// buf holds what was read of the stream; buf[off:] is not decoded yet.
-	buf []byte
-	off int
-	// kept is reused to assemble the members of each event that the view
-	// keeps.
-	kept []byte
-}
-
-// readChunk is how much the decoder asks of the stream at a time, at
-// least: an event is a few kilobytes.
-const readChunk = 32 << 10
-
-// next returns the next JSON value of the stream, which stays valid until
-// the next call.
-func (d *sandboxDecoder) next() ([]byte, error) {
-	for {
-		start := skipSpace(d.buf, d.off)
-		if start < len(d.buf) {
-			end, err := skipValue(d.buf, start)
-			if err == nil {
-				d.off = end
-				return d.buf[start:end], nil
-			}
-			if err != errShort {
-				return nil, err
-			}
-		}
-		// Not all of it yet: move what is left to the front and read more.
-		n := copy(d.buf, d.buf[start:])
-		d.buf, d.off = d.buf[:n], 0
-		if cap(d.buf)-n < readChunk {
-			d.buf = append(d.buf, make([]byte, readChunk)...)[:n]
-		}
-		m, err := d.body.Read(d.buf[n:cap(d.buf)])
-		d.buf = d.buf[:n+m]
-		if m > 0 {
-			continue
-		}
-		if err == io.EOF && n > 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		if err == nil {
-			err = io.ErrNoProgress
-		}
-		return nil, err
-	}
+	dec  *json.Decoder
 }
 
 func (d *sandboxDecoder) Decode() (watch.EventType, runtime.Object, error) {
-	raw, err := d.next()
-	if err != nil {
+	var ev struct {
+		Type   watch.EventType `json:"type"`
+		Object struct {
+			liteSandbox
+			// A Status's own fields; its status is liteSandbox's.
+			Code    int32                 `json:"code"`
+			Reason  metav1.StatusReason   `json:"reason"`
+			Message string                `json:"message"`
+			Details *metav1.StatusDetails `json:"details"`
+		} `json:"object"`
+	}
+	if err := d.dec.Decode(&ev); err != nil {
 		return "", nil, err
 	}
-	// The object is read as a Sandbox as it is scanned; an error event's,
-	// a Status, is decoded whole below.
-	var typ, object []byte
-	d.kept = d.kept[:0]
-	if _, err := walk(raw, 0, func(key, b []byte, i int) (int, error) {
-		switch string(key) {
-		case "object":
-			var end int
-			d.kept, end, err = keptMembers(d.kept, b, i)
-			object = b[i:end]
-			return end, err
-		case "type":
-			end, err := skipValue(b, i)
-			typ = b[i:end]
-			return end, err
-		}
-		return skipValue(b, i)
-	}); err != nil {
-		return "", nil, fmt.Errorf("sandbox watch: %w", err)
-	}
-	var t watch.EventType
-	if err := json.Unmarshal(typ, &t); err != nil {
-		return "", nil, fmt.Errorf("sandbox watch: event type: %w", err)
-	}
-	switch t {
+	switch ev.Type {
 	case watch.Added, watch.Modified, watch.Deleted, watch.Bookmark:
-		var l liteSandbox
-		if err := json.Unmarshal(d.kept, &l); err != nil {
-			return "", nil, fmt.Errorf("sandbox watch: %w", err)
-		}
-		sb, err := l.sandbox()
+		sb, err := ev.Object.sandbox()
 		if err != nil {
 			return "", nil, err
 		}
-		return t, sb, nil
+		return ev.Type, sb, nil
 	case watch.Error:
-		st := &metav1.Status{}
-		if err := json.Unmarshal(object, st); err != nil {
+		o := &ev.Object
+		st := &metav1.Status{Code: o.Code, Reason: o.Reason, Message: o.Message, Details: o.Details}
+		if err := json.Unmarshal(o.Status, &st.Status); err != nil {
 			return "", nil, fmt.Errorf("decode sandbox watch error: %w", err)
 		}
-		return t, st, nil
+		return ev.Type, st, nil
 	}
-	return "", nil, fmt.Errorf("sandbox watch: event of unknown type %q", t)
-}
-
-// viewKeeps names the members of a Sandbox that liteSandbox reads, by
-// object: its top-level members are metadata, spec and status.
-var viewKeeps = map[string]map[string]bool{
-	"metadata": {"name": true, "namespace": true, "uid": true, "resourceVersion": true, "creationTimestamp": true,
-		"deletionTimestamp": true, "labels": true, "annotations": true, "ownerReferences": true},
-	"spec":   {"operatingMode": true, "shutdownTime": true},
-	"status": {"conditions": true},
-}
-
-// keptMembers appends to dst a JSON object of only the members of the
-// Sandbox that starts at b[i] that the view keeps (viewKeeps): managed
-// fields, the pod template and the rest are skipped unread. It scans the
-// Sandbox once, and returns the index just past it.
-func keptMembers(dst, b []byte, i int) ([]byte, int, error) {
-	dst = append(dst, '{')
-	outer := 0
-	end, err := walk(b, i, func(key, b []byte, i int) (int, error) {
-		keep := viewKeeps[string(key)]
-		if keep == nil || b[i] != '{' {
-			return skipValue(b, i)
-		}
-		if outer > 0 {
-			dst = append(dst, ',')
-		}
-		outer++
-		dst = append(append(append(dst, '"'), key...), `":{`...)
-		inner := 0
-		end, err := walk(b, i, func(k, b []byte, i int) (int, error) {
-			end, err := skipValue(b, i)
-			if err == nil && keep[string(k)] {
-				if inner > 0 {
-					dst = append(dst, ',')
-				}
-				inner++
-				dst = append(append(append(append(dst, '"'), k...), `":`...), b[i:end]...)
-			}
-			return end, err
-		})
-		dst = append(dst, '}')
-		return end, err
-	})
-	return append(dst, '}'), end, err
+	return "", nil, fmt.Errorf("sandbox watch: event of unknown type %q", ev.Type)
 }
 
 func (d *sandboxDecoder) Close() { d.body.Close() }

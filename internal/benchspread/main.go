@@ -37,13 +37,22 @@ func spread(r io.Reader, w io.Writer) error {
 	metrics := map[string][]*metric{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	// The testing package prints a benchmark's name when it starts and its
+	// results when it ends: whatever the run logs in between (the cluster's
+	// warnings on stderr) splits the two, so a result line takes the last
+	// name seen.
+	last := ""
 	for sc.Scan() {
 		line := sc.Text()
-		name, ms, ok := parse(line)
-		if !ok {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "Benchmark") {
+			last = trimProcs(f[0])
+		}
+		ms, ok := parse(line)
+		if !ok || last == "" {
 			fmt.Fprintln(w, line)
 			continue
 		}
+		name := last
 		if _, seen := metrics[name]; !seen {
 			order = append(order, name)
 			metrics[name] = nil
@@ -71,31 +80,40 @@ func spread(r io.Reader, w io.Writer) error {
 	return nil
 }
 
-// parse reads one result line, "BenchmarkX-2  1  123 ns/op  1.05 p50-ratio
-// ...", into the benchmark's name (without the GOMAXPROCS suffix) and its
-// metrics; ok is false for any other line.
-func parse(line string) (name string, ms []metric, ok bool) {
+// parse reads the results of one benchmark run, "1  123 ns/op  1.05
+// p50-ratio ...", at the end of line, after its name or on a line of its
+// own; ok is false for any other line.
+func parse(line string) (ms []metric, ok bool) {
 	f := strings.Fields(line)
-	if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || len(f)%2 != 0 {
-		return "", nil, false
+	i := slices.IndexFunc(f, func(s string) bool { return s == "ns/op" })
+	if i < 2 {
+		return nil, false
 	}
-	if _, err := strconv.Atoi(f[1]); err != nil {
-		return "", nil, false
+	// The iterations come before the time per op.
+	if _, err := strconv.Atoi(f[i-2]); err != nil {
+		return nil, false
 	}
-	name = f[0]
+	if (len(f)-(i-1))%2 != 0 {
+		return nil, false
+	}
+	for j := i - 1; j+1 < len(f); j += 2 {
+		v, err := strconv.ParseFloat(f[j], 64)
+		if err != nil {
+			return nil, false
+		}
+		ms = append(ms, metric{unit: f[j+1], values: []float64{v}})
+	}
+	return ms, true
+}
+
+// trimProcs drops the -GOMAXPROCS suffix from a benchmark's name.
+func trimProcs(name string) string {
 	if i := strings.LastIndexByte(name, '-'); i > 0 {
 		if _, err := strconv.Atoi(name[i+1:]); err == nil {
-			name = name[:i]
+			return name[:i]
 		}
 	}
-	for i := 2; i+1 < len(f); i += 2 {
-		v, err := strconv.ParseFloat(f[i], 64)
-		if err != nil {
-			return "", nil, false
-		}
-		ms = append(ms, metric{unit: f[i+1], values: []float64{v}})
-	}
-	return name, ms, true
+	return name
 }
 
 // median of vs, the mean of the middle two for an even count.

@@ -5,14 +5,16 @@ import (
 	"testing"
 )
 
-// TestSpread pools three runs of one benchmark: median, range and each run
-// per metric; other lines pass through.
+// TestSpread pools three runs of one benchmark, one of them with its
+// results on a line of their own after the cluster's log: median, range
+// and each run per metric; other lines pass through.
 func TestSpread(t *testing.T) {
 	in := `goos: linux
 BenchmarkExecRoundTrip-2   	       1	3000000000 ns/op	        30.0 hiloop-p50-ms	        0.40 p50-ratio
 BenchmarkExecRoundTrip-2   	       1	3000000000 ns/op	        34.0 hiloop-p50-ms	        0.50 p50-ratio
     bench_test.go:12: a log line
-BenchmarkExecRoundTrip-2   	       1	3000000000 ns/op	        31.0 hiloop-p50-ms	        0.45 p50-ratio
+BenchmarkExecRoundTrip-2   	I1202 07:08:30.905293   23505 warnings.go:107] "Warning: a log line"
+       1	3000000000 ns/op	        31.0 hiloop-p50-ms	        0.45 p50-ratio
 ok  	github.com/hiloop/hiloop/e2e	10.0s
 `
 	var out strings.Builder

@@ -296,22 +296,10 @@ func TestAgentTLSDetails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handshake := func(cfg *tls.Config) (*tls.Conn, error) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		tc, err := forward.Handshake(c, cfg)
-		if err != nil {
-			c.Close()
-		}
-		return tc, err
-	}
 
 	tls12 := cfg.Clone()
 	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
-	if _, err := handshake(tls12); err == nil {
+	if _, err := handshake(t, addr, tls12); err == nil {
 		t.Error("a TLS 1.2 client got in")
 	}
 
@@ -326,7 +314,7 @@ func TestAgentTLSDetails(t *testing.T) {
 	}
 	ecdsaCert := cfg.Clone()
 	ecdsaCert.Certificates = []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: ek}}
-	if _, err := handshake(ecdsaCert); err == nil {
+	if _, err := handshake(t, addr, ecdsaCert); err == nil {
 		t.Error("an ECDSA client certificate got in")
 	}
 
@@ -342,14 +330,14 @@ func TestAgentTLSDetails(t *testing.T) {
 	}
 	chained := cfg.Clone()
 	chained.Certificates = []tls.Certificate{{Certificate: [][]byte{other.Certificate[0], gw.Certificate[0]}, PrivateKey: other.PrivateKey}}
-	if _, err := handshake(chained); err == nil {
+	if _, err := handshake(t, addr, chained); err == nil {
 		t.Error("a stranger's certificate chained to the gateway's got in")
 	}
 
 	resuming := cfg.Clone()
 	resuming.ClientSessionCache = tls.NewLRUClientSessionCache(4)
 	for i := range 3 {
-		tc, err := handshake(resuming)
+		tc, err := handshake(t, addr, resuming)
 		if err != nil {
 			t.Fatal(err)
 		}

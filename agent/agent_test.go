@@ -79,6 +79,20 @@ func dial(t *testing.T, addr, sandbox string, key ed25519.PrivateKey) (*forward.
 	if err != nil {
 		t.Fatal(err)
 	}
+	tc, err := handshake(t, addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	tc.SetDeadline(time.Time{})
+	m := forward.NewMux(tc, forward.MuxOptions{})
+	t.Cleanup(func() { m.Close() })
+	return m, nil
+}
+
+// handshake dials the helper at addr and completes the TLS handshake with
+// cfg, the connection's deadline 10s from now.
+func handshake(t *testing.T, addr string, cfg *tls.Config) (*tls.Conn, error) {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -87,12 +101,8 @@ func dial(t *testing.T, addr, sandbox string, key ed25519.PrivateKey) (*forward.
 	tc, err := forward.Handshake(c, cfg)
 	if err != nil {
 		c.Close()
-		return nil, err
 	}
-	c.SetDeadline(time.Time{})
-	m := forward.NewMux(tc, forward.MuxOptions{})
-	t.Cleanup(func() { m.Close() })
-	return m, nil
+	return tc, err
 }
 
 func open(m *forward.Mux, host string, port uint32) (*forward.Stream, error) {

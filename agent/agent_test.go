@@ -290,13 +290,11 @@ func TestAgentRefusesOtherClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
+	// The helper's handshake deadline is far shorter than this read's: a
+	// read that reaches its own deadline means the helper never closed.
 	silent.SetReadDeadline(time.Now().Add(10 * time.Second))
-	start := time.Now()
 	if n, err := silent.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("a client that never sent a byte: read %d, %v; want the helper to close it", n, err)
-	}
-	if d := time.Since(start); d > 8*time.Second {
-		t.Errorf("closed after %v", d)
 	}
 	if n := a.Conns(); n != 0 {
 		t.Errorf("%d connections accepted", n)

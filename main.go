@@ -57,9 +57,10 @@ type usageError struct{ error }
 // ExitCode makes kong exit 2, as for a parse error.
 func (usageError) ExitCode() int { return 2 }
 
-// newParser is the grammar of cli, bound to ctx and stdout.
-func newParser(ctx context.Context, cli *CLI, stdout io.Writer) (*kong.Kong, error) {
-	return kong.New(cli,
+// newParser is a parser of grammar (CLI, or a cut of it: grammar.go), bound
+// to ctx and stdout.
+func newParser(ctx context.Context, grammar any, stdout io.Writer) (*kong.Kong, error) {
+	return kong.New(grammar,
 		kong.Name("hiloop"),
 		kong.Description("hiloop runs untrusted sandboxes on Kubernetes, one gVisor pod each, and reaches into them.\n\n"+
 			"Run the control plane with `hiloop serve` (or `hiloop dev` for a local simulated cluster);\n"+
@@ -76,12 +77,10 @@ func main() {
 	// One context for every command: SIGINT and SIGTERM end it.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var cli CLI
-	parser, err := newParser(ctx, &cli, os.Stdout)
-	if err != nil {
+	parser, kctx, err := parse(ctx, os.Args[1:], os.Stdout)
+	if parser == nil {
 		panic(err)
 	}
-	kctx, err := parser.Parse(os.Args[1:])
 	if err != nil {
 		// Bad flags and config exit 2 (kong's own default is 80).
 		parser.FatalIfErrorf(usageError{err})

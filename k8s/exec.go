@@ -305,13 +305,24 @@ read:
 			gotStatus = true
 		}
 		if dst != nil {
-			w := &errWriter{w: dst}
-			if _, err := io.CopyBuffer(w, r, buf); err != nil {
-				if w.err != nil {
-					return ExitStatus{}, fmt.Errorf("exec: write output: %w", w.err)
+			// A TLS read yields one record (16 KiB at most), and a message
+			// is sent whole, so the rest of it is on its way: take the
+			// message whole before passing it on, for one write downstream
+			// per message, not one per record.
+			for {
+				n, err := io.ReadFull(r, buf)
+				if n > 0 {
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						return ExitStatus{}, fmt.Errorf("exec: write output: %w", werr)
+					}
 				}
-				readErr = err
-				break read
+				if err == io.EOF || err == io.ErrUnexpectedEOF {
+					break
+				}
+				if err != nil {
+					readErr = err
+					break read
+				}
 			}
 		}
 	}
@@ -495,19 +506,4 @@ func truncateBytes(b []byte) string {
 		return string(b[:200]) + "..."
 	}
 	return string(b)
-}
-
-// errWriter remembers a write error, so a failed copy can be blamed on the
-// right side.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	n, err := e.w.Write(p)
-	if err != nil {
-		e.err = err
-	}
-	return n, err
 }

@@ -168,9 +168,14 @@ func Path(t testing.TB, rel string) string {
 }
 
 // Binary builds the hiloop binary once per test process and returns its path.
+// HILOOP_E2E_BINARY names one built already instead, for a profiler that
+// needs the binary to outlive the run.
 func Binary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
+		if binPath = os.Getenv("HILOOP_E2E_BINARY"); binPath != "" {
+			return
+		}
 		var dir string
 		if dir, binErr = moduleRoot(); binErr != nil {
 			return

@@ -197,7 +197,7 @@ func passing(err error) bool {
 func (a *Agent) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(a.o.HandshakeTimeout))
-	tc := tls.Server(c, a.tls)
+	tc := forward.Server(c, a.tls)
 	err := tc.HandshakeContext(ctx)
 	if err == nil {
 		_, err = tc.Write([]byte{forward.Ready})

@@ -91,7 +91,7 @@ func dial(t *testing.T, addr, sandbox string, key ed25519.PrivateKey) (*forward.
 
 // handshake dials the helper at addr and completes the TLS handshake with
 // cfg, the connection's deadline 10s from now.
-func handshake(t *testing.T, addr string, cfg *tls.Config) (*tls.Conn, error) {
+func handshake(t *testing.T, addr string, cfg *tls.Config) (*forward.Conn, error) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -63,7 +63,7 @@ func benchPush(b *testing.B, l leg, size int) {
 	}
 }
 
-func tcpPair(b *testing.B) (client, server net.Conn) {
+func tcpPair(b testing.TB) (client, server net.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -124,15 +124,19 @@ type closeWriter struct{ forward.HalfCloser }
 
 func (c closeWriter) Close() error { return c.CloseWrite() }
 
-func tlsPair(b *testing.B) (client, server *tls.Conn) {
-	c, s := tcpPair(b)
+// tlsPair is the two ends of TLS over c and s (a new TCP pair when nil), as
+// the gateway and the helper make them (forward.Client, forward.Server).
+func tlsPair(b testing.TB, c, s net.Conn) (client, server *forward.Conn) {
+	if c == nil {
+		c, s = tcpPair(b)
+	}
 	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
 	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
 	hostCert, _ := forward.Certificate(hostPriv)
 	userCert, _ := forward.Certificate(userPriv)
-	server = tls.Server(s, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{hostCert},
+	server = forward.Server(s, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{hostCert},
 		ClientAuth: tls.RequireAnyClientCert, NextProtos: []string{forward.Protocol}})
-	client = tls.Client(c, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{userCert},
+	client = forward.Client(c, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{userCert},
 		InsecureSkipVerify: true, ServerName: "sbx", NextProtos: []string{forward.Protocol}})
 	errc := make(chan error, 1)
 	go func() { errc <- server.Handshake() }()
@@ -146,12 +150,12 @@ func tlsPair(b *testing.B) (client, server *tls.Conn) {
 }
 
 func tlsLeg(b *testing.B) leg {
-	c, s := tlsPair(b)
+	c, s := tlsPair(b, nil, nil)
 	return leg{w: closeWriter{c}, r: s}
 }
 
 func muxLeg(b *testing.B) leg {
-	c, s := tlsPair(b)
+	c, s := tlsPair(b, nil, nil)
 	cm, sm := forward.NewMux(c, forward.MuxOptions{}), forward.NewMux(s, forward.MuxOptions{Server: true})
 	b.Cleanup(func() { cm.Close(); sm.Close() })
 	acc := make(chan *forward.Stream, 1)

@@ -233,7 +233,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 // sandbox's key from the current gateway key, then from the one it
 // replaced), all within HelperDialTimeout; it gives up at once when ctx
 // ends. A helper that refuses one key is dialled again with the next.
-func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed25519.PrivateKey, pin func(ed25519.PublicKey) error) (*tls.Conn, error) {
+func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed25519.PrivateKey, pin func(ed25519.PublicKey) error) (*forward.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
 	defer cancel()
 	err := forward.ErrRefused
@@ -253,7 +253,7 @@ func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed
 		}
 		// Closing the connection is what ends a handshake in progress.
 		stop := context.AfterFunc(ctx, func() { nc.Close() })
-		var tc *tls.Conn
+		var tc *forward.Conn
 		tc, err = forward.Handshake(nc, cfg)
 		if !stop() {
 			// ctx ended: the handshake failed on the closed connection, or

@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -183,25 +184,42 @@ func oldHelper(err error) error {
 // the connection under it in one write. crypto/tls writes each record, 16 KiB at most, with a
 // write of its own: a mux frame of 64 KiB was four system calls or more,
 // and on the gateway they were a fifth of the CPU a -L push costs it.
+//
+// It keeps crypto/tls's promises for writes: a Write returns once its
+// records are written (one Write at a time, so none returns with records
+// of its own still kept for another's end), every write fails once one
+// failed, and Close ends a Write waiting on a peer that stopped reading.
 type Conn struct {
 	*tls.Conn
-	under *gatherConn
+	under   *gatherConn
+	wmu     sync.Mutex
+	writing atomic.Bool
 }
 
 // Client is tls.Client on c, as a Conn.
 func Client(c net.Conn, cfg *tls.Config) *Conn {
 	g := &gatherConn{Conn: c}
-	return &Conn{tls.Client(g, cfg), g}
+	return &Conn{Conn: tls.Client(g, cfg), under: g}
 }
 
 // Server is tls.Server on c, as a Conn.
 func Server(c net.Conn, cfg *tls.Config) *Conn {
 	g := &gatherConn{Conn: c}
-	return &Conn{tls.Server(g, cfg), g}
+	return &Conn{Conn: tls.Server(g, cfg), under: g}
 }
 
 // Write writes p as TLS records, gathered into one write.
 func (c *Conn) Write(p []byte) (int, error) {
+	// A handshake still to run runs first, its messages written as they
+	// come: kept for this Write's end, they would wait on the answer to
+	// themselves.
+	if err := c.Conn.Handshake(); err != nil {
+		return 0, err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.writing.Store(true)
+	defer c.writing.Store(false)
 	c.under.gather()
 	n, err := c.Conn.Write(p)
 	if ferr := c.under.flush(); ferr != nil && err == nil {
@@ -210,21 +228,41 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// Close closes the connection, with a close_notify unless a Write is in
+// flight: that Write may wait on a peer that stopped reading, and the
+// close_notify would wait behind it (up to the 5 s crypto/tls gives it),
+// so the connection under it is closed at once, as crypto/tls does for a
+// Write of its own.
+func (c *Conn) Close() error {
+	if c.writing.Load() {
+		err := c.under.Conn.Close()
+		c.Conn.Close() // later calls fail with net.ErrClosed
+		return err
+	}
+	return c.Conn.Close()
+}
+
 // gatherConn keeps what is written to it while gathering and writes it at
 // flush, or once gatherMax bytes wait; other writes (the handshake's, alerts) go straight
-// through. Writes keep their order either way.
+// through. Writes keep their order either way. The first write that fails
+// fails every later one: what was lost or cut short leaves a stream of
+// records the other end cannot decrypt.
 type gatherConn struct {
 	net.Conn
 	mu        sync.Mutex
-	gathering int
+	gathering bool
 	buf       []byte
+	err       error
 }
 
 func (g *gatherConn) Write(p []byte) (int, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.gathering == 0 {
-		return g.Conn.Write(p)
+	if g.err != nil {
+		return 0, g.err
+	}
+	if !g.gathering {
+		return g.write(p)
 	}
 	g.buf = append(g.buf, p...)
 	if len(g.buf) < gatherMax {
@@ -232,9 +270,21 @@ func (g *gatherConn) Write(p []byte) (int, error) {
 	}
 	// A long write goes out in parts, so the other end decrypts the
 	// first while this end encrypts the rest.
-	_, err := g.Conn.Write(g.buf)
+	_, err := g.write(g.buf)
 	g.buf = g.buf[:0]
-	return len(p), err
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// write writes b to the connection under g, keeping its error for good.
+func (g *gatherConn) write(b []byte) (int, error) {
+	n, err := g.Conn.Write(b)
+	if err != nil {
+		g.err = err
+	}
+	return n, err
 }
 
 // gatherMax is how much a Conn gathers before it writes: a mux frame
@@ -243,18 +293,23 @@ const gatherMax = 96 << 10
 
 func (g *gatherConn) gather() {
 	g.mu.Lock()
-	g.gathering++
+	g.gathering = true
 	g.mu.Unlock()
 }
 
-// flush ends one gather, and writes what was kept when it was the last.
+// flush ends the gather and writes what was kept.
 func (g *gatherConn) flush() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.gathering--; g.gathering > 0 || len(g.buf) == 0 {
+	g.gathering = false
+	if len(g.buf) == 0 {
 		return nil
 	}
-	_, err := g.Conn.Write(g.buf)
+	if g.err != nil {
+		g.buf = g.buf[:0]
+		return g.err
+	}
+	_, err := g.write(g.buf)
 	g.buf = g.buf[:0]
 	return err
 }

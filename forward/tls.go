@@ -181,9 +181,10 @@ func oldHelper(err error) error {
 }
 
 // Conn is a TLS connection whose every Write of up to a mux frame reaches
-// the connection under it in one write. crypto/tls writes each record, 16 KiB at most, with a
-// write of its own: a mux frame of 64 KiB was four system calls or more,
-// and on the gateway they were a fifth of the CPU a -L push costs it.
+// the connection under it in one write. crypto/tls writes each record,
+// 16 KiB at most, with a write of its own: a mux frame of 64 KiB was five
+// system calls, and on the gateway they were a fifth of the CPU a -L push
+// costs it.
 //
 // It keeps crypto/tls's promises for writes: a Write returns once its
 // records are written (one Write at a time, so none returns with records
@@ -243,10 +244,10 @@ func (c *Conn) Close() error {
 }
 
 // gatherConn keeps what is written to it while gathering and writes it at
-// flush, or once gatherMax bytes wait; other writes (the handshake's, alerts) go straight
-// through. Writes keep their order either way. The first write that fails
-// fails every later one: what was lost or cut short leaves a stream of
-// records the other end cannot decrypt.
+// flush, or once gatherMax bytes wait; other writes (the handshake's,
+// alerts) go straight through. Writes keep their order either way. The
+// first write that fails fails every later one: what was lost or cut short
+// leaves a stream of records the other end cannot decrypt.
 type gatherConn struct {
 	net.Conn
 	mu        sync.Mutex

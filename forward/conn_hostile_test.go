@@ -22,17 +22,21 @@ import (
 // crypto/tls promises for its own writes, against a peer that stops
 // reading (a program of the tenant's in the helper's place).
 
-// smallBuffers shrinks the socket buffers of c, so a peer that stops
+// smallPair is a TCP pair with small socket buffers, so a peer that stops
 // reading stalls its writer within a few records.
-func smallBuffers(t *testing.T, c net.Conn) {
+func smallPair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	tc := c.(*net.TCPConn)
-	if err := tc.SetWriteBuffer(4 << 10); err != nil {
-		t.Fatal(err)
+	client, server = tcpPair(t)
+	for _, c := range []net.Conn{client, server} {
+		tc := c.(*net.TCPConn)
+		if err := tc.SetWriteBuffer(4 << 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.SetReadBuffer(4 << 10); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := tc.SetReadBuffer(4 << 10); err != nil {
-		t.Fatal(err)
-	}
+	return client, server
 }
 
 // fillUntilTimeout writes 64 KiB at a time to c, whose peer does not read,
@@ -58,9 +62,7 @@ func fillUntilTimeout(t *testing.T, c *forward.Conn) {
 // other end cannot decrypt, so a later Write that reported success would
 // report bytes that never reach it.
 func TestConnWriteFailsAfterFailedWrite(t *testing.T) {
-	c, s := tcpPair(t)
-	smallBuffers(t, c)
-	smallBuffers(t, s)
+	c, s := smallPair(t)
 	client, server := tlsPair(t, c, s)
 	defer server.Close()
 	defer client.Close()
@@ -162,9 +164,7 @@ func TestConnWriteHandshakes(t *testing.T) {
 // accepts a stream and then stops reading ends the mux within
 // WriteTimeout, and the stream's write with it, rather than holding them.
 func TestMuxWriteTimeoutOverConn(t *testing.T) {
-	c, s := tcpPair(t)
-	smallBuffers(t, c)
-	smallBuffers(t, s)
+	c, s := smallPair(t)
 	gw, helper := tlsPair(t, c, s)
 	defer helper.Close()
 	m := forward.NewMux(gw, forward.MuxOptions{WriteTimeout: 200 * time.Millisecond})
@@ -198,13 +198,21 @@ func TestMuxWriteTimeoutOverConn(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the mux outlived a helper that stopped reading")
 	}
+	if err := within(t, wrote, "a stream's write outlived its mux"); !errors.Is(err, forward.ErrMuxClosed) {
+		t.Errorf("a stream's write to a helper that stopped reading: %v", err)
+	}
+}
+
+// within is what errc gives within 10 s; the test fails with what when
+// nothing comes.
+func within(t *testing.T, errc <-chan error, what string) error {
+	t.Helper()
 	select {
-	case err := <-wrote:
-		if !errors.Is(err, forward.ErrMuxClosed) {
-			t.Errorf("a stream's write to a helper that stopped reading: %v", err)
-		}
+	case err := <-errc:
+		return err
 	case <-time.After(10 * time.Second):
-		t.Fatal("a stream's write outlived its mux")
+		t.Fatal(what)
+		return nil
 	}
 }
 
@@ -230,9 +238,7 @@ func (w *writeStarts) Write(p []byte) (int, error) {
 // flight, rather than queue a close_notify behind the Write and wait out
 // crypto/tls's 5 s bound on it.
 func TestConnCloseEndsStuckWrite(t *testing.T) {
-	c, s := tcpPair(t)
-	smallBuffers(t, c)
-	smallBuffers(t, s)
+	c, s := smallPair(t)
 	w := &writeStarts{Conn: c, min: 64 << 10, started: make(chan struct{})}
 	client, server := tlsPair(t, w, s)
 	defer server.Close()
@@ -248,13 +254,8 @@ func TestConnCloseEndsStuckWrite(t *testing.T) {
 	}
 	closed := make(chan struct{})
 	go func() { client.Close(); close(closed) }()
-	select {
-	case err := <-wrote:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Errorf("a write stuck on a peer that does not read, after Close: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a write stuck on a peer that does not read outlived Close")
+	if err := within(t, wrote, "a write stuck on a peer that does not read outlived Close"); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a write stuck on a peer that does not read, after Close: %v, want net.ErrClosed", err)
 	}
 	<-closed
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +118,57 @@ func TestShutdownEndsSessions(t *testing.T) {
 	c.Close() // as ssh does once its session ended
 	if got := <-done; got.core != nil || got.gateway != nil {
 		t.Fatalf("close the core: %v; shut the gateway down: %v", got.core, got.gateway)
+	}
+	if nc, err := net.Dial("tcp", g.addr); err == nil {
+		nc.Close()
+		t.Error("the gateway accepts connections after Shutdown")
+	}
+}
+
+// TestShutdownDuringLogins: Shutdown while clients log in returns once
+// every connection ended (those still logging in are closed, those that
+// got in leave), and no one is accepted after. It is the race detector
+// that checks the gateway's own wait here: gliderlabs' Shutdown joined a
+// handshake that ended while it waited to a WaitGroup already waited on.
+func TestShutdownDuringLogins(t *testing.T) {
+	g := start(t, setup{})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	stop := make(chan struct{})
+	var clients sync.WaitGroup
+	var in atomic.Int64
+	for range 8 {
+		clients.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Dialled here, not with g.dial: past Shutdown every
+				// dial fails, as it should.
+				nc, err := net.Dial("tcp", g.addr)
+				if err != nil {
+					continue
+				}
+				nc.SetDeadline(time.Now().Add(clientDeadline))
+				cfg := &gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)}
+				if c, _, _, err := gossh.NewClientConn(nc, g.addr, cfg); err == nil {
+					in.Add(1)
+					c.Close()
+				}
+				nc.Close()
+			}
+		})
+	}
+	defer clients.Wait()
+	defer close(stop)
+	eventually(t, "clients logging in", func() bool { return in.Load() >= 20 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.gw.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown while clients log in: %v", err)
 	}
 	if nc, err := net.Dial("tcp", g.addr); err == nil {
 		nc.Close()

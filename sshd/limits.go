@@ -141,8 +141,19 @@ func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
 	c.mu.Lock()
 	c.grace = time.AfterFunc(g.o.LoginGrace, c.graceOver)
 	c.mu.Unlock()
+	if !g.served.add(c) {
+		c.Close() // the gateway is shutting down
+		return nil
+	}
 	ctx.SetValue(connKey{}, c)
 	return c
+}
+
+// loggingIn reports whether c has not yet authenticated and is open.
+func (c *heldConn) loggingIn() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.grace != nil
 }
 
 // connKey keeps a connection's *heldConn in its ssh.Context.
@@ -270,6 +281,7 @@ func (c *heldConn) Close() error {
 		return err
 	}
 	c.closed = true
+	defer c.g.served.remove(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if c.grace != nil {

@@ -13,9 +13,7 @@
 package sshd
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -97,6 +95,9 @@ type Gateway struct {
 	upstreams sync.Map
 	pinMu     sync.Mutex
 	pins      map[string]pin
+	// served is every listener served and connection accepted
+	// (shutdown.go).
+	served served
 }
 
 // permKey and permOrg carry the authenticated key in the connection's
@@ -293,25 +294,3 @@ func (g *Gateway) keepAlive(ctx ssh.Context, c *heldConn) {
 	}
 }
 
-// Serve accepts connections on ln until Shutdown.
-func (g *Gateway) Serve(ln net.Listener) error {
-	err := g.srv.Serve(ln)
-	if errors.Is(err, ssh.ErrServerClosed) {
-		return nil
-	}
-	return err
-}
-
-// Shutdown stops accepting connections and waits up to ctx for the open
-// ones to end; their sessions end through control.Close, each with a
-// message and a non-zero exit status. Whatever is left is closed.
-func (g *Gateway) Shutdown(ctx context.Context) error {
-	err := g.srv.Shutdown(ctx)
-	if err != nil {
-		g.srv.Close()
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("sshd: connections still open at shutdown")
-	}
-	return err
-}

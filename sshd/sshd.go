@@ -293,4 +293,3 @@ func (g *Gateway) keepAlive(ctx ssh.Context, c *heldConn) {
 		}
 	}
 }
-

@@ -1,0 +1,86 @@
+package sshd_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/sshd"
+)
+
+// TestShutdownAgainWithNothingOpen: once the gateway is shut down and no
+// connection is left, a later Shutdown reports nothing open, even with a
+// context already done.
+func TestShutdownAgainWithNothingOpen(t *testing.T) {
+	g := start(t, setup{})
+	if err := g.gw.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown with nothing open: %v", err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for n := range 50 {
+		if err := g.gw.Shutdown(done); err != nil {
+			t.Fatalf("Shutdown %d again, nothing open, its context done: %v", n+2, err)
+		}
+	}
+}
+
+// TestShutdownClosesHandshakes: connections that have not authenticated,
+// one silent and one that stopped after the version lines, are closed at
+// once by Shutdown, which returns without waiting for their login grace.
+func TestShutdownClosesHandshakes(t *testing.T) {
+	g := start(t, setup{})
+	quiet := silent(t, g.addr, "127.0.0.1")
+	talked := silent(t, g.addr, "127.0.0.2")
+	if !held(t, quiet) || !held(t, talked) {
+		t.Fatal("a connection was refused")
+	}
+	if _, err := talked.Write([]byte("SSH-2.0-stalled\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Within the default login grace of 30 s: Shutdown succeeds only if it
+	// closed them itself.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.gw.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown with connections still logging in: %v", err)
+	}
+	closedByServer(t, quiet, "a silent connection at Shutdown")
+	closedByServer(t, talked, "a connection in its handshake at Shutdown")
+}
+
+// TestServeAfterShutdown: a gateway shut down before it serves refuses
+// to serve: Serve returns at once and closes the listener.
+func TestServeAfterShutdown(t *testing.T) {
+	g := start(t, setup{})
+	hostKey, err := g.db.HostKey(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := sshd.New(sshd.Options{Control: g.core, HostKey: hostKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown before Serve: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- gw.Serve(ln) }()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve after Shutdown: %v", err)
+		}
+	case <-time.After(clientDeadline):
+		t.Fatal("Serve after Shutdown kept serving")
+	}
+	if nc, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		nc.Close()
+		t.Error("the listener given to Serve after Shutdown still accepts")
+	}
+}

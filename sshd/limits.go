@@ -138,10 +138,14 @@ func (g *Gateway) accept(ctx ssh.Context, nc net.Conn) net.Conn {
 		return nil
 	}
 	c := &heldConn{Conn: nc, g: g, source: source}
+	// c is kept for Shutdown before its grace can close it: a grace
+	// that passed first would have Close forget c before it was kept, and
+	// c kept, closed, for ever.
 	c.mu.Lock()
 	c.grace = time.AfterFunc(g.o.LoginGrace, c.graceOver)
+	kept := g.served.add(c)
 	c.mu.Unlock()
-	if !g.served.add(c) {
+	if !kept {
 		c.Close() // the gateway is shutting down
 		return nil
 	}

@@ -84,3 +84,28 @@ func TestServeAfterShutdown(t *testing.T) {
 		t.Error("the listener given to Serve after Shutdown still accepts")
 	}
 }
+
+// TestShutdownAfterGraceAtAccept: a connection whose login grace passes
+// while it is being accepted is closed and forgotten, so it does not keep
+// Shutdown waiting for a connection that is no longer there.
+func TestShutdownAfterGraceAtAccept(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.LoginGrace = time.Nanosecond
+		o.MaxStartups, o.MaxStartupsPerSource = 1000, 1000
+	})
+	const conns = 1000
+	for range conns {
+		nc, err := net.Dial("tcp", g.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closedByServer(t, nc, "a connection past its login grace")
+		nc.Close()
+	}
+	eventually(t, "every connection closed for its login grace", func() bool { return refused(t, met, "login_grace") >= conns })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.gw.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown with every connection closed: %v", err)
+	}
+}

@@ -2,10 +2,17 @@ package sshd_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -108,4 +115,71 @@ func TestShutdownAfterGraceAtAccept(t *testing.T) {
 	if err := g.gw.Shutdown(ctx); err != nil {
 		t.Errorf("Shutdown with every connection closed: %v", err)
 	}
+}
+
+// TestDrainWhileLoggingIn drains as serve does (the core, then the
+// gateway) while clients log in and stay connected, idle, answering
+// keepalives. Shutdown returns nil only once every connection that got in
+// is closed: none can open a session after, and nothing the gateway
+// started is left running.
+func TestDrainWhileLoggingIn(t *testing.T) {
+	leftBefore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leftBefore) })
+	g, _ := limited(t, setup{keepAlive: 100 * time.Millisecond}, func(o *sshd.Options) {
+		o.MaxConnsPerKey, o.MaxConnsPerOrg = 1000, 1000
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	stop := make(chan struct{})
+	var clients sync.WaitGroup
+	var mu sync.Mutex
+	var in []*gossh.Client
+	for range 4 {
+		clients.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				nc, err := net.Dial("tcp", g.addr)
+				if err != nil {
+					continue
+				}
+				nc.SetDeadline(time.Now().Add(clientDeadline))
+				cfg := &gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)}
+				conn, chans, reqs, err := gossh.NewClientConn(nc, g.addr, cfg)
+				if err != nil {
+					nc.Close()
+					continue
+				}
+				mu.Lock()
+				in = append(in, gossh.NewClient(conn, chans, reqs))
+				mu.Unlock()
+			}
+		})
+	}
+	eventually(t, "clients logged in", func() bool { mu.Lock(); defer mu.Unlock(); return len(in) >= 10 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.core.Close(ctx); err != nil {
+		t.Errorf("close the core: %v", err)
+	}
+	if err := g.gw.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown while clients log in and stay: %v", err)
+	}
+	close(stop)
+	clients.Wait()
+	for _, c := range in {
+		if s, err := c.NewSession(); err == nil {
+			s.Close()
+			t.Error("a session opened on a connection after Shutdown returned")
+		}
+		if err := c.Wait(); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Error("a connection that got in was left open by Shutdown")
+		}
+		c.Close()
+	}
+	t.Logf("%d connections got in", len(in))
 }

@@ -183,3 +183,47 @@ func TestDrainWhileLoggingIn(t *testing.T) {
 	}
 	t.Logf("%d connections got in", len(in))
 }
+
+// TestServeTwoListeners: the gateway serves two listeners at once, and
+// Shutdown stops both.
+func TestServeTwoListeners(t *testing.T) {
+	g := start(t, setup{})
+	hostKey, err := g.db.HostKey(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := sshd.New(sshd.Options{Control: g.core, HostKey: hostKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 2)
+	var addrs []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, ln.Addr().String())
+		go func() { served <- gw.Serve(ln) }()
+	}
+	for _, addr := range addrs {
+		nc := silent(t, addr, "127.0.0.1")
+		if !held(t, nc) {
+			t.Fatalf("the gateway did not greet on %s", addr)
+		}
+	}
+	if err := gw.Shutdown(context.Background()); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	for range 2 {
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}
+	for _, addr := range addrs {
+		if nc, err := net.Dial("tcp", addr); err == nil {
+			nc.Close()
+			t.Errorf("%s still accepts after Shutdown", addr)
+		}
+	}
+}

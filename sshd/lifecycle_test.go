@@ -119,10 +119,7 @@ func TestShutdownEndsSessions(t *testing.T) {
 	if got := <-done; got.core != nil || got.gateway != nil {
 		t.Fatalf("close the core: %v; shut the gateway down: %v", got.core, got.gateway)
 	}
-	if nc, err := net.Dial("tcp", g.addr); err == nil {
-		nc.Close()
-		t.Error("the gateway accepts connections after Shutdown")
-	}
+	refusesAfterShutdown(t, g)
 }
 
 // TestShutdownDuringLogins: Shutdown while clients log in returns once
@@ -140,26 +137,10 @@ func TestShutdownDuringLogins(t *testing.T) {
 	var in atomic.Int64
 	for range 8 {
 		clients.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				// Dialled here, not with g.dial: past Shutdown every
-				// dial fails, as it should.
-				nc, err := net.Dial("tcp", g.addr)
-				if err != nil {
-					continue
-				}
-				nc.SetDeadline(time.Now().Add(clientDeadline))
-				cfg := &gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)}
-				if c, _, _, err := gossh.NewClientConn(nc, g.addr, cfg); err == nil {
-					in.Add(1)
-					c.Close()
-				}
-				nc.Close()
-			}
+			loginsUntil(g, id, key, stop, func(c *gossh.Client) {
+				in.Add(1)
+				c.Close()
+			})
 		})
 	}
 	defer clients.Wait()
@@ -170,6 +151,12 @@ func TestShutdownDuringLogins(t *testing.T) {
 	if err := g.gw.Shutdown(ctx); err != nil {
 		t.Errorf("Shutdown while clients log in: %v", err)
 	}
+	refusesAfterShutdown(t, g)
+}
+
+// refusesAfterShutdown fails t if g's gateway accepts a connection.
+func refusesAfterShutdown(t *testing.T, g *gateway) {
+	t.Helper()
 	if nc, err := net.Dial("tcp", g.addr); err == nil {
 		nc.Close()
 		t.Error("the gateway accepts connections after Shutdown")

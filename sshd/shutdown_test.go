@@ -61,14 +61,7 @@ func TestShutdownClosesHandshakes(t *testing.T) {
 // to serve: Serve returns at once and closes the listener.
 func TestServeAfterShutdown(t *testing.T) {
 	g := start(t, setup{})
-	hostKey, err := g.db.HostKey(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := sshd.New(sshd.Options{Control: g.core, HostKey: hostKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := another(t, g)
 	if err := gw.Shutdown(context.Background()); err != nil {
 		t.Fatalf("Shutdown before Serve: %v", err)
 	}
@@ -137,27 +130,11 @@ func TestDrainWhileLoggingIn(t *testing.T) {
 	var in []*gossh.Client
 	for range 4 {
 		clients.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				nc, err := net.Dial("tcp", g.addr)
-				if err != nil {
-					continue
-				}
-				nc.SetDeadline(time.Now().Add(clientDeadline))
-				cfg := &gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)}
-				conn, chans, reqs, err := gossh.NewClientConn(nc, g.addr, cfg)
-				if err != nil {
-					nc.Close()
-					continue
-				}
+			loginsUntil(g, id, key, stop, func(c *gossh.Client) {
 				mu.Lock()
-				in = append(in, gossh.NewClient(conn, chans, reqs))
+				in = append(in, c)
 				mu.Unlock()
-			}
+			})
 		})
 	}
 	eventually(t, "clients logged in", func() bool { mu.Lock(); defer mu.Unlock(); return len(in) >= 10 })
@@ -188,14 +165,7 @@ func TestDrainWhileLoggingIn(t *testing.T) {
 // Shutdown stops both.
 func TestServeTwoListeners(t *testing.T) {
 	g := start(t, setup{})
-	hostKey, err := g.db.HostKey(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := sshd.New(sshd.Options{Control: g.core, HostKey: hostKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := another(t, g)
 	served := make(chan error, 2)
 	var addrs []string
 	for range 2 {
@@ -225,5 +195,44 @@ func TestServeTwoListeners(t *testing.T) {
 			nc.Close()
 			t.Errorf("%s still accepts after Shutdown", addr)
 		}
+	}
+}
+
+// another is a second gateway on g's core and host key, not yet serving.
+func another(t *testing.T, g *gateway) *sshd.Gateway {
+	t.Helper()
+	hostKey, err := g.db.HostKey(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := sshd.New(sshd.Options{Control: g.core, HostKey: hostKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gw
+}
+
+// loginsUntil logs in to g as id with key over and over, handing each
+// client that got in to got, until stop is closed. A dial or login that
+// fails (as every one does past Shutdown) is no test failure.
+func loginsUntil(g *gateway, id string, key gossh.Signer, stop <-chan struct{}, got func(*gossh.Client)) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		nc, err := net.Dial("tcp", g.addr)
+		if err != nil {
+			continue
+		}
+		nc.SetDeadline(time.Now().Add(clientDeadline))
+		cfg := &gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)}, HostKeyCallback: gossh.FixedHostKey(g.host)}
+		conn, chans, reqs, err := gossh.NewClientConn(nc, g.addr, cfg)
+		if err != nil {
+			nc.Close()
+			continue
+		}
+		got(gossh.NewClient(conn, chans, reqs))
 	}
 }

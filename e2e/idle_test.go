@@ -333,9 +333,15 @@ func TestConcurrentWakes(t *testing.T) {
 	if w := metric(t, in, `hiloop_wakes_total{trigger="ssh"}`); w != 1 {
 		t.Errorf("hiloop_wakes_total{trigger=\"ssh\"} %v, want exactly 1", w)
 	}
+	// A start is the record coming up from not running: into starting, or
+	// straight into running. The mirror can decide on the pod of the
+	// start before its watch of the Sandbox shows the start (the two
+	// watches are separate streams), and then records the sandbox
+	// stopping outside hiloop until the next event, with no starting
+	// between (docs/states.md); that is still one start.
 	starts := 0
 	for _, e := range eventsOf(t, in, in.Token, sb.ID)[before:] {
-		if e.To == "starting" {
+		if e.To == "starting" || (e.To == "running" && e.From != "starting") {
 			starts++
 		}
 	}

@@ -3,17 +3,12 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"path/filepath"
 	"sync"
@@ -23,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/internal/tlstest"
 )
 
 // Attacks on the helper from what shares its network: the tenant's own
@@ -303,17 +299,8 @@ func TestAgentTLSDetails(t *testing.T) {
 		t.Error("a TLS 1.2 client got in")
 	}
 
-	ek, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Unix(0, 0), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, ek.Public(), ek)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ecdsaCert := cfg.Clone()
-	ecdsaCert.Certificates = []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: ek}}
+	ecdsaCert.Certificates = []tls.Certificate{tlstest.ECDSACertificate(t)}
 	if _, err := handshake(t, addr, ecdsaCert); err == nil {
 		t.Error("an ECDSA client certificate got in")
 	}

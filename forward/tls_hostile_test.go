@@ -1,19 +1,16 @@
 package forward_test
 
 import (
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"math/big"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/internal/tlstest"
 )
 
 // helperOn serves one TLS connection on 127.0.0.1:0 with cfg, writing the
@@ -104,17 +101,8 @@ func TestGatewayRefusesHelpers(t *testing.T) {
 
 	tls12 := good.Clone()
 	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
-	ek, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Unix(0, 0), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, ek.Public(), ek)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ecdsaCert := good.Clone()
-	ecdsaCert.Certificates = []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: ek}}
+	ecdsaCert.Certificates = []tls.Certificate{tlstest.ECDSACertificate(t)}
 	noProto := good.Clone()
 	noProto.NextProtos = nil
 	noProto.VerifyConnection = nil

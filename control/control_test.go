@@ -61,7 +61,7 @@ func TestCreateRacingDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ...then the create's cluster step, as Create runs it under the lock.
-	if _, err := c.createObject(sb.ID); err != nil {
+	if _, _, err := c.createObject(sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	if slices.Contains(fc.Calls(), "create "+sb.ID) {

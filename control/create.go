@@ -85,13 +85,15 @@ func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (st
 		at := c.o.Now().Add(time.Duration(req.Spec.TTLSeconds) * time.Second).UTC().Truncate(time.Second)
 		expires = &at
 	}
-	idle, err := c.idleTimeout(ctx, who, req.IdleTimeout)
-	if err != nil {
-		return store.Sandbox{}, 0, err
+	// The idle timeout is the sandbox's own, else its organization's (read
+	// in the create's transaction), else the deployment's default. It is
+	// taken at create: a sandbox keeps its timeout until it is changed.
+	n := store.NewSandbox{OrgID: who.OrgID, Spec: req.Spec, ExpiresAt: expires, Receipt: c.o.Cluster.Receipt(who.OrgID, req.Spec).Encode(),
+		IdleTimeout: c.o.DefaultIdleTimeout, OrgIdleTimeout: true, IdempotencyKey: req.IdempotencyKey, RequestHash: req.RequestHash}
+	if req.IdleTimeout != nil {
+		n.IdleTimeout, n.OrgIdleTimeout = *req.IdleTimeout, false
 	}
-	receipt := c.o.Cluster.Receipt(who.OrgID, req.Spec).Encode()
-	sb, created, err := c.o.Store.CreateSandbox(ctx, store.NewSandbox{OrgID: who.OrgID, Spec: req.Spec, ExpiresAt: expires,
-		Receipt: receipt, IdleTimeout: idle, IdempotencyKey: req.IdempotencyKey, RequestHash: req.RequestHash})
+	sb, created, err := c.o.Store.CreateSandbox(ctx, n)
 	if err != nil {
 		return store.Sandbox{}, 0, err
 	}
@@ -101,52 +103,38 @@ func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (st
 	c.log.Debug("create: record written", "sandbox", sb.ID)
 	unlock := c.locks.lock(sb.ID)
 	defer unlock()
-	outcome, err := c.createObject(sb.ID)
+	// The answer is the record as createObject read it, under the lock
+	// that every change of the sandbox's desired state takes.
+	rec, outcome, err := c.createObject(sb.ID)
 	if err != nil {
 		return sb, 0, err
 	}
-	if fresh, ferr := c.o.Store.SandboxAnyOrg(context.WithoutCancel(ctx), sb.ID); ferr == nil {
-		sb = fresh
-	}
+	sb = rec
 	if outcome == Accepted {
 		c.resolveLater(sb.ID)
 	}
 	return sb, outcome, nil
 }
 
-// idleTimeout is the idle timeout of a sandbox that asked for asked: its
-// own, else its organization's, else the deployment's default. The default
-// is taken at create: a sandbox keeps its timeout until it is changed.
-func (c *Control) idleTimeout(ctx context.Context, who Caller, asked *time.Duration) (time.Duration, error) {
-	if asked != nil {
-		return *asked, nil
-	}
-	org, err := c.o.Store.Org(ctx, who.OrgID)
-	if err != nil || org.IdleTimeout == nil {
-		return c.o.DefaultIdleTimeout, err
-	}
-	return *org.IdleTimeout, nil
-}
-
 // createObject makes the cluster match a pending record, with the lock held:
 // it deletes the object when a delete came first, creates it otherwise, and
 // fails the record when the cluster definitely refused, returning the
 // refusal for its caller to report. It answers Accepted when the outcome is
-// unknown.
-func (c *Control) createObject(id string) (Outcome, error) {
+// unknown. It returns the record as it read it.
+func (c *Control) createObject(id string) (store.Sandbox, Outcome, error) {
 	rec, err := c.o.Store.SandboxAnyOrg(context.WithoutCancel(c.base), id)
 	if err != nil {
-		return 0, err
+		return rec, 0, err
 	}
 	ctx, cancel := c.clusterCtx()
 	defer cancel()
 	if rec.DesiredMode == store.ModeDeleted {
 		// A delete won the race with this create: make sure nothing exists.
 		if err := c.o.Cluster.Delete(ctx, id); err != nil {
-			return Accepted, nil
+			return rec, Accepted, nil
 		}
 		c.touch(id)
-		return Created, nil
+		return rec, Created, nil
 	}
 	key, err := c.helperKey(ctx, rec)
 	if err == nil {
@@ -155,17 +143,17 @@ func (c *Control) createObject(id string) (Outcome, error) {
 	switch {
 	case err == nil:
 		c.log.Debug("create: object written", "sandbox", id)
-		return Created, nil
+		return rec, Created, nil
 	case ambiguous(err):
 		c.clusterFailed("create", err)
 		c.log.Warn("create outcome unknown; resolving from evidence", "sandbox", id, "err", err)
-		return Accepted, nil
+		return rec, Accepted, nil
 	default:
 		err = c.clusterFailed("create", err)
 		if ferr := c.o.Store.Fail(context.WithoutCancel(c.base), id, failReason(err)); ferr != nil {
 			c.log.Error("record failed create", "sandbox", id, "err", ferr)
 		}
-		return 0, err
+		return rec, 0, err
 	}
 }
 
@@ -228,7 +216,7 @@ func (c *Control) resolve(id string) (done bool, err error) {
 		c.touch(id)
 		return true, nil
 	}
-	outcome, err := c.createObject(id)
+	_, outcome, err := c.createObject(id)
 	if err != nil {
 		// Failed for good, and recorded; nobody else sees the refusal.
 		c.log.Warn("cluster refused a pending create", "sandbox", id, "err", err)

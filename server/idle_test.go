@@ -44,6 +44,9 @@ func TestIdleTimeoutFields(t *testing.T) {
 	if got := idle(`{"image":"busybox"}`); got != "30m0s" {
 		t.Errorf("create in an organization with a default: %q, want 30m0s", got)
 	}
+	if got := idle(`{"image":"busybox","idle_timeout":"0"}`); got != "0s" {
+		t.Errorf("create asking for none in an organization with a default: %q, want 0s", got)
+	}
 	if rec := ts.do("GET", "/v1/org", ""); !strings.Contains(rec.Body.String(), `"idle_timeout": "30m0s"`) {
 		t.Errorf("the organization does not show its default: %s", rec.Body.String())
 	}

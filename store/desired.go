@@ -37,7 +37,7 @@ func (s *Store) SetDesiredMode(ctx context.Context, orgID, id string, mode Mode,
 		case sb.State.Terminal() || sb.DesiredMode == ModeDeleted:
 			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
 		case mode == ModeRunning && (sb.DesiredMode != ModeRunning || sb.ModeOutside):
-			if err := checkQuota(ctx, tx, orgID, false); err != nil {
+			if _, err := checkQuota(ctx, tx, orgID, false); err != nil {
 				return err
 			}
 		}

@@ -158,12 +158,18 @@ func scanOrg(row interface{ Scan(...any) error }) (Org, error) {
 	if err := row.Scan(&o.ID, &o.Name, &o.MaxSandboxes, &o.MaxRunning, &created, &idle); err != nil {
 		return Org{}, err
 	}
-	o.CreatedAt = fromMS(created)
-	if idle.Valid {
-		d := time.Duration(idle.Int64) * time.Second
-		o.IdleTimeout = &d
-	}
+	o.CreatedAt, o.IdleTimeout = fromMS(created), seconds(idle)
 	return o, nil
+}
+
+// seconds is a nullable column of whole seconds as a duration, nil when
+// NULL.
+func seconds(n sql.NullInt64) *time.Duration {
+	if !n.Valid {
+		return nil
+	}
+	d := time.Duration(n.Int64) * time.Second
+	return &d
 }
 
 // Orgs lists every organization by name.

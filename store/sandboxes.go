@@ -142,8 +142,11 @@ type NewSandbox struct {
 	ExpiresAt *time.Time
 	// Receipt is what the control plane promises for the sandbox.
 	Receipt string
-	// IdleTimeout is the sandbox's idle timeout; 0 is off.
-	IdleTimeout time.Duration
+	// IdleTimeout is the sandbox's idle timeout; 0 is off. With
+	// OrgIdleTimeout, it is the default: the organization's own timeout,
+	// read in the create's transaction, takes its place when it has one.
+	IdleTimeout    time.Duration
+	OrgIdleTimeout bool
 	// IdempotencyKey, when set, makes a retried create return the first
 	// sandbox. RequestHash tells a true retry from a reuse of the key.
 	IdempotencyKey string
@@ -203,13 +206,18 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 				return err
 			}
 		}
-		if err := checkQuota(ctx, tx, n.OrgID, true); err != nil {
+		orgIdle, err := checkQuota(ctx, tx, n.OrgID, true)
+		if err != nil {
 			return err
+		}
+		idle := n.IdleTimeout
+		if n.OrgIdleTimeout && orgIdle != nil {
+			idle = *orgIdle
 		}
 		now := s.now().UTC().Truncate(time.Millisecond)
 		sb = Sandbox{ID: NewID("sbx"), OrgID: n.OrgID, Spec: n.Spec, DesiredMode: ModeRunning, State: StatePending,
 			ExpiresAt: n.ExpiresAt, CreatedAt: now, UpdatedAt: now, Receipt: n.Receipt,
-			IdleTimeout: n.IdleTimeout.Truncate(time.Second), LastActivityAt: now}
+			IdleTimeout: idle.Truncate(time.Second), LastActivityAt: now}
 		var idem, hash sql.NullString
 		if n.IdempotencyKey != "" {
 			idem = sql.NullString{String: n.IdempotencyKey, Valid: true}
@@ -231,8 +239,9 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 
 // quotaSQL reads an organization's limits and its live and running
 // sandboxes, which triggers count as the rows change (migration 0006): one
-// row, however many sandboxes the organization holds.
-const quotaSQL = `SELECT o.max_sandboxes, o.max_running, coalesce(c.live, 0), coalesce(c.running, 0)
+// row, however many sandboxes the organization holds. It also reads the
+// organization's idle timeout, which a create takes when it asks for none.
+const quotaSQL = `SELECT o.max_sandboxes, o.max_running, coalesce(c.live, 0), coalesce(c.running, 0), o.idle_timeout
 	FROM orgs o LEFT JOIN org_counts c ON c.org_id = o.id WHERE o.id = ?`
 
 // The statements of a create's write transaction, and the reads of the
@@ -245,23 +254,25 @@ const (
 )
 
 // checkQuota returns ErrQuota when the organization has no room for one more
-// sandbox (all=true) or one more running sandbox.
-func checkQuota(ctx context.Context, tx *txn, orgID string, all bool) error {
+// sandbox (all=true) or one more running sandbox. It returns the
+// organization's idle timeout, nil when it has none of its own.
+func checkQuota(ctx context.Context, tx *txn, orgID string, all bool) (idle *time.Duration, err error) {
 	var maxAll, maxRunning, live, running int
-	err := tx.QueryRowContext(ctx, quotaSQL, orgID).Scan(&maxAll, &maxRunning, &live, &running)
+	var idleS sql.NullInt64
+	err = tx.QueryRowContext(ctx, quotaSQL, orgID).Scan(&maxAll, &maxRunning, &live, &running, &idleS)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("org %q: %w", orgID, ErrNotFound)
+		return nil, fmt.Errorf("org %q: %w", orgID, ErrNotFound)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if all && live >= maxAll {
-		return fmt.Errorf("organization has %d of %d sandboxes: %w", live, maxAll, ErrQuota)
+		return nil, fmt.Errorf("organization has %d of %d sandboxes: %w", live, maxAll, ErrQuota)
 	}
 	if running >= maxRunning {
-		return fmt.Errorf("organization has %d of %d running sandboxes: %w", running, maxRunning, ErrQuota)
+		return nil, fmt.Errorf("organization has %d of %d running sandboxes: %w", running, maxRunning, ErrQuota)
 	}
-	return nil
+	return seconds(idleS), nil
 }
 
 // Sandbox returns one of an organization's sandboxes. Another org's sandbox

@@ -125,7 +125,8 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	// The first self-check runs before traffic; until it passes, creates
 	// and starts are refused (and /readyz says why).
 	a.core.CheckBoundary(ctx)
-	if a.mirror, err = mirror.New(mirror.Options{Clients: clients, Store: a.db, Namespace: cfg.Namespace, Log: a.log, Control: a.core, Metrics: met}); err != nil {
+	if a.mirror, err = mirror.New(mirror.Options{Clients: clients, Store: a.db, Namespace: cfg.Namespace, Log: a.log, Control: a.core, Metrics: met,
+		Written: writer.Written}); err != nil {
 		return nil, err
 	}
 

@@ -334,15 +334,17 @@ func TestConcurrentWakes(t *testing.T) {
 		t.Errorf("hiloop_wakes_total{trigger=\"ssh\"} %v, want exactly 1", w)
 	}
 	// A start is the record coming up from not running: into starting, or
-	// straight into running. The mirror can decide on the pod of the
-	// start before its watch of the Sandbox shows the start (the two
-	// watches are separate streams), and then records the sandbox
-	// stopping outside hiloop until the next event, with no starting
-	// between (docs/states.md); that is still one start.
+	// straight into running when the pod was Ready by the first decision.
+	// The mirror holds its decisions until its watch of the Sandbox shows
+	// the start's own write, so it never takes the start's pod, seen
+	// first, for a mode changed outside hiloop (docs/states.md).
 	starts := 0
 	for _, e := range eventsOf(t, in, in.Token, sb.ID)[before:] {
 		if e.To == "starting" || (e.To == "running" && e.From != "starting") {
 			starts++
+		}
+		if strings.Contains(e.Reason, "mode changed outside hiloop") {
+			t.Errorf("the wake was recorded as a mode changed outside hiloop: %+v", e)
 		}
 	}
 	if starts != 1 {

@@ -30,6 +30,9 @@ type Writer struct {
 
 	mu       sync.Mutex
 	accounts map[string]bool // service accounts known to exist
+	// written is, for each Sandbox hiloop patched, the object's uid and
+	// the generation its latest patch produced (see Written).
+	written map[string]writtenAt
 	// creating makes one create call per service account however many
 	// sandbox creates of a new organization arrive at once.
 	creating singleflight.Group
@@ -40,7 +43,44 @@ func NewWriter(c *Clients, opts RenderOptions) (*Writer, error) {
 	if c == nil || opts.Namespace == "" || opts.RuntimeClass == "" {
 		return nil, fmt.Errorf("k8s writer: clients, namespace and runtime class are required")
 	}
-	return &Writer{c: c, opts: opts, accounts: map[string]bool{}}, nil
+	return &Writer{c: c, opts: opts, accounts: map[string]bool{}, written: map[string]writtenAt{}}, nil
+}
+
+// writtenAt is a Sandbox object's uid and a generation of it.
+type writtenAt struct {
+	uid        types.UID
+	generation int64
+}
+
+// maxWritten bounds Writer.written: past it, the record starts over. A
+// sandbox it forgets loses only the hold described at Written.
+const maxWritten = 100_000
+
+// Written is the uid of sandbox id's object and the generation hiloop's
+// latest patch of it produced, as the API server answered it; "" and 0 when
+// hiloop has not patched it since it started. The mirror holds its decisions
+// about the sandbox until its watch shows that generation of that object:
+// it watches Sandboxes and pods as two streams, so without the hold it could
+// see the pod of a start before the Sandbox that asked for it, and record
+// for a moment a mode changed outside hiloop.
+func (w *Writer) Written(id string) (uid string, generation int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at := w.written[id]
+	return string(at.uid), at.generation
+}
+
+// wrote records that a patch of sandbox id's object produced obj.
+func (w *Writer) wrote(id string, obj *v1beta1.Sandbox) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if at, ok := w.written[id]; ok && at.uid == obj.UID && at.generation >= obj.Generation {
+		return // a later patch answered first
+	}
+	if len(w.written) >= maxWritten {
+		clear(w.written)
+	}
+	w.written[id] = writtenAt{uid: obj.UID, generation: obj.Generation}
 }
 
 // Create renders and creates the Sandbox of a record. gatewayKey is the
@@ -161,6 +201,9 @@ func (w *Writer) Delete(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete sandbox: %w", err)
 	}
+	w.mu.Lock()
+	delete(w.written, id)
+	w.mu.Unlock()
 	return nil
 }
 
@@ -169,10 +212,11 @@ func (w *Writer) patch(ctx context.Context, id string, body map[string]any) erro
 	if err != nil {
 		return err
 	}
-	_, err = w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Patch(ctx, ObjectName(id), types.MergePatchType, data, metav1.PatchOptions{})
+	obj, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).Patch(ctx, ObjectName(id), types.MergePatchType, data, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("patch sandbox: %w", err)
 	}
+	w.wrote(id, obj)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -212,5 +213,40 @@ func TestRotateGatewayKeyPerSandbox(t *testing.T) {
 	want := map[string]string{helped[0]: "new-" + helped[0], helped[1]: "new-" + helped[1]}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("gateway key annotations (-want +got):\n%s", diff)
+	}
+}
+
+// TestWrittenGeneration: a patch records the object's uid and the
+// generation the API server answered with; a delete forgets it; a sandbox
+// never patched has none.
+func TestWrittenGeneration(t *testing.T) {
+	id := store.NewID("sbx")
+	sb := sandboxfake.NewSimpleClientset()
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := sb.AgentsV1beta1().Sandboxes("ns").Create(ctx, &v1beta1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: k8s.ObjectName(id), Namespace: "ns", UID: "uid-1", Generation: 4}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if uid, gen := w.Written(id); uid != "" || gen != 0 {
+		t.Errorf("before any patch: %q %d", uid, gen)
+	}
+	if err := w.SetMode(ctx, id, store.ModeStopped); err != nil {
+		t.Fatal(err)
+	}
+	if uid, gen := w.Written(id); uid != "uid-1" || gen != 4 {
+		t.Errorf("after a patch: %q %d, want uid-1 4", uid, gen)
+	}
+	if uid, _ := w.Written(store.NewID("sbx")); uid != "" {
+		t.Errorf("another sandbox: %q", uid)
+	}
+	if err := w.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if uid, gen := w.Written(id); uid != "" || gen != 0 {
+		t.Errorf("after the delete: %q %d", uid, gen)
 	}
 }

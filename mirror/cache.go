@@ -38,6 +38,7 @@ func compact(obj any) (any, error) {
 // interned: one copy for all of them.
 type view struct {
 	name, namespace, uid, resourceVersion string
+	generation                            int64
 	org, sandbox, managedBy               string
 	receipt                               string
 	hasReceipt                            bool
@@ -47,7 +48,7 @@ type view struct {
 }
 
 func newView(m *metav1.ObjectMeta) view {
-	v := view{name: m.Name, namespace: intern(m.Namespace), uid: string(m.UID), resourceVersion: m.ResourceVersion,
+	v := view{name: m.Name, namespace: intern(m.Namespace), uid: string(m.UID), resourceVersion: m.ResourceVersion, generation: m.Generation,
 		org: intern(m.Labels[k8s.LabelOrg]), sandbox: m.Labels[k8s.LabelSandbox], managedBy: intern(m.Labels[k8s.LabelManagedBy]),
 		created: m.CreationTimestamp, deleted: m.DeletionTimestamp}
 	v.receipt, v.hasReceipt = m.Annotations[k8s.AnnotationReceipt]
@@ -65,7 +66,7 @@ func (v *view) GetObjectMeta() metav1.Object {
 }
 
 func (v *view) meta() metav1.ObjectMeta {
-	m := metav1.ObjectMeta{Name: v.name, Namespace: v.namespace, UID: types.UID(v.uid), ResourceVersion: v.resourceVersion,
+	m := metav1.ObjectMeta{Name: v.name, Namespace: v.namespace, UID: types.UID(v.uid), ResourceVersion: v.resourceVersion, Generation: v.generation,
 		CreationTimestamp: v.created, DeletionTimestamp: v.deleted}
 	for _, l := range [...]struct{ k, v string }{{k8s.LabelOrg, v.org}, {k8s.LabelSandbox, v.sandbox}, {k8s.LabelManagedBy, v.managedBy}} {
 		if l.v != "" {

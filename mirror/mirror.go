@@ -46,6 +46,10 @@ type Options struct {
 	// Metrics records the queue depth and the lag from event to write;
 	// optional.
 	Metrics *metrics.Metrics
+	// Written is the uid of a sandbox's object and the generation hiloop's
+	// own latest write of it produced (k8s.Writer.Written): a decision
+	// waits until the Sandbox watch shows it. Optional.
+	Written func(id string) (uid string, generation int64)
 }
 
 // Control is what the mirror needs of the control plane's core
@@ -83,6 +87,10 @@ type Mirror struct {
 	// seen is when the oldest unhandled event of each queued sandbox came.
 	seen map[string]time.Time
 }
+
+// errBehindWrite: the cache's Sandbox is older than hiloop's own latest
+// write of it, so nothing is decided until the watch delivers that write.
+var errBehindWrite = errors.New("the Sandbox watch is behind hiloop's own write")
 
 // podOwnerIndex indexes pods by the id of the sandbox they belong to.
 const podOwnerIndex = "sandbox"
@@ -288,6 +296,9 @@ func (m *Mirror) startupReconcile(ctx context.Context) error {
 		// The record just read decides first: only a sandbox whose record
 		// is behind the cluster takes a turn on the writer.
 		_, behind, err := m.decide(rec)
+		if errors.Is(err, errBehindWrite) {
+			err = nil
+		}
 		if err == nil && behind {
 			_, err = m.reconcile(ctx, rec.ID, time.Time{})
 		}
@@ -374,8 +385,11 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 		obs, _, err = m.decide(rec)
 		return obs, err
 	})
-	if errors.Is(err, store.ErrNotFound) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
 		return false, nil // an orphan: reported at start-up, otherwise ignored
+	case errors.Is(err, errBehindWrite):
+		return false, nil
 	}
 	if err != nil {
 		return false, err
@@ -396,6 +410,13 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 // store's writer.
 func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 	obj := m.sandbox(rec.ID)
+	if obj != nil && m.o.Written != nil {
+		if uid, gen := m.o.Written(rec.ID); uid == string(obj.UID) && obj.Generation < gen {
+			// The watch has not shown hiloop's own latest write of this
+			// object yet; its event queues the sandbox again.
+			return store.Observation{}, false, errBehindWrite
+		}
+	}
 	items, err := m.pods.ByIndex(podOwnerIndex, rec.ID)
 	if err != nil {
 		return store.Observation{}, false, err

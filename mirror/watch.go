@@ -85,6 +85,7 @@ type liteSandbox struct {
 		Namespace         string                  `json:"namespace"`
 		UID               types.UID               `json:"uid"`
 		ResourceVersion   string                  `json:"resourceVersion"`
+		Generation        int64                   `json:"generation"`
 		CreationTimestamp metav1.Time             `json:"creationTimestamp"`
 		DeletionTimestamp *metav1.Time            `json:"deletionTimestamp"`
 		Labels            map[string]string       `json:"labels"`
@@ -101,7 +102,7 @@ type liteSandbox struct {
 func (l *liteSandbox) sandbox() (*v1beta1.Sandbox, error) {
 	m := &l.Metadata
 	out := &v1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID,
-		ResourceVersion: m.ResourceVersion, CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
+		ResourceVersion: m.ResourceVersion, Generation: m.Generation, CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp,
 		Labels: m.Labels, Annotations: m.Annotations, OwnerReferences: m.OwnerReferences}}
 	out.Spec.OperatingMode, out.Spec.ShutdownTime = l.Spec.OperatingMode, l.Spec.ShutdownTime
 	if len(l.Status) > 0 {

@@ -48,7 +48,8 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Written is the uid of a sandbox's object and the generation hiloop's
 	// own latest write of it produced (k8s.Writer.Written): a decision
-	// waits until the Sandbox watch shows it. Optional.
+	// waits until the Sandbox watch shows it, for at most maxHold.
+	// Optional.
 	Written func(id string) (uid string, generation int64)
 }
 
@@ -86,11 +87,26 @@ type Mirror struct {
 	ready bool
 	// seen is when the oldest unhandled event of each queued sandbox came.
 	seen map[string]time.Time
+	// held is when each sandbox whose decisions wait for the watch to show
+	// hiloop's own write (see behind) began to wait.
+	held map[string]time.Time
 }
 
 // errBehindWrite: the cache's Sandbox is older than hiloop's own latest
-// write of it, so nothing is decided until the watch delivers that write.
+// write of it, so nothing is decided until the watch delivers that write
+// (or maxHold passes).
 var errBehindWrite = errors.New("the Sandbox watch is behind hiloop's own write")
+
+// maxHold bounds how long a sandbox's decisions wait for the watch to show
+// hiloop's own write: past it, the mirror decides on what it has. The watch
+// shows a write within milliseconds; writes coming faster than it (a
+// tenant's starts and stops one after another) must not keep a failed pod
+// from being recorded. maxHeld bounds the sandboxes whose wait is timed;
+// past it the timing starts over.
+const (
+	maxHold = 3 * time.Second
+	maxHeld = 10_000
+)
 
 // podOwnerIndex indexes pods by the id of the sandbox they belong to.
 const podOwnerIndex = "sandbox"
@@ -115,7 +131,7 @@ func New(o Options) (*Mirror, error) {
 	if o.Workers == 0 {
 		o.Workers = 4
 	}
-	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), seen: map[string]time.Time{},
+	m := &Mirror{o: o, log: o.Log.With("component", "mirror"), seen: map[string]time.Time{}, held: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"})}
 
@@ -404,18 +420,50 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 	return changed, nil
 }
 
+// behind reports whether the decisions about sandbox id wait: its cached
+// object obj is older (by generation, the same uid) than hiloop's own latest
+// write of it, and has been for less than maxHold. The watch event of the
+// write queues the sandbox again; so does the end of the wait, in case the
+// event never comes.
+func (m *Mirror) behind(id string, obj *v1beta1.Sandbox, now time.Time) bool {
+	if m.o.Written == nil {
+		return false
+	}
+	uid, gen := "", int64(0)
+	if obj != nil {
+		uid, gen = m.o.Written(id)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if obj == nil || uid != string(obj.UID) || obj.Generation >= gen {
+		delete(m.held, id)
+		return false
+	}
+	since, ok := m.held[id]
+	if !ok {
+		if len(m.held) >= maxHeld {
+			clear(m.held)
+		}
+		since = now
+		m.held[id] = now
+	}
+	wait := maxHold - now.Sub(since)
+	if wait <= 0 {
+		return false
+	}
+	m.queue.AddAfter(id, wait)
+	return true
+}
+
 // decide says what the cache shows of the sandbox of rec, a record not yet
 // terminal, and whether that differs from the record; it queues the sandbox
 // again for its next deadline. It reads only the cache: it runs on the
 // store's writer.
 func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 	obj := m.sandbox(rec.ID)
-	if obj != nil && m.o.Written != nil {
-		if uid, gen := m.o.Written(rec.ID); uid == string(obj.UID) && obj.Generation < gen {
-			// The watch has not shown hiloop's own latest write of this
-			// object yet; its event queues the sandbox again.
-			return store.Observation{}, false, errBehindWrite
-		}
+	now := m.o.Now()
+	if m.behind(rec.ID, obj, now) {
+		return store.Observation{}, false, errBehindWrite
 	}
 	items, err := m.pods.ByIndex(podOwnerIndex, rec.ID)
 	if err != nil {
@@ -425,7 +473,6 @@ func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 	for _, it := range items {
 		pods = append(pods, it.(*podView).object())
 	}
-	now := m.o.Now()
 	obs := Decide(obj, pods, rec, now, m.receipts.parse)
 	m.wakeAt(rec.ID, deadline(obj, rec), now)
 	return obs, !obs.Unchanged(rec), nil

@@ -49,25 +49,12 @@ func TestAttackCreateIdleIsolation(t *testing.T) {
 // TestAttackCreateRacingDeleteAnswer: whatever the order of a create and a
 // delete of its record, no object outlives a deleted record, and an answer
 // of a create whose cluster step found the delete does not say the sandbox
-// is wanted running.
+// is wanted running (TestCreateRacingDelete has the one interleaving).
 func TestAttackCreateRacingDeleteAnswer(t *testing.T) {
 	fc := &controltest.Cluster{}
 	c, db, org := newControl(t, fc)
 	ctx := context.Background()
 	who := Caller{OrgID: org.ID, KeyID: "key_x"}
-	// The direct interleaving: the answer createObject gives is the record
-	// the delete left.
-	sb, _, err := db.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.SetMode(ctx, who, sb.ID, store.ModeDeleted); err != nil {
-		t.Fatal(err)
-	}
-	rec, _, err := c.createObject(sb.ID)
-	if err != nil || rec.DesiredMode != store.ModeDeleted {
-		t.Fatalf("createObject after a delete: %+v, %v; want desired deleted", rec, err)
-	}
 	// Racing for real, a deleter taking every record it sees.
 	for i := range 40 {
 		done := make(chan struct{})

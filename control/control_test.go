@@ -60,9 +60,14 @@ func TestCreateRacingDelete(t *testing.T) {
 	if _, err := c.SetMode(ctx, who, sb.ID, store.ModeDeleted); err != nil {
 		t.Fatal(err)
 	}
-	// ...then the create's cluster step, as Create runs it under the lock.
-	if _, _, err := c.createObject(sb.ID); err != nil {
+	// ...then the create's cluster step, as Create runs it under the lock,
+	// whose record, the create's answer, is the one the delete left.
+	rec, _, err := c.createObject(sb.ID)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if rec.DesiredMode != store.ModeDeleted {
+		t.Errorf("the create's answer after a delete: desired %s, want deleted", rec.DesiredMode)
 	}
 	if slices.Contains(fc.Calls(), "create "+sb.ID) {
 		t.Fatalf("a deleted sandbox was created: %v", fc.Calls())

@@ -59,11 +59,10 @@ const maxWritten = 100_000
 // Written is the uid of sandbox id's object and the generation hiloop's
 // latest patch of it produced, as the API server answered it; "" and 0 when
 // hiloop has not patched it since it started. The mirror holds its decisions
-// about the sandbox until its watch shows that generation of that object
-// (for a few seconds at most):
-// it watches Sandboxes and pods as two streams, so without the hold it could
-// see the pod of a start before the Sandbox that asked for it, and record
-// for a moment a mode changed outside hiloop.
+// about the sandbox until its watch shows that generation of that object,
+// for a few seconds at most: it watches Sandboxes and pods as two streams,
+// so without the hold it could see the pod of a start before the Sandbox
+// that asked for it, and record for a moment a mode changed outside hiloop.
 func (w *Writer) Written(id string) (uid string, generation int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -296,31 +296,42 @@ func dialRefused(ctx context.Context, addr string) (net.Conn, error) {
 
 // pinned accepts the first key a pod's helper shows and only that key for
 // the rest of the pod's life: a new pod may have a new key, one pod may
-// not change it.
+// not change it. The lock covers the map alone: a changed key is recorded
+// in the store after it is released, so a slow write (the writer busy with
+// a burst) holds up that one dial, not every other dial of the gateway.
 func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) func(ed25519.PublicKey) error {
 	return func(key ed25519.PublicKey) error {
 		fp := forward.Fingerprint(key)
-		g.pinMu.Lock()
-		defer g.pinMu.Unlock()
-		if g.pins == nil {
-			g.pins = map[string]pin{}
-		}
-		now := time.Now()
-		if old, ok := g.pins[podUID]; ok && old.fingerprint != fp {
-			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", old.fingerprint, "shown", fp)
+		old, ok := g.pin(podUID, fp, time.Now())
+		if !ok {
+			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", old, "shown", fp)
 			g.o.Control.HelperKeyChanged(ctx, sess, podUID)
-			return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, old.fingerprint)
-		}
-		g.pins[podUID] = pin{fingerprint: fp, used: now}
-		if len(g.pins) > maxPins {
-			for uid, p := range g.pins {
-				if now.Sub(p.used) > pinTTL {
-					delete(g.pins, uid)
-				}
-			}
+			return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, old)
 		}
 		return nil
 	}
+}
+
+// pin pins fingerprint fp to pod podUID unless another one is pinned to
+// it, which it returns with ok false.
+func (g *Gateway) pin(podUID, fp string, now time.Time) (pinned string, ok bool) {
+	g.pinMu.Lock()
+	defer g.pinMu.Unlock()
+	if g.pins == nil {
+		g.pins = map[string]pin{}
+	}
+	if old, ok := g.pins[podUID]; ok && old.fingerprint != fp {
+		return old.fingerprint, false
+	}
+	g.pins[podUID] = pin{fingerprint: fp, used: now}
+	if len(g.pins) > maxPins {
+		for uid, p := range g.pins {
+			if now.Sub(p.used) > pinTTL {
+				delete(g.pins, uid)
+			}
+		}
+	}
+	return fp, true
 }
 
 // pin is a helper host key seen for one pod.

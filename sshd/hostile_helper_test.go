@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -362,6 +363,100 @@ func TestForwardHelperKeyChange(t *testing.T) {
 		t.Fatalf("-L through the pinned key again: %v", err)
 	}
 	echoes(t, ch, "-L through the pinned key again")
+}
+
+// TestForwardHelperKeyChangeStallsOnlyItsDial: recording a changed helper
+// key is a write to the store, and the writer can be busy (here another
+// connection holds SQLite's write lock). While that write waits, a new
+// connection to another sandbox still dials its helper, has its key
+// checked against the pin and carries bytes: the gateway's pins are not
+// locked across the write.
+func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
+	_, k1, _ := ed25519.GenerateKey(rand.Reader)
+	_, k2, _ := ed25519.GenerateKey(rand.Reader)
+	var mu sync.Mutex
+	current := k1
+	port := impostor(t, func(int) ed25519.PrivateKey {
+		mu.Lock()
+		defer mu.Unlock()
+		return current
+	}, func(_ int, c *tls.Conn) { echoHelper(c) })
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	changed := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	other := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+
+	c := g.login(changed, key)
+	ch, err := openWithin(t, c, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes(t, ch, "-L through the first key")
+	c.Close()
+	eventually(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
+
+	mu.Lock()
+	current = k2
+	mu.Unlock()
+	// The other sandbox is in use already (a forward open on a connection
+	// of its own): a use that begins while one is open writes nothing, so
+	// the other connection's dial needs no write of its own.
+	inUse := g.login(other, key)
+	defer inUse.Close()
+	ch, err = openWithin(t, inUse, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes(t, ch, "-L of the other sandbox")
+	changedC, otherC := g.login(changed, key), g.login(other, key)
+	defer changedC.Close()
+	defer otherC.Close()
+
+	// Another connection takes the write lock and keeps it until the
+	// other sandbox's bytes went through.
+	lock, err := sql.Open("sqlite", "file:"+g.dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	tx, err := lock.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`UPDATE sandboxes SET updated_at = updated_at WHERE id = ?`, other); err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 1)
+	go func() {
+		_, err := openWithin(t, changedC, 40*time.Second)
+		refused <- err
+	}()
+	eventually(t, "the changed key seen", func() bool { return strings.Contains(g.logs.String(), "host key changed") })
+
+	och, err := openWithin(t, otherC, 20*time.Second)
+	if err != nil {
+		t.Fatalf("-L of another sandbox while the changed key is recorded: %v", err)
+	}
+	echoes(t, och, "-L of another sandbox while the changed key is recorded")
+	select {
+	case err := <-refused:
+		t.Fatalf("the changed key's dial ended (%v) before the write it waits on could be made", err)
+	default:
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
+	err = <-refused
+	var oce *gossh.OpenChannelError
+	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed {
+		t.Fatalf("-L through a changed key: %v, want connection failed", err)
+	}
+	eventually(t, "the change recorded", func() bool {
+		sb, err := g.db.SandboxAnyOrg(context.Background(), changed)
+		return err == nil && sb.HelperKeyChangedPod != ""
+	})
 }
 
 // TestForwardHelperStopsReading: a helper that answers a client's opens

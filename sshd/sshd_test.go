@@ -34,7 +34,9 @@ import (
 type gateway struct {
 	t    *testing.T
 	db   *store.Store
-	core *control.Control
+	// dbPath is the database's file.
+	dbPath string
+	core   *control.Control
 	fc   *controltest.Cluster
 	gw   *sshd.Gateway
 	addr string
@@ -60,7 +62,8 @@ const clientDeadline = time.Minute
 func start(t *testing.T, s setup) *gateway {
 	t.Helper()
 	ctx := context.Background()
-	db, err := store.Open(ctx, store.Options{Path: filepath.Join(t.TempDir(), "h.db")})
+	dbPath := filepath.Join(t.TempDir(), "h.db")
+	db, err := store.Open(ctx, store.Options{Path: dbPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +106,7 @@ func start(t *testing.T, s setup) *gateway {
 			t.Logf("gateway log:\n%s", logs)
 		}
 	})
-	return &gateway{t: t, db: db, core: core, fc: fc, gw: gw, addr: ln.Addr().String(), host: hostKey.PublicKey(), logs: logs}
+	return &gateway{t: t, db: db, dbPath: dbPath, core: core, fc: fc, gw: gw, addr: ln.Addr().String(), host: hostKey.PublicKey(), logs: logs}
 }
 
 // org makes an organization.

@@ -32,16 +32,16 @@ import (
 // t.TempDir()), with the cluster faked by controltest and the sandbox's
 // workload by workload.
 type gateway struct {
-	t    *testing.T
-	db   *store.Store
+	t  *testing.T
+	db *store.Store
 	// dbPath is the database's file.
 	dbPath string
 	core   *control.Control
-	fc   *controltest.Cluster
-	gw   *sshd.Gateway
-	addr string
-	host gossh.PublicKey
-	logs *lockedBuffer
+	fc     *controltest.Cluster
+	gw     *sshd.Gateway
+	addr   string
+	host   gossh.PublicKey
+	logs   *lockedBuffer
 }
 
 // setup is what a test changes of the gateway and its fakes.

@@ -94,12 +94,18 @@ func (c *Control) helperKey(ctx context.Context, rec store.Sandbox) (string, err
 	return HelperAuthorizedKey(key, rec.ID)
 }
 
-// HelperKeyChanged records that the session's sandbox's helper, in pod
-// podUID, showed another host key than the one pinned for that pod: the
-// mirror turns it into the attention anomaly helper_host_key_changed.
-func (c *Control) HelperKeyChanged(ctx context.Context, s *Session, podUID string) {
-	if err := c.o.Store.MarkHelperKeyChanged(ctx, s.SandboxID, podUID); err != nil {
-		c.log.Error("record helper host key change", "sandbox", s.SandboxID, "err", err)
+// PinHelperKey holds the helper of the session's sandbox, in pod podUID,
+// to the first host key it showed in that pod (see store.PinHelperKey) and
+// returns the fingerprint pinned for the pod. When that is not fp, the
+// mirror is told, and turns the sandbox to attention with
+// helper_host_key_changed.
+func (c *Control) PinHelperKey(ctx context.Context, s *Session, podUID, fp string) (string, error) {
+	pinned, err := c.o.Store.PinHelperKey(ctx, s.SandboxID, podUID, fp)
+	if err != nil {
+		return "", err
 	}
-	c.touch(s.SandboxID)
+	if pinned != fp {
+		c.touch(s.SandboxID)
+	}
+	return pinned, nil
 }

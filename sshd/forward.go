@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -294,55 +295,85 @@ func dialRefused(ctx context.Context, addr string) (net.Conn, error) {
 	}
 }
 
-// pinned accepts the first key a pod's helper shows and only that key for
-// the rest of the pod's life: a new pod may have a new key, one pod may
-// not change it. The lock covers the map alone: a changed key is recorded
-// in the store after it is released, so a slow write (the writer busy with
-// a burst) holds up that one dial, not every other dial of the gateway.
+// pinned holds a pod's helper to the first key it showed the gateway, for
+// the rest of the pod's life: a new pod may have a new key, one pod may not
+// change it. The record keeps the pin (store.PinHelperKey), so it holds
+// across restarts of hiloop; the gateway keeps what it learnt in memory, so
+// only a pod's first dial (and the first refusal of a changed key) writes.
+// The memory's lock covers the map alone: a write waits without holding up
+// any other dial.
 func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) func(ed25519.PublicKey) error {
 	return func(key ed25519.PublicKey) error {
 		fp := forward.Fingerprint(key)
-		old, ok := g.pin(podUID, fp, time.Now())
-		if !ok {
-			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", old, "shown", fp)
-			g.o.Control.HelperKeyChanged(ctx, sess, podUID)
-			return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, old)
-		}
-		return nil
-	}
-}
-
-// pin pins fingerprint fp to pod podUID unless another one is pinned to
-// it, which it returns with ok false.
-func (g *Gateway) pin(podUID, fp string, now time.Time) (pinned string, ok bool) {
-	g.pinMu.Lock()
-	defer g.pinMu.Unlock()
-	if g.pins == nil {
-		g.pins = map[string]pin{}
-	}
-	if old, ok := g.pins[podUID]; ok && old.fingerprint != fp {
-		return old.fingerprint, false
-	}
-	g.pins[podUID] = pin{fingerprint: fp, used: now}
-	if len(g.pins) > maxPins {
-		for uid, p := range g.pins {
-			if now.Sub(p.used) > pinTTL {
-				delete(g.pins, uid)
+		pinned, known := g.pins.check(podUID, fp)
+		if !known {
+			// The write is made even if the client leaves meanwhile, and
+			// is bounded as the dial is: a writer busy for longer refuses
+			// this dial.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.HelperDialTimeout)
+			g.log.Debug("checking the session helper's host key against the record", "sandbox", sess.SandboxID, "pod_uid", podUID)
+			defer cancel()
+			var err error
+			if pinned, err = g.o.Control.PinHelperKey(wctx, sess, podUID, fp); err != nil {
+				g.log.Error("pin the session helper's host key", "sandbox", sess.SandboxID, "pod_uid", podUID, "err", err)
+				return errors.New("the helper's host key could not be checked")
 			}
+			g.pins.learn(podUID, pinned, pinned != fp)
 		}
+		if pinned == fp {
+			return nil
+		}
+		if !known {
+			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", pinned, "shown", fp)
+		}
+		return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, pinned)
 	}
-	return fp, true
 }
 
-// pin is a helper host key seen for one pod.
+// pins is what the gateway learnt of the record's helper pins: for each pod
+// uid, the fingerprint pinned and whether a refusal of another was
+// recorded. The record is the authority, so the map is dropped whole once
+// it holds maxPins pods.
+type pins struct {
+	mu sync.Mutex
+	m  map[string]pin
+}
+
 type pin struct {
 	fingerprint string
-	used        time.Time
+	reported    bool
 }
 
-// Pins unused this long are dropped once there are more than maxPins: a pod
-// that old without a forward is likely gone, and a new pod may have a new key.
-const (
-	maxPins = 4096
-	pinTTL  = 24 * time.Hour
-)
+// maxPins bounds the pods whose pins the gateway keeps in memory.
+const maxPins = 4096
+
+// check says whether fp is the fingerprint known to be pinned for podUID.
+// known is false when the record must say: no pin of the pod is known, or
+// another key shows and this is the first refusal of it (which claims the
+// report, so that other dials refuse without writing).
+func (p *pins) check(podUID, fp string) (pinned string, known bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.m[podUID]
+	switch {
+	case !ok:
+		return "", false
+	case e.fingerprint == fp || e.reported:
+		return e.fingerprint, true
+	}
+	e.reported = true
+	p.m[podUID] = e
+	return e.fingerprint, false
+}
+
+// learn keeps the record's pin of podUID, and whether a refusal of another
+// key was recorded.
+func (p *pins) learn(podUID, fingerprint string, reported bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil || len(p.m) >= maxPins {
+		p.m = map[string]pin{}
+	}
+	e := p.m[podUID]
+	p.m[podUID] = pin{fingerprint: fingerprint, reported: reported || e.reported && e.fingerprint == fingerprint}
+}

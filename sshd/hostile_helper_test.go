@@ -432,7 +432,9 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 		_, err := openWithin(t, changedC, 40*time.Second)
 		refused <- err
 	}()
-	eventually(t, "the changed key seen", func() bool { return strings.Contains(g.logs.String(), "host key changed") })
+	eventually(t, "the changed key's check waiting on the store", func() bool {
+		return strings.Count(g.logs.String(), "host key against the record") == 3
+	})
 
 	och, err := openWithin(t, otherC, 20*time.Second)
 	if err != nil {

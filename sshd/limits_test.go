@@ -28,6 +28,14 @@ import (
 func limited(t *testing.T, s setup, tune func(*sshd.Options)) (*gateway, *metrics.Metrics) {
 	t.Helper()
 	g := start(t, s)
+	return g, g.serveAnother(s, tune)
+}
+
+// serveAnother starts a second gateway on g's core and store, as a restart
+// of serve would, points g at it, and stops it when the test ends.
+func (g *gateway) serveAnother(s setup, tune func(*sshd.Options)) *metrics.Metrics {
+	t := g.t
+	t.Helper()
 	hostKey, err := g.db.HostKey(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +65,7 @@ func limited(t *testing.T, s setup, tune func(*sshd.Options)) (*gateway, *metric
 		}
 	})
 	g.gw, g.addr = gw, ln.Addr().String()
-	return g, met
+	return met
 }
 
 // refused is how many connections the gateway refused or closed for reason,

@@ -72,7 +72,9 @@ type Options struct {
 	// the gateway's memory is this many SSH windows. 128 when zero.
 	MaxChannelsPerOrg int
 	// HelperDialTimeout bounds dialling a sandbox's session helper, TCP
-	// connect, TLS handshake and the helper's ready together; 10s when zero.
+	// connect, TLS handshake and the helper's ready together, and, apart,
+	// the check of the helper's key against the record's pin; 10s when
+	// zero.
 	// It also bounds the helper's answer to each -L channel's open, and
 	// each write to the helper: one that takes longer stopped reading, and
 	// its upstream ends.
@@ -93,8 +95,8 @@ type Gateway struct {
 	// upstreams holds each client connection's upstream to its sandbox's
 	// session helper.
 	upstreams sync.Map
-	pinMu     sync.Mutex
-	pins      map[string]pin
+	// pins are the helpers' host keys learnt from the record (forward.go).
+	pins pins
 	// served is every listener served and connection accepted
 	// (shutdown.go).
 	served served

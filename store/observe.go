@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -113,14 +114,35 @@ func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox)
 	return changed, nil
 }
 
-// MarkHelperKeyChanged records that the session helper of pod podUID showed
-// another host key within the pod's life.
-func (s *Store) MarkHelperKeyChanged(ctx context.Context, id, podUID string) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
+// PinHelperKey holds the session helper of sandbox id's pod podUID to the
+// first host key it showed (fingerprint fp): with no pin for that pod yet
+// (none, or the last pod's), fp becomes it. It returns the fingerprint
+// pinned for the pod. When that is not fp, the helper changed its key
+// within the pod's life: the first time, that is recorded
+// (helper_key_changed_pod), which the mirror turns into an attention
+// anomaly; later times write nothing.
+func (s *Store) PinHelperKey(ctx context.Context, id, podUID, fp string) (pinned string, err error) {
+	err = s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
+		var pod, changed string
+		err := tx.QueryRowContext(ctx, `SELECT helper_pin_pod, helper_pin_key, helper_key_changed_pod FROM sandboxes WHERE id = ?`, id).
+			Scan(&pod, &pinned, &changed)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return ErrNotFound
+		case err != nil:
+			return err
+		case pod != podUID:
+			pinned = fp
+			_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET helper_pin_pod = ?, helper_pin_key = ? WHERE id = ?`, podUID, fp, id)
+		case pinned != fp && changed != podUID:
+			_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
+		}
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("mark helper key changed: %w", err)
+		return "", fmt.Errorf("pin helper key: %w", err)
 	}
-	return nil
+	return pinned, nil
 }
 
 // Fail records that a sandbox's create definitely did not reach the cluster

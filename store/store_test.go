@@ -1185,3 +1185,47 @@ func count(t *testing.T, err error, made, refused *atomic.Int32, kind string) {
 		t.Errorf("create a %s key: %v", kind, err)
 	}
 }
+
+// TestPinHelperKey: the first key a pod's helper shows is pinned; another
+// key of the same pod is refused and recorded; a new pod's first key
+// replaces the pin. (That the change is written once is
+// sshd's TestPinAttackRefusalsWriteOnce.)
+func TestPinHelperKey(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "h.db"), nil)
+	org, err := s.CreateOrg(ctx, "acme", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := func(pod, fp, want string) {
+		t.Helper()
+		got, err := s.PinHelperKey(ctx, sb.ID, pod, fp)
+		if err != nil || got != want {
+			t.Fatalf("pin %s %s: %q %v, want %q", pod, fp, got, err, want)
+		}
+	}
+	changed := func(want string) {
+		t.Helper()
+		rec, err := s.SandboxAnyOrg(ctx, sb.ID)
+		if err != nil || rec.HelperKeyChangedPod != want {
+			t.Fatalf("helper key changed in pod %q %v, want %q", rec.HelperKeyChangedPod, err, want)
+		}
+	}
+	pin("u1", "k1", "k1")
+	pin("u1", "k1", "k1")
+	changed("")
+	pin("u1", "k2", "k1")
+	changed("u1")
+	pin("u1", "k2", "k1")
+	changed("u1")
+	pin("u2", "k2", "k2")
+	pin("u2", "k3", "k2")
+	changed("u2")
+	if _, err := s.PinHelperKey(ctx, "sbx_nosuch", "u1", "k1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("pin of an unknown sandbox: %v, want not found", err)
+	}
+}

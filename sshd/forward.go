@@ -18,6 +18,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/store"
 )
 
 // upstream is the one connection to a sandbox's session helper that a
@@ -307,15 +308,15 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 		fp := forward.Fingerprint(key)
 		pinned, known := g.pins.check(podUID, fp)
 		if !known {
-			// The write is made even if the client leaves meanwhile, and
-			// is bounded as the dial is: a writer busy for longer refuses
-			// this dial.
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.HelperDialTimeout)
 			g.log.Debug("checking the session helper's host key against the record", "sandbox", sess.SandboxID, "pod_uid", podUID)
-			defer cancel()
 			var err error
-			if pinned, err = g.o.Control.PinHelperKey(wctx, sess, podUID, fp); err != nil {
+			if pinned, err = g.pinInRecord(ctx, sess, podUID, fp); err != nil {
+				// Whatever the record holds, the next dial asks it again.
+				g.pins.forget(podUID)
 				g.log.Error("pin the session helper's host key", "sandbox", sess.SandboxID, "pod_uid", podUID, "err", err)
+				if errors.Is(err, store.ErrStalePod) {
+					return errors.New("the sandbox's pod was replaced during the dial")
+				}
 				return errors.New("the helper's host key could not be checked")
 			}
 			g.pins.learn(podUID, pinned, pinned != fp)
@@ -327,6 +328,30 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 			g.log.Error("session helper host key changed within one pod's life; refusing it", "sandbox", sess.SandboxID, "pod_uid", podUID, "pinned", pinned, "shown", fp)
 		}
 		return fmt.Errorf("helper host key changed within the pod's life (%s, pinned %s)", fp, pinned)
+	}
+}
+
+// pinInRecord asks the record for the pod's pin (control.PinHelperKey),
+// within HelperDialTimeout: past it the dial is refused, and the write
+// goes on without it (the store bounds it with its busy timeout), so that
+// a changed key is recorded even if its client left.
+func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID, fp string) (string, error) {
+	type answer struct {
+		pinned string
+		err    error
+	}
+	ans := make(chan answer, 1)
+	go func() {
+		pinned, err := g.o.Control.PinHelperKey(context.WithoutCancel(ctx), sess, podUID, fp)
+		ans <- answer{pinned, err}
+	}()
+	t := time.NewTimer(g.o.HelperDialTimeout)
+	defer t.Stop()
+	select {
+	case a := <-ans:
+		return a.pinned, a.err
+	case <-t.C:
+		return "", fmt.Errorf("no answer within %s", g.o.HelperDialTimeout)
 	}
 }
 
@@ -364,6 +389,13 @@ func (p *pins) check(podUID, fp string) (pinned string, known bool) {
 	e.reported = true
 	p.m[podUID] = e
 	return e.fingerprint, false
+}
+
+// forget drops what is known of podUID's pin.
+func (p *pins) forget(podUID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.m, podUID)
 }
 
 // learn keeps the record's pin of podUID, and whether a refusal of another

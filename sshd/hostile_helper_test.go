@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
-	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -372,39 +371,21 @@ func TestForwardHelperKeyChange(t *testing.T) {
 // checked against the pin and carries bytes: the gateway's pins are not
 // locked across the write.
 func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
-	_, k1, _ := ed25519.GenerateKey(rand.Reader)
-	_, k2, _ := ed25519.GenerateKey(rand.Reader)
-	var mu sync.Mutex
-	current := k1
-	port := impostor(t, func(int) ed25519.PrivateKey {
-		mu.Lock()
-		defer mu.Unlock()
-		return current
-	}, func(_ int, c *tls.Conn) { echoHelper(c) })
+	port, swap := changedKeyHelper(t)
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
 	changed := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
 	other := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	pinFirstKey(t, g, changed, key)
+	swap()
 
-	c := g.login(changed, key)
-	ch, err := openWithin(t, c, 20*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoes(t, ch, "-L through the first key")
-	c.Close()
-	eventually(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
-
-	mu.Lock()
-	current = k2
-	mu.Unlock()
 	// The other sandbox is in use already (a forward open on a connection
 	// of its own): a use that begins while one is open writes nothing, so
 	// the other connection's dial needs no write of its own.
 	inUse := g.login(other, key)
 	defer inUse.Close()
-	ch, err = openWithin(t, inUse, 20*time.Second)
+	ch, err := openWithin(t, inUse, 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,18 +396,7 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 
 	// Another connection takes the write lock and keeps it until the
 	// other sandbox's bytes went through.
-	lock, err := sql.Open("sqlite", "file:"+g.dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	tx, err := lock.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`UPDATE sandboxes SET updated_at = updated_at WHERE id = ?`, other); err != nil {
-		t.Fatal(err)
-	}
+	release := holdWriter(t, g, other)
 	refused := make(chan error, 1)
 	go func() {
 		_, err := openWithin(t, changedC, 40*time.Second)
@@ -446,15 +416,8 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 		t.Fatalf("the changed key's dial ended (%v) before the write it waits on could be made", err)
 	default:
 	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-
-	err = <-refused
-	var oce *gossh.OpenChannelError
-	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed {
-		t.Fatalf("-L through a changed key: %v, want connection failed", err)
-	}
+	release()
+	wantRefused(t, <-refused)
 	eventually(t, "the change recorded", func() bool {
 		sb, err := g.db.SandboxAnyOrg(context.Background(), changed)
 		return err == nil && sb.HelperKeyChangedPod != ""

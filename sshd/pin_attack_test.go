@@ -14,8 +14,10 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
+	"github.com/hiloop/hiloop/store"
 )
 
 // countMarks installs, from a connection of the test's own, a trigger that
@@ -42,6 +44,34 @@ func countMarks(t *testing.T, g *gateway) func() int {
 		}
 		return n
 	}
+}
+
+// holdWriter takes SQLite's write lock from a connection of the test's own
+// (a write to sandbox id's row, not committed) until release.
+func holdWriter(t *testing.T, g *gateway, id string) (release func()) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+g.dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`UPDATE sandboxes SET updated_at = updated_at WHERE id = ?`, id); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			if err := tx.Rollback(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 // changedKeyHelper is a helper whose key is k1 until swap is called, then
@@ -131,18 +161,7 @@ func TestPinAttackConcurrentRefusals(t *testing.T) {
 		defer clients[i].Close()
 	}
 
-	lock, err := sql.Open("sqlite", "file:"+g.dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	tx, err := lock.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`UPDATE sandboxes SET updated_at = updated_at WHERE id = ?`, id); err != nil {
-		t.Fatal(err)
-	}
+	release := holdWriter(t, g, id)
 	errs := make(chan error, n)
 	for _, c := range clients {
 		go func() {
@@ -161,9 +180,7 @@ func TestPinAttackConcurrentRefusals(t *testing.T) {
 	if got := strings.Count(g.logs.String(), "host key against the record"); got != 2 {
 		t.Errorf("%d checks against the record, want 2 (the first key's, the first refusal's)", got)
 	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	wantRefused(t, <-errs)
 	eventually(t, "the change recorded", func() bool {
 		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
@@ -200,6 +217,83 @@ func TestPinHoldsAcrossRestart(t *testing.T) {
 	}
 	if sb.HelperKeyChangedPod == "" {
 		t.Error("the change after a restart was not recorded")
+	}
+	c.Close()
+	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+}
+
+// TestPinAttackOtherPodDisplacesPin: a pin call for a pod that is not the
+// record's (the late dial of a pod from before a stop and wake, here made
+// directly as the gateway would make it) is refused and leaves the record's
+// pin alone, so the current pod's helper, showing another key after it, is
+// still refused.
+func TestPinAttackOtherPodDisplacesPin(t *testing.T) {
+	port, swap := changedKeyHelper(t)
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	pinFirstKey(t, g, id, key)
+
+	if _, err := g.db.PinHelperKey(context.Background(), id, "uid-an-earlier-pod", "SHA256:whatever"); !errors.Is(err, store.ErrStalePod) {
+		t.Fatalf("a pin for a pod that is not the record's: %v, want %v", err, store.ErrStalePod)
+	}
+	swap()
+
+	c := g.login(id, key)
+	defer c.Close()
+	ch, err := openWithin(t, c, 20*time.Second)
+	if err == nil {
+		ch.Close()
+		sb, _ := g.db.SandboxAnyOrg(context.Background(), id)
+		t.Errorf("pod %s's helper changed its key within the pod's life and -L went through it (changed pod recorded: %q)",
+			controltest.PodUID(id), sb.HelperKeyChangedPod)
+	} else {
+		wantRefused(t, err)
+	}
+	c.Close()
+	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+}
+
+// TestPinAttackReportOutlastsBusyWriter: the first refusal of a changed
+// key finds the writer busy past HelperDialTimeout. That dial is refused
+// at its timeout, and the change is still recorded once the writer is
+// free: no later refusal is spared the check for a claim that came to
+// nothing.
+func TestPinAttackReportOutlastsBusyWriter(t *testing.T) {
+	port, swap := changedKeyHelper(t)
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	pinFirstKey(t, g, id, key)
+	swap()
+
+	release := holdWriter(t, g, id)
+	c := g.login(id, key)
+	defer c.Close()
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(3 * time.Second) // past HelperDialTimeout, within busy_timeout
+		release()
+		close(released)
+	}()
+	if _, err := openWithin(t, c, 30*time.Second); err == nil {
+		t.Fatal("-L through a changed key went through")
+	}
+	<-released
+
+	for range 5 {
+		if _, err := openWithin(t, c, 20*time.Second); err == nil {
+			t.Fatal("-L through a changed key went through")
+		}
+	}
+	sb, err := g.db.SandboxAnyOrg(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.HelperKeyChangedPod == "" {
+		t.Errorf("6 refusals of a changed key, the store free for the last 5, and the change was never recorded")
 	}
 	c.Close()
 	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })

@@ -114,29 +114,39 @@ func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox)
 	return changed, nil
 }
 
+// ErrStalePod answers PinHelperKey for a pod that is not the record's
+// pod (any more, or yet).
+var ErrStalePod = errors.New("the pod is not the sandbox's observed pod")
+
 // PinHelperKey holds the session helper of sandbox id's pod podUID to the
 // first host key it showed (fingerprint fp): with no pin for that pod yet
 // (none, or the last pod's), fp becomes it. It returns the fingerprint
 // pinned for the pod. When that is not fp, the helper changed its key
 // within the pod's life: the first time, that is recorded
 // (helper_key_changed_pod), which the mirror turns into an attention
-// anomaly; later times write nothing.
-func (s *Store) PinHelperKey(ctx context.Context, id, podUID, fp string) (pinned string, err error) {
-	err = s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
-		var pod, changed string
-		err := tx.QueryRowContext(ctx, `SELECT helper_pin_pod, helper_pin_key, helper_key_changed_pod FROM sandboxes WHERE id = ?`, id).
-			Scan(&pod, &pinned, &changed)
+// anomaly; later times write nothing. Only the record's observed pod is
+// pinned: for any other, which a dial that read the record before the pod
+// was replaced may still name, it writes nothing and returns ErrStalePod.
+func (s *Store) PinHelperKey(ctx context.Context, id, podUID, fp string) (string, error) {
+	var pinned string
+	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
+		var current, pod, key, changed string
+		err := tx.QueryRowContext(ctx, `SELECT pod_uid, helper_pin_pod, helper_pin_key, helper_key_changed_pod FROM sandboxes WHERE id = ?`, id).
+			Scan(&current, &pod, &key, &changed)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			return ErrNotFound
 		case err != nil:
 			return err
+		case podUID == "" || podUID != current:
+			return ErrStalePod
 		case pod != podUID:
-			pinned = fp
+			key = fp
 			_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET helper_pin_pod = ?, helper_pin_key = ? WHERE id = ?`, podUID, fp, id)
-		case pinned != fp && changed != podUID:
+		case key != fp && changed != podUID:
 			_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET helper_key_changed_pod = ? WHERE id = ?`, podUID, id)
 		}
+		pinned = key
 		return err
 	})
 	if err != nil {

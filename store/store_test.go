@@ -1188,7 +1188,9 @@ func count(t *testing.T, err error, made, refused *atomic.Int32, kind string) {
 
 // TestPinHelperKey: the first key a pod's helper shows is pinned; another
 // key of the same pod is refused and recorded; a new pod's first key
-// replaces the pin. (That the change is written once is
+// replaces the pin; and a pod that is not the record's (a dial that read
+// the record before its pod was replaced) pins nothing, so it cannot
+// displace the current pod's pin. (That the change is written once is
 // sshd's TestPinAttackRefusalsWriteOnce.)
 func TestPinHelperKey(t *testing.T) {
 	ctx := context.Background()
@@ -1208,6 +1210,18 @@ func TestPinHelperKey(t *testing.T) {
 			t.Fatalf("pin %s %s: %q %v, want %q", pod, fp, got, err, want)
 		}
 	}
+	stale := func(pod, fp string) {
+		t.Helper()
+		if _, err := s.PinHelperKey(ctx, sb.ID, pod, fp); !errors.Is(err, store.ErrStalePod) {
+			t.Fatalf("pin %s %s: %v, want %v", pod, fp, err, store.ErrStalePod)
+		}
+	}
+	observe := func(pod string) {
+		t.Helper()
+		if _, err := s.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning, PodUID: pod}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	changed := func(want string) {
 		t.Helper()
 		rec, err := s.SandboxAnyOrg(ctx, sb.ID)
@@ -1215,14 +1229,19 @@ func TestPinHelperKey(t *testing.T) {
 			t.Fatalf("helper key changed in pod %q %v, want %q", rec.HelperKeyChangedPod, err, want)
 		}
 	}
+	stale("u1", "k1") // no pod observed yet
+	observe("u1")
 	pin("u1", "k1", "k1")
 	pin("u1", "k1", "k1")
 	changed("")
 	pin("u1", "k2", "k1")
 	changed("u1")
 	pin("u1", "k2", "k1")
-	changed("u1")
+
+	observe("u2")
+	stale("u1", "kX") // the late dial of the pod before
 	pin("u2", "k2", "k2")
+	stale("u1", "kX")
 	pin("u2", "k3", "k2")
 	changed("u2")
 	if _, err := s.PinHelperKey(ctx, "sbx_nosuch", "u1", "k1"); !errors.Is(err, store.ErrNotFound) {

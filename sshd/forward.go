@@ -18,7 +18,6 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/sandbox"
-	"github.com/hiloop/hiloop/store"
 )
 
 // upstream is the one connection to a sandbox's session helper that a
@@ -314,9 +313,6 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 				// Whatever the record holds, the next dial asks it again.
 				g.pins.forget(podUID)
 				g.log.Error("pin the session helper's host key", "sandbox", sess.SandboxID, "pod_uid", podUID, "err", err)
-				if errors.Is(err, store.ErrStalePod) {
-					return errors.New("the sandbox's pod was replaced during the dial")
-				}
 				return errors.New("the helper's host key could not be checked")
 			}
 			g.pins.learn(podUID, pinned, pinned != fp)
@@ -332,26 +328,30 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 }
 
 // pinInRecord asks the record for the pod's pin (control.PinHelperKey),
-// within HelperDialTimeout: past it the dial is refused, and the write
-// goes on without it (the store bounds it with its busy timeout), so that
-// a changed key is recorded even if its client left.
+// one question per pod at a time: a dial that finds one asked waits for
+// its answer. The question has HelperDialTimeout to be answered, and the
+// dial waits for it as long at most, less if its client leaves; the store
+// call runs on, bounded by the store's busy timeout, so a changed key is
+// recorded even if its client left.
 func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID, fp string) (string, error) {
-	type answer struct {
-		pinned string
-		err    error
+	q, first := g.pins.ask(podUID)
+	if first {
+		go func() {
+			qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.HelperDialTimeout)
+			defer cancel()
+			pinned, err := g.o.Control.PinHelperKey(qctx, sess, podUID, fp)
+			g.pins.answer(podUID, q, pinned, err)
+		}()
 	}
-	ans := make(chan answer, 1)
-	go func() {
-		pinned, err := g.o.Control.PinHelperKey(context.WithoutCancel(ctx), sess, podUID, fp)
-		ans <- answer{pinned, err}
-	}()
 	t := time.NewTimer(g.o.HelperDialTimeout)
 	defer t.Stop()
 	select {
-	case a := <-ans:
-		return a.pinned, a.err
+	case <-q.done:
+		return q.pinned, q.err
 	case <-t.C:
 		return "", fmt.Errorf("no answer within %s", g.o.HelperDialTimeout)
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
 	}
 }
 
@@ -362,6 +362,41 @@ func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID
 type pins struct {
 	mu sync.Mutex
 	m  map[string]pin
+	// asked are the questions to the record under way, one per pod.
+	asked map[string]*question
+}
+
+// question is one call of the record for a pod's pin; done is closed once
+// pinned and err hold its answer.
+type question struct {
+	done   chan struct{}
+	pinned string
+	err    error
+}
+
+// ask returns the question under way for podUID, or a new one, which first
+// says the caller must ask.
+func (p *pins) ask(podUID string) (q *question, first bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if q := p.asked[podUID]; q != nil {
+		return q, false
+	}
+	if p.asked == nil {
+		p.asked = map[string]*question{}
+	}
+	q = &question{done: make(chan struct{})}
+	p.asked[podUID] = q
+	return q, true
+}
+
+// answer ends question q of podUID.
+func (p *pins) answer(podUID string, q *question, pinned string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	q.pinned, q.err = pinned, err
+	delete(p.asked, podUID)
+	close(q.done)
 }
 
 type pin struct {

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"database/sql"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -296,5 +297,52 @@ func TestPinAttackReportOutlastsBusyWriter(t *testing.T) {
 		t.Errorf("6 refusals of a changed key, the store free for the last 5, and the change was never recorded")
 	}
 	c.Close()
+	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+}
+
+// pinWaiters counts the goroutines pinInRecord started that still wait on
+// the store.
+func pinWaiters() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "sshd.(*Gateway).pinInRecord.func") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPinAttackStalledStoreOneQuestionPerPod: while the store's writer is
+// busy past HelperDialTimeout, every dial of a changed key is refused at
+// its timeout and forgets the pod's pin, so the next dial asks the record
+// again. The question outlives its dial (so that the change is recorded
+// even if the client left), but there is one question per pod at a time,
+// with a deadline: dial after dial does not pile up waiters on the store.
+func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
+	port, swap := changedKeyHelper(t)
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 200 * time.Millisecond })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	pinFirstKey(t, g, id, key)
+	swap()
+
+	release := holdWriter(t, g, id)
+	c := g.login(id, key)
+	defer c.Close()
+	const dials = 10
+	for range dials {
+		if _, err := openWithin(t, c, 20*time.Second); err == nil {
+			t.Fatal("-L through a changed key went through")
+		}
+	}
+	if n := pinWaiters(); n > 1 {
+		t.Errorf("after %d refused dials of one pod, %d goroutines wait on the store for its pin, want at most 1", dials, n)
+	}
+	release()
+	c.Close()
+	eventually(t, "the pin's waiters ended", func() bool { return pinWaiters() == 0 })
 	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }

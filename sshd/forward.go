@@ -308,14 +308,17 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 		pinned, known := g.pins.check(podUID, fp)
 		if !known {
 			g.log.Debug("checking the session helper's host key against the record", "sandbox", sess.SandboxID, "pod_uid", podUID)
-			var err error
-			if pinned, err = g.pinInRecord(ctx, sess, podUID, fp); err != nil {
+			var (
+				reported bool
+				err      error
+			)
+			if pinned, reported, err = g.pinInRecord(ctx, sess, podUID, fp); err != nil {
 				// Whatever the record holds, the next dial asks it again.
 				g.pins.forget(podUID)
 				g.log.Error("pin the session helper's host key", "sandbox", sess.SandboxID, "pod_uid", podUID, "err", err)
 				return errors.New("the helper's host key could not be checked")
 			}
-			g.pins.learn(podUID, pinned, pinned != fp)
+			g.pins.learn(podUID, pinned, reported)
 		}
 		if pinned == fp {
 			return nil
@@ -330,11 +333,14 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 // pinInRecord asks the record for the pod's pin (control.PinHelperKey),
 // one question per pod at a time: a dial that finds one asked waits for
 // its answer. The question has HelperDialTimeout to be answered, and the
-// dial waits for it as long at most, less if its client leaves; the store
-// call runs on, bounded by the store's busy timeout, so a changed key is
-// recorded even if its client left.
-func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID, fp string) (string, error) {
-	q, first := g.pins.ask(podUID)
+// dial waits for it as long at most, less if its client leaves; the
+// question runs on after its dial, until its own deadline, so a changed
+// key is recorded even if its client left. reported says the answer
+// refused fp, and so recorded the change: a dial that waited on a question
+// asked with another key learns the pin, not that its own key was
+// reported.
+func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID, fp string) (pinned string, reported bool, err error) {
+	q, first := g.pins.ask(podUID, fp)
 	if first {
 		go func() {
 			qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.HelperDialTimeout)
@@ -347,11 +353,11 @@ func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID
 	defer t.Stop()
 	select {
 	case <-q.done:
-		return q.pinned, q.err
+		return q.pinned, q.err == nil && q.pinned != fp && q.fp == fp, q.err
 	case <-t.C:
-		return "", fmt.Errorf("no answer within %s", g.o.HelperDialTimeout)
+		return "", false, fmt.Errorf("no answer within %s", g.o.HelperDialTimeout)
 	case <-ctx.Done():
-		return "", context.Cause(ctx)
+		return "", false, context.Cause(ctx)
 	}
 }
 
@@ -366,17 +372,18 @@ type pins struct {
 	asked map[string]*question
 }
 
-// question is one call of the record for a pod's pin; done is closed once
-// pinned and err hold its answer.
+// question is one call of the record for a pod's pin, asked with the key
+// fp; done is closed once pinned and err hold its answer.
 type question struct {
+	fp     string
 	done   chan struct{}
 	pinned string
 	err    error
 }
 
-// ask returns the question under way for podUID, or a new one, which first
-// says the caller must ask.
-func (p *pins) ask(podUID string) (q *question, first bool) {
+// ask returns the question under way for podUID, or a new one asked with
+// fp, which first says the caller must ask.
+func (p *pins) ask(podUID, fp string) (q *question, first bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if q := p.asked[podUID]; q != nil {
@@ -385,7 +392,7 @@ func (p *pins) ask(podUID string) (q *question, first bool) {
 	if p.asked == nil {
 		p.asked = map[string]*question{}
 	}
-	q = &question{done: make(chan struct{})}
+	q = &question{fp: fp, done: make(chan struct{})}
 	p.asked[podUID] = q
 	return q, true
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"database/sql"
 	"errors"
+	"io"
 	"runtime"
 	"strings"
 	"sync"
@@ -345,4 +346,83 @@ func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
 	c.Close()
 	eventually(t, "the pin's waiters ended", func() bool { return pinWaiters() == 0 })
 	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+}
+
+// TestPinAttackJoinedDialIsNotReported: two first dials of a pod race,
+// the helper's key and another; the second waits on the question the
+// first asked. It is refused, but its key was never put to the record, so
+// it must not count as reported: the next dial that shows it has the
+// change recorded.
+func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
+	port, swap := changedKeyHelper(t)
+	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+
+	// A session that stays open (cat, stdin never closed) puts the
+	// sandbox in use, so the dials below write no activity of their own.
+	busy := g.login(id, key)
+	defer busy.Close()
+	sess, err := busy.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := sess.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := sess.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Start("cat"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdin.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(stdout, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+
+	first, second := g.login(id, key), g.login(id, key)
+	defer first.Close()
+	defer second.Close()
+	release := holdWriter(t, g, id)
+	asked := func(n int) func() bool {
+		return func() bool { return strings.Count(g.logs.String(), "host key against the record") == n }
+	}
+	firstOpen := make(chan error, 1)
+	go func() {
+		ch, err := openWithin(t, first, 40*time.Second)
+		if err == nil {
+			ch.Close()
+		}
+		firstOpen <- err
+	}()
+	eventually(t, "the first dial's question asked", asked(1))
+	swap()
+	secondOpen := make(chan error, 1)
+	go func() {
+		_, err := openWithin(t, second, 40*time.Second)
+		secondOpen <- err
+	}()
+	eventually(t, "the second dial waiting on the first's question", asked(2))
+	release()
+	if err := <-firstOpen; err != nil {
+		t.Fatalf("the first key's dial: %v", err)
+	}
+	wantRefused(t, <-secondOpen)
+
+	third := g.login(id, key)
+	defer third.Close()
+	_, err = openWithin(t, third, 20*time.Second)
+	wantRefused(t, err)
+	eventually(t, "the change recorded", func() bool {
+		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
+		return err == nil && sb.HelperKeyChangedPod != ""
+	})
+	stdin.Close()
+	sess.Wait()
 }

@@ -418,10 +418,7 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 	}
 	release()
 	wantRefused(t, <-refused)
-	eventually(t, "the change recorded", func() bool {
-		sb, err := g.db.SandboxAnyOrg(context.Background(), changed)
-		return err == nil && sb.HelperKeyChangedPod != ""
-	})
+	changeRecorded(t, g, changed)
 }
 
 // TestForwardHelperStopsReading: a helper that answers a client's opens

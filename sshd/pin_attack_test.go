@@ -95,6 +95,28 @@ func changedKeyHelper(t *testing.T) (port int, swap func()) {
 	}
 }
 
+// pinnedSandbox starts a gateway whose sandbox's helper has pinned its
+// first key; swap makes the helper show another key from then on.
+func pinnedSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key gossh.Signer, id string, swap func()) {
+	t.Helper()
+	port, swap := changedKeyHelper(t)
+	g, _ = limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = dialTimeout })
+	org := g.org("a")
+	key, _ = g.key(org)
+	id = g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	pinFirstKey(t, g, id, key)
+	return g, key, id, swap
+}
+
+// changeRecorded waits for sandbox id's record to hold a helper key change.
+func changeRecorded(t *testing.T, g *gateway, id string) {
+	t.Helper()
+	eventually(t, "the change recorded", func() bool {
+		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
+		return err == nil && sb.HelperKeyChangedPod != ""
+	})
+}
+
 func pinFirstKey(t *testing.T, g *gateway, id string, key gossh.Signer) {
 	t.Helper()
 	c := g.login(id, key)
@@ -120,13 +142,8 @@ func wantRefused(t *testing.T, err error) {
 // channel: each is refused, and the change is written to the record once,
 // not once a dial.
 func TestPinAttackRefusalsWriteOnce(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
+	g, key, id, swap := pinnedSandbox(t, 5*time.Second)
 	marks := countMarks(t, g)
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
 	swap()
 
 	const n = 20
@@ -148,12 +165,7 @@ func TestPinAttackRefusalsWriteOnce(t *testing.T) {
 // refusal writes the change, and the others, as many as the sandbox's
 // session slots, are refused at once, before that write is made.
 func TestPinAttackConcurrentRefusals(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
+	g, key, id, swap := pinnedSandbox(t, 30*time.Second)
 	swap()
 
 	const n = 8 // control's default Limits.PerSandbox
@@ -184,10 +196,7 @@ func TestPinAttackConcurrentRefusals(t *testing.T) {
 	}
 	release()
 	wantRefused(t, <-errs)
-	eventually(t, "the change recorded", func() bool {
-		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
-		return err == nil && sb.HelperKeyChangedPod != ""
-	})
+	changeRecorded(t, g, id)
 	for _, c := range clients {
 		c.Close()
 	}
@@ -199,16 +208,10 @@ func TestPinAttackConcurrentRefusals(t *testing.T) {
 // the same pod showing another key is still refused, and the change is
 // recorded.
 func TestPinHoldsAcrossRestart(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	tune := func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second }
-	g, _ := limited(t, setup{sessionPort: port}, tune)
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
+	g, key, id, swap := pinnedSandbox(t, 5*time.Second)
 	swap()
 
-	g.serveAnother(setup{sessionPort: port}, tune)
+	g.serveAnother(setup{}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
 	c := g.login(id, key)
 	defer c.Close()
 	_, err := openWithin(t, c, 20*time.Second)
@@ -230,12 +233,7 @@ func TestPinHoldsAcrossRestart(t *testing.T) {
 // pin alone, so the current pod's helper, showing another key after it, is
 // still refused.
 func TestPinAttackOtherPodDisplacesPin(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
+	g, key, id, swap := pinnedSandbox(t, 5*time.Second)
 
 	if _, err := g.db.PinHelperKey(context.Background(), id, "uid-an-earlier-pod", "SHA256:whatever"); !errors.Is(err, store.ErrStalePod) {
 		t.Fatalf("a pin for a pod that is not the record's: %v, want %v", err, store.ErrStalePod)
@@ -263,12 +261,7 @@ func TestPinAttackOtherPodDisplacesPin(t *testing.T) {
 // free: no later refusal is spared the check for a claim that came to
 // nothing.
 func TestPinAttackReportOutlastsBusyWriter(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
+	g, key, id, swap := pinnedSandbox(t, time.Second)
 	swap()
 
 	release := holdWriter(t, g, id)
@@ -322,12 +315,7 @@ func pinWaiters() int {
 // even if the client left), but there is one question per pod at a time,
 // with a deadline: dial after dial does not pile up waiters on the store.
 func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 200 * time.Millisecond })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	pinFirstKey(t, g, id, key)
+	g, key, id, swap := pinnedSandbox(t, 200*time.Millisecond)
 	swap()
 
 	release := holdWriter(t, g, id)
@@ -419,10 +407,7 @@ func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
 	defer third.Close()
 	_, err = openWithin(t, third, 20*time.Second)
 	wantRefused(t, err)
-	eventually(t, "the change recorded", func() bool {
-		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
-		return err == nil && sb.HelperKeyChangedPod != ""
-	})
+	changeRecorded(t, g, id)
 	stdin.Close()
 	sess.Wait()
 }

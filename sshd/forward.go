@@ -184,7 +184,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	if err != nil {
 		return fail("the gateway's key is unreadable", err)
 	}
-	tc, err := g.dialTLS(sess.Context(), addr, sess.SandboxID, keys, g.pinned(ctx, sess, podUID))
+	tc, err := g.dialTLS(sess.Context(), addr, sess.SandboxID, keys, g.pinned(sess, podUID))
 	if err != nil {
 		if cause := context.Cause(sess.Context()); cause != nil {
 			// The client left, or control ended the session: nobody
@@ -233,14 +233,15 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 // through the helper's ready, with the first of keys it accepts (the
 // sandbox's key from the current gateway key, then from the one it
 // replaced), all within HelperDialTimeout; it gives up at once when ctx
-// ends. A helper that refuses one key is dialled again with the next.
-func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed25519.PrivateKey, pin func(ed25519.PublicKey) error) (*forward.Conn, error) {
+// ends. A helper that refuses one key is dialled again with the next. pin
+// checks the helper's key within the same time.
+func (g *Gateway) dialTLS(ctx context.Context, addr, sandboxID string, keys []ed25519.PrivateKey, pin func(context.Context, ed25519.PublicKey) error) (*forward.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.o.HelperDialTimeout)
 	defer cancel()
 	err := forward.ErrRefused
 	for _, key := range keys {
 		var cfg *tls.Config
-		cfg, err = forward.ClientConfig(sandboxID, key, pin)
+		cfg, err = forward.ClientConfig(sandboxID, key, func(k ed25519.PublicKey) error { return pin(ctx, k) })
 		if err != nil {
 			return nil, err
 		}
@@ -302,8 +303,8 @@ func dialRefused(ctx context.Context, addr string) (net.Conn, error) {
 // only a pod's first dial (and the first refusal of a changed key) writes.
 // The memory's lock covers the map alone: a write waits without holding up
 // any other dial.
-func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID string) func(ed25519.PublicKey) error {
-	return func(key ed25519.PublicKey) error {
+func (g *Gateway) pinned(sess *control.Session, podUID string) func(context.Context, ed25519.PublicKey) error {
+	return func(ctx context.Context, key ed25519.PublicKey) error {
 		fp := forward.Fingerprint(key)
 		pinned, known := g.pins.check(podUID, fp)
 		if !known {
@@ -331,31 +332,25 @@ func (g *Gateway) pinned(ctx context.Context, sess *control.Session, podUID stri
 }
 
 // pinInRecord asks the record for the pod's pin (control.PinHelperKey),
-// one question per pod at a time: a dial that finds one asked waits for
-// its answer. The question has HelperDialTimeout to be answered, and the
-// dial waits for it as long at most, less if its client leaves; the
-// question runs on after its dial, until its own deadline, so a changed
-// key is recorded even if its client left. reported says the answer
-// refused fp, and so recorded the change: a dial that waited on a question
-// asked with another key learns the pin, not that its own key was
-// reported.
+// one question per pod and key at a time: a dial that finds its question
+// asked waits for that answer. The question has HelperDialTimeout to be
+// answered; the dial waits for it until its own ctx ends (the dial's
+// deadline, or its client left). The question runs on after its dial, so
+// a changed key is recorded even if its client left. reported says the
+// answer refused fp, and so recorded the change.
 func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID, fp string) (pinned string, reported bool, err error) {
-	q, first := g.pins.ask(podUID, fp)
+	a, first := g.pins.ask(podUID, fp)
 	if first {
 		go func() {
 			qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.HelperDialTimeout)
 			defer cancel()
 			pinned, err := g.o.Control.PinHelperKey(qctx, sess, podUID, fp)
-			g.pins.answer(podUID, q, pinned, err)
+			g.pins.answered(a, pinned, err)
 		}()
 	}
-	t := time.NewTimer(g.o.HelperDialTimeout)
-	defer t.Stop()
 	select {
-	case <-q.done:
-		return q.pinned, q.err == nil && q.pinned != fp && q.fp == fp, q.err
-	case <-t.C:
-		return "", false, fmt.Errorf("no answer within %s", g.o.HelperDialTimeout)
+	case <-a.done:
+		return a.pinned, a.err == nil && a.pinned != fp, a.err
 	case <-ctx.Done():
 		return "", false, context.Cause(ctx)
 	}
@@ -368,42 +363,48 @@ func (g *Gateway) pinInRecord(ctx context.Context, sess *control.Session, podUID
 type pins struct {
 	mu sync.Mutex
 	m  map[string]pin
-	// asked are the questions to the record under way, one per pod.
-	asked map[string]*question
+	// asked are the questions to the record under way, one per pod and
+	// key: a dial of another key never takes the answer to a question it
+	// did not ask.
+	asked map[question]*answer
 }
 
-// question is one call of the record for a pod's pin, asked with the key
-// fp; done is closed once pinned and err hold its answer.
-type question struct {
-	fp     string
+// question is a pod and the key (fingerprint) its pin is asked with.
+type question struct{ pod, fp string }
+
+// answer is the record's answer to a question; done is closed once pinned
+// and err hold it.
+type answer struct {
+	q      question
 	done   chan struct{}
 	pinned string
 	err    error
 }
 
-// ask returns the question under way for podUID, or a new one asked with
-// fp, which first says the caller must ask.
-func (p *pins) ask(podUID, fp string) (q *question, first bool) {
+// ask returns the answer awaited for podUID and fp, or a new one, which
+// first says the caller must ask.
+func (p *pins) ask(podUID, fp string) (a *answer, first bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if q := p.asked[podUID]; q != nil {
-		return q, false
+	q := question{podUID, fp}
+	if a := p.asked[q]; a != nil {
+		return a, false
 	}
 	if p.asked == nil {
-		p.asked = map[string]*question{}
+		p.asked = map[question]*answer{}
 	}
-	q = &question{fp: fp, done: make(chan struct{})}
-	p.asked[podUID] = q
-	return q, true
+	a = &answer{q: q, done: make(chan struct{})}
+	p.asked[q] = a
+	return a, true
 }
 
-// answer ends question q of podUID.
-func (p *pins) answer(podUID string, q *question, pinned string, err error) {
+// answered gives a its answer.
+func (p *pins) answered(a *answer, pinned string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	q.pinned, q.err = pinned, err
-	delete(p.asked, podUID)
-	close(q.done)
+	a.pinned, a.err = pinned, err
+	delete(p.asked, a.q)
+	close(a.done)
 }
 
 type pin struct {

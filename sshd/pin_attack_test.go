@@ -312,8 +312,9 @@ func pinWaiters() int {
 // busy past HelperDialTimeout, every dial of a changed key is refused at
 // its timeout and forgets the pod's pin, so the next dial asks the record
 // again. The question outlives its dial (so that the change is recorded
-// even if the client left), but there is one question per pod at a time,
-// with a deadline: dial after dial does not pile up waiters on the store.
+// even if the client left), but there is one question per pod and key at
+// a time, with a deadline: dial after dial does not pile up waiters on the
+// store.
 func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
 	g, key, id, swap := pinnedSandbox(t, 200*time.Millisecond)
 	swap()
@@ -337,10 +338,12 @@ func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
 }
 
 // TestPinAttackJoinedDialIsNotReported: two first dials of a pod race,
-// the helper's key and another; the second waits on the question the
-// first asked. It is refused, but its key was never put to the record, so
-// it must not count as reported: the next dial that shows it has the
-// change recorded.
+// the helper's key and another, while the record's writer is busy. The
+// second asks a question of its own (one per pod and key), not the first's:
+// had it taken the first's answer, it would have been refused without its
+// key ever being put to the record, and counted as reported, so that the
+// change was never recorded. Here the first key is pinned and the change
+// is recorded.
 func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
 	port, swap := changedKeyHelper(t)
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
@@ -396,7 +399,7 @@ func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
 		_, err := openWithin(t, second, 40*time.Second)
 		secondOpen <- err
 	}()
-	eventually(t, "the second dial waiting on the first's question", asked(2))
+	eventually(t, "the second dial's question asked", asked(2))
 	release()
 	if err := <-firstOpen; err != nil {
 		t.Fatalf("the first key's dial: %v", err)

@@ -407,6 +407,9 @@ func (p *pins) answered(a *answer, pinned string, err error) {
 	close(a.done)
 }
 
+// pin is what is known of one pod's pin: its fingerprint, and whether a
+// refusal of another key was recorded (or is being, by the dial that
+// claimed it).
 type pin struct {
 	fingerprint string
 	reported    bool

@@ -95,15 +95,23 @@ func changedKeyHelper(t *testing.T) (port int, swap func()) {
 	}
 }
 
-// pinnedSandbox starts a gateway whose sandbox's helper has pinned its
-// first key; swap makes the helper show another key from then on.
-func pinnedSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key gossh.Signer, id string, swap func()) {
+// forwardSandbox starts a gateway with one sandbox that takes -L, whose
+// helper is changedKeyHelper's; swap makes the helper show another key
+// from then on.
+func forwardSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key gossh.Signer, id string, swap func()) {
 	t.Helper()
 	port, swap := changedKeyHelper(t)
 	g, _ = limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = dialTimeout })
 	org := g.org("a")
 	key, _ = g.key(org)
 	id = g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	return g, key, id, swap
+}
+
+// pinnedSandbox is forwardSandbox with the helper's first key pinned.
+func pinnedSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key gossh.Signer, id string, swap func()) {
+	t.Helper()
+	g, key, id, swap = forwardSandbox(t, dialTimeout)
 	pinFirstKey(t, g, id, key)
 	return g, key, id, swap
 }
@@ -345,11 +353,7 @@ func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
 // change was never recorded. Here the first key is pinned and the change
 // is recorded.
 func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
-	port, swap := changedKeyHelper(t)
-	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	g, key, id, swap := forwardSandbox(t, 30*time.Second)
 
 	// A session that stays open (cat, stdin never closed) puts the
 	// sandbox in use, so the dials below write no activity of their own.

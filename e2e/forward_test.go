@@ -94,7 +94,13 @@ func forward(t *testing.T, u *sshUser, id, port string) (string, *exec.Cmd, *e2e
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("ssh -L's stderr:\n%s", out.String())
+		}
+	})
 	e2e.WaitListening(t, "-L listening", local)
 	return local, cmd, out
 }

@@ -297,7 +297,12 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 		t.Fatal(err)
 	}
 	go func() { in.done <- in.Cmd.Wait() }()
-	t.Cleanup(in.Stop)
+	t.Cleanup(func() {
+		in.Stop()
+		if t.Failed() {
+			t.Logf("serve's log, its last %d bytes:\n%s", failedLogTail, tail(in.Out.String(), failedLogTail))
+		}
+	})
 	lines := make(chan string)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -600,6 +605,17 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// failedLogTail is how much of serve's log a failed test shows.
+const failedLogTail = 16 << 10
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
 }
 
 var requestIDField = regexp.MustCompile(`"request_id": "[^"]*"`)

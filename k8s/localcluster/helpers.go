@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
@@ -39,9 +40,12 @@ type HelperOptions struct {
 // with the gateway-key annotation written to a file as the kubelet's
 // downwardAPI volume would (and rewritten when the annotation changes) and
 // the container's environment resolved from the pod as the kubelet's
-// downward API would (the sandbox id, from its label). It
-// stops the process when the pod goes. In the local cluster "loopback
-// inside the pod" is the host's loopback. It runs until ctx ends.
+// downward API would (the sandbox id, from its label). A helper that exits
+// while its pod runs is started again after a backoff, as the kubelet
+// restarts a container, and one whose pod shows another address is moved
+// there. It stops the process when the pod goes. In the local cluster
+// "loopback inside the pod" is the host's loopback. It runs until ctx
+// ends.
 func RunHelpers(ctx context.Context, o HelperOptions) error {
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -50,6 +54,7 @@ func RunHelpers(ctx context.Context, o HelperOptions) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(o.Clients.Kube, 30*time.Second,
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = k8s.Selector }))
 	inf := factory.Core().V1().Pods().Informer()
+	r.pods = inf.GetStore()
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.sync(obj) },
 		UpdateFunc: func(_, obj any) { r.sync(obj) },
@@ -67,6 +72,7 @@ func RunHelpers(ctx context.Context, o HelperOptions) error {
 	factory.Shutdown()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closed = true
 	for uid := range r.procs {
 		r.stopLocked(uid)
 	}
@@ -74,17 +80,32 @@ func RunHelpers(ctx context.Context, o HelperOptions) error {
 }
 
 type helperRunner struct {
-	o     HelperOptions
-	log   *slog.Logger
-	mu    sync.Mutex
-	procs map[string]*helperProc
+	o    HelperOptions
+	log  *slog.Logger
+	pods cache.Store
+	mu   sync.Mutex
+	// closed says RunHelpers is ending: no helper starts any more.
+	closed bool
+	procs  map[string]*helperProc
 }
 
 type helperProc struct {
-	cmd  *exec.Cmd
-	dir  string
-	key  string
-	done chan struct{}
+	cmd *exec.Cmd
+	dir string
+	// pod is the pod's cache key (namespace/name), addr where the helper
+	// listens.
+	pod, addr, key string
+	// restarts counts the starts of this pod's helper after one exited.
+	restarts int
+	done     chan struct{}
+}
+
+// restartBackoff is how long a helper that exited by itself waits to be
+// started again after its n-th restart: doubling from 200ms up to 10s
+// (the kubelet's own backoff starts at 10s, too slow for a development
+// cluster's tests).
+func restartBackoff(n int) time.Duration {
+	return min(200*time.Millisecond<<min(n, 6), 10*time.Second)
 }
 
 // sync makes the helper process of one pod match the pod.
@@ -97,15 +118,23 @@ func (r *helperRunner) sync(obj any) {
 	port := helperPort(p)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if port == 0 || p.Status.PodIP == "" || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+	if r.closed || port == 0 || p.Status.PodIP == "" || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 		r.stopLocked(uid)
 		return
 	}
+	addr := net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port))
 	key := p.Annotations[k8s.AnnotationGatewayKey]
+	restarts := 0
 	if pr, ok := r.procs[uid]; ok && pr.exited() {
 		// A helper that died is started again, as a kubelet restarts a
 		// container; it comes back with a new host key.
 		delete(r.procs, uid)
+		restarts = pr.restarts + 1
+	} else if ok && pr.addr != addr {
+		// A pod's address does not change on a kubelet's node, but kwok
+		// may give a pod a second one; the helper follows it.
+		r.log.Info("session helper moves to the pod's new address", "pod", p.Namespace+"/"+p.Name, "from", pr.addr, "to", addr)
+		r.stopLocked(uid)
 	}
 	if pr, ok := r.procs[uid]; ok {
 		if pr.key != key {
@@ -138,7 +167,7 @@ func (r *helperRunner) sync(obj any) {
 		r.log.Error("helper environment", "pod", p.Name, "err", err)
 		return
 	}
-	cmd := exec.Command(r.o.Binary, "agent", "--listen", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), "--authorized-keys", keyFile)
+	cmd := exec.Command(r.o.Binary, "agent", "--listen", addr, "--authorized-keys", keyFile)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// In a pod, the helper's CPU limit (500m) makes Go's runtime use one
 	// processor; a local process is told so.
@@ -148,10 +177,31 @@ func (r *helperRunner) sync(obj any) {
 		r.log.Error("start helper", "pod", p.Name, "err", err)
 		return
 	}
-	pr := &helperProc{cmd: cmd, dir: dir, key: key, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(pr.done) }()
+	pr := &helperProc{cmd: cmd, dir: dir, pod: p.Namespace + "/" + p.Name, addr: addr, key: key, restarts: restarts, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(pr.done)
+		time.AfterFunc(restartBackoff(pr.restarts), func() { r.restart(uid, pr) })
+	}()
 	r.procs[uid] = pr
-	r.log.Info("session helper started", "pod", p.Namespace+"/"+p.Name, "addr", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)))
+	r.log.Info("session helper started", "pod", pr.pod, "addr", addr, "restarts", restarts)
+}
+
+// restart starts pr's pod's helper again once pr exited by itself: when
+// the runner stopped it, or something else started the pod's helper since,
+// pr is no longer the pod's and nothing happens.
+func (r *helperRunner) restart(uid string, pr *helperProc) {
+	r.mu.Lock()
+	current := r.procs[uid] == pr && !r.closed
+	r.mu.Unlock()
+	if !current {
+		return
+	}
+	if obj, ok, _ := r.pods.GetByKey(pr.pod); ok {
+		if p, isPod := obj.(*corev1.Pod); isPod && p.UID == types.UID(uid) {
+			r.sync(p)
+		}
+	}
 }
 
 func (p *helperProc) exited() bool {

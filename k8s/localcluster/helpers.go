@@ -131,8 +131,8 @@ func (r *helperRunner) sync(obj any) {
 		delete(r.procs, uid)
 		restarts = pr.restarts + 1
 	} else if ok && pr.addr != addr {
-		// A pod's address does not change on a kubelet's node, but kwok
-		// may give a pod a second one; the helper follows it.
+		// A pod's address does not change under a kubelet; should the
+		// simulated one change, the helper follows it.
 		r.log.Info("session helper moves to the pod's new address", "pod", p.Namespace+"/"+p.Name, "from", pr.addr, "to", addr)
 		r.stopLocked(uid)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,9 +19,12 @@ import (
 
 // SandboxCpCmd copies files and directories into and out of a sandbox.
 type SandboxCpCmd struct {
-	Conn `embed:""`
-	Src  string `arg:"" help:"What to copy: a local path, or SANDBOX:/abs/path."`
-	Dst  string `arg:"" help:"Where to: SANDBOX:/abs/path, or a local path."`
+	Conn      `embed:""`
+	Recursive bool   `short:"r" help:"Copy a directory out of a sandbox (so does a remote path that ends in /)."`
+	Overwrite bool   `help:"Let a directory from a sandbox go into a local directory that exists, replacing the files it names. Without it, a sandbox's directory is never merged into a local one."`
+	MaxBytes  int64  `name:"max-bytes" default:"1073741824" help:"The most bytes a directory from a sandbox may write here, whatever its tar declares."`
+	Src       string `arg:"" help:"What to copy: a local path, or SANDBOX:/abs/path."`
+	Dst       string `arg:"" help:"Where to: SANDBOX:/abs/path, or a local path."`
 }
 
 // remoteRE is SANDBOX:/abs/path.
@@ -28,7 +32,7 @@ var remoteRE = regexp.MustCompile(`^(sbx_[A-Za-z0-9]+):(/.*)$`)
 
 // Run copies. A local directory goes in as a tar stream and a remote one
 // comes out as one; a local destination that is an existing directory
-// receives the file under its own name, as cp does.
+// receives the file or directory under its own name, as cp does.
 func (c *SandboxCpCmd) Run(ctx context.Context, stdout io.Writer) error {
 	src, dst := remoteRE.FindStringSubmatch(c.Src), remoteRE.FindStringSubmatch(c.Dst)
 	switch {
@@ -60,37 +64,44 @@ func (c *SandboxCpCmd) upload(ctx context.Context, local, id, remote string) err
 	return err
 }
 
+// download copies the file or directory at remote to local. What the
+// sandbox sends is hostile, down to what kind of thing remote is: a path
+// that turns out to be a directory needs -r (or a trailing /), and lands
+// as a new directory, never merged into one that exists.
 func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) error {
+	wantDir := len(remote) > 1 && strings.HasSuffix(remote, "/")
+	if wantDir {
+		remote = strings.TrimSuffix(remote, "/")
+	}
 	fr, err := c.api().ReadFile(ctx, id, remote)
 	if err != nil {
 		return err
 	}
 	defer fr.Close()
-	bar := newProgress("download "+filepath.Base(remote), fr.Size)
+	name := path.Base(remote)
+	switch {
+	case fr.Dir && !c.Recursive && !wantDir && remote != "/":
+		return fmt.Errorf("%s:%s is a directory: copy it with -r", id, remote)
+	case !fr.Dir && wantDir:
+		return fmt.Errorf("%s:%s/ is not a directory", id, remote)
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() && name != "/" {
+		local = filepath.Join(local, name)
+	}
+	bar := newProgress("download "+name, fr.Size)
 	defer bar.done()
 	if fr.Dir {
-		return api.ExtractTar(bar.reader(fr), local)
-	}
-	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-		local = filepath.Join(local, filepath.Base(remote))
+		err := api.ExtractTar(bar.reader(fr), local, api.ExtractOptions{Overwrite: c.Overwrite, MaxBytes: c.MaxBytes})
+		if errors.Is(err, api.ErrDestinationExists) && !c.Overwrite {
+			return fmt.Errorf("%w; copy to a new name, or pass --overwrite", err)
+		}
+		return err
 	}
 	// The file appears at its path only once it arrived whole.
-	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".hiloop-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, bar.reader(fr)); err != nil {
-		tmp.Close()
+	if err := api.SaveFile(bar.reader(fr), local); err != nil {
 		return fmt.Errorf("download %s: %w", remote, err)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), local)
+	return nil
 }
 
 // progressFrom is the size from which a transfer shows a progress bar.

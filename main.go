@@ -20,6 +20,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -91,5 +92,14 @@ func main() {
 		stop()
 		os.Exit(int(code))
 	}
-	kctx.FatalIfErrorf(err)
+	if err != nil {
+		kctx.FatalIfErrorf(printableError{err})
+	}
 }
+
+// printableError is an error whose message is made api.Printable before
+// it reaches the terminal: it may quote what a sandbox wrote.
+type printableError struct{ error }
+
+func (e printableError) Error() string { return api.Printable(e.error.Error()) }
+func (e printableError) Unwrap() error { return e.error }

@@ -3,7 +3,9 @@ package api
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // Error codes. They are stable: clients switch on them. Every code is listed
@@ -82,8 +84,10 @@ type Error struct {
 	RetryAfter time.Duration
 }
 
+// Error is the message, its code and the request's id. The message is
+// made Printable: it may quote what a sandbox wrote.
 func (e *Error) Error() string {
-	msg := fmt.Sprintf("%s (%s)", e.Message, e.Code)
+	msg := fmt.Sprintf("%s (%s)", Printable(e.Message), e.Code)
 	if e.RequestID != "" {
 		msg += " [request " + e.RequestID + "]"
 	}
@@ -98,4 +102,17 @@ func ErrorCode(err error) string {
 		return e.Code
 	}
 	return ""
+}
+
+// Printable is s without control characters, C0 and C1 (U+0080 to
+// U+009F, which some terminals obey as escapes) and DEL, but for newlines
+// and tabs; invalid UTF-8 becomes U+FFFD. Text that may come from a
+// sandbox goes through it before it reaches a terminal.
+func Printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
 }

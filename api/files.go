@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
-	"strings"
 )
 
 // Files move in and out of a sandbox through the exec path, as the image's
@@ -122,7 +120,9 @@ func (c *Client) ReadFile(ctx context.Context, id, path string) (*FileReader, er
 // UploadDir copies the local directory dir into the directory at path in
 // the sandbox, as a tar stream of its regular files, directories and
 // symbolic links. The tar is written to a temporary file first, since an
-// upload announces its length.
+// upload announces its length. Its entries carry uid and gid 0 and no user
+// or group names: who owns the files on this machine is none of the
+// sandbox's business, and the sandbox's tar extracts them as its own user.
 func (c *Client) UploadDir(ctx context.Context, id, dir, path string) (FileInfo, error) {
 	f, err := os.CreateTemp("", "hiloop-upload-*.tar")
 	if err != nil {
@@ -130,12 +130,8 @@ func (c *Client) UploadDir(ctx context.Context, id, dir, path string) (FileInfo,
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	tw := tar.NewWriter(f)
-	if err := tw.AddFS(os.DirFS(dir)); err != nil {
+	if err := writeTar(f, os.DirFS(dir)); err != nil {
 		return FileInfo{}, fmt.Errorf("tar %s: %w", dir, err)
-	}
-	if err := tw.Close(); err != nil {
-		return FileInfo{}, err
 	}
 	size, err := f.Seek(0, io.SeekCurrent)
 	if err != nil {
@@ -147,12 +143,63 @@ func (c *Client) UploadDir(ctx context.Context, id, dir, path string) (FileInfo,
 	return c.WriteTar(ctx, id, path, f, size)
 }
 
-// DownloadDir copies the directory at path in the sandbox into the local
-// directory dir, made if missing. What the sandbox sends is not trusted:
-// only directories and regular files are written, each within dir (an
-// entry naming a path outside it is an error), with at most 0777
-// permissions; links and devices are skipped.
-func (c *Client) DownloadDir(ctx context.Context, id, path, dir string) error {
+// writeTar writes the regular files, directories and symbolic links of
+// fsys to w as a tar stream owned by nobody in particular: uid and gid 0,
+// no user or group names. Other kinds of file are an error, as in
+// tar.Writer.AddFS.
+func writeTar(w io.Writer, fsys fs.FS) error {
+	tw := tar.NewWriter(w)
+	err := fs.WalkDir(fsys, ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || name == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		switch typ := d.Type(); {
+		case typ == fs.ModeSymlink:
+			if link, err = fs.ReadLink(fsys, name); err != nil {
+				return err
+			}
+		case !typ.IsRegular() && !typ.IsDir():
+			return fmt.Errorf("%s: not a regular file, directory or symbolic link", name)
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		h.Name = name
+		if d.IsDir() {
+			h.Name += "/"
+		}
+		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		h.Mode &= 0o777
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := fsys.Open(name)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// DownloadDir copies the directory at path in the sandbox to the local
+// directory dir, as ExtractTar does with o: by default dir must not exist,
+// and appears only once the whole directory arrived.
+func (c *Client) DownloadDir(ctx context.Context, id, path, dir string, o ExtractOptions) error {
 	fr, err := c.ReadFile(ctx, id, path)
 	if err != nil {
 		return err
@@ -161,58 +208,5 @@ func (c *Client) DownloadDir(ctx context.Context, id, path, dir string) error {
 	if !fr.Dir {
 		return fmt.Errorf("%s in %s is a file, not a directory", path, id)
 	}
-	return ExtractTar(fr, dir)
-}
-
-// ExtractTar writes the directories and regular files of a tar stream
-// into dir, made if missing, refusing any entry that would land outside
-// it; links and devices are skipped.
-func ExtractTar(r io.Reader, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		name := filepath.Clean(strings.TrimPrefix(h.Name, "./"))
-		if name == "." {
-			continue
-		}
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("tar entry %q lands outside %s", h.Name, dir)
-		}
-		perm := fs.FileMode(h.Mode) & 0o777
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, perm|0o700); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				return err
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
+	return ExtractTar(fr, dir, o)
 }

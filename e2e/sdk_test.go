@@ -165,7 +165,7 @@ func TestGoSDK(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := filepath.Join(t.TempDir(), "back")
-		if err := c.DownloadDir(ctx, sb.ID, work+"/tree", back); err != nil {
+		if err := c.DownloadDir(ctx, sb.ID, work+"/tree", back, api.ExtractOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		for name, content := range files {
@@ -227,7 +227,7 @@ func TestGoSDK(t *testing.T) {
 		for _, args := range [][]string{
 			{local, sb.ID + ":" + work + "/cli/in.txt"},
 			{sb.ID + ":" + work + "/cli/in.txt", out},
-			{sb.ID + ":" + work + "/cli", dir},
+			{"-r", sb.ID + ":" + work + "/cli", dir},
 		} {
 			if stdout, stderr, code := in.CLI(in.Token, append([]string{"sandbox", "cp"}, args...)...); code != 0 {
 				t.Fatalf("hiloop sandbox cp %q: exit %d\n%s%s", args, code, stdout, stderr)

@@ -188,8 +188,9 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	if tar {
 		argv = []string{"sh", "-c", putTarScript, "sh", p, strconv.FormatInt(size, 10)}
 	} else {
-		dir, base := path.Split(p)
-		tmp = dir + "." + base + ".hiloop-" + randomSuffix()
+		// The temporary name is short, so that any name that fits in the
+		// directory fits beside it.
+		tmp = path.Join(path.Dir(p), ".hiloop-"+randomSuffix())
 		argv = []string{"sh", "-c", putFileScript, "sh", p, strconv.FormatInt(size, 10), mode, tmp}
 	}
 	sum := sha256.New()
@@ -372,12 +373,7 @@ func readFileHeader(r *bufio.Reader) (kind byte, size int64, err error) {
 
 // fileExitError maps a script's exit code to the answer.
 func fileExitError(code int, stderr []byte) error {
-	msg := strings.TrimSpace(strings.Map(func(r rune) rune {
-		if r < 0x20 && r != '\n' || r == 0x7f {
-			return -1
-		}
-		return r
-	}, string(stderr)))
+	msg := strings.TrimSpace(api.Printable(string(stderr)))
 	switch code {
 	case exitNoTar:
 		return newError(http.StatusUnprocessableEntity, api.CodeTarUnavailable, "the sandbox's image has no tar, which a directory needs; copy single files instead")

@@ -69,8 +69,8 @@ func (c *SandboxCpCmd) upload(ctx context.Context, local, id, remote string) err
 // that turns out to be a directory needs -r (or a trailing /), and lands
 // as a new directory, never merged into one that exists.
 func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) error {
-	wantDir := len(remote) > 1 && strings.HasSuffix(remote, "/")
-	if wantDir {
+	wantDir := strings.HasSuffix(remote, "/")
+	if remote != "/" {
 		remote = strings.TrimSuffix(remote, "/")
 	}
 	fr, err := c.api().ReadFile(ctx, id, remote)
@@ -80,7 +80,7 @@ func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) e
 	defer fr.Close()
 	name := path.Base(remote)
 	switch {
-	case fr.Dir && !c.Recursive && !wantDir && remote != "/":
+	case fr.Dir && !c.Recursive && !wantDir:
 		return fmt.Errorf("%s:%s is a directory: copy it with -r", id, remote)
 	case !fr.Dir && wantDir:
 		return fmt.Errorf("%s:%s/ is not a directory", id, remote)

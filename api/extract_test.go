@@ -342,7 +342,7 @@ func TestWriteTarOwnsNothing(t *testing.T) {
 
 // FuzzExtractTar: whatever the stream, nothing lands outside the
 // directory, no link, device or setuid file is made, and no more bytes
-// are written than allowed.
+// or paths are written than allowed.
 func FuzzExtractTar(f *testing.F) {
 	f.Add(tarOf(f, entry{name: "a", body: "x"}, entry{name: "d/", typ: tar.TypeDir}, entry{name: "d/b", body: "yy", mode: 0o4777}))
 	f.Add(tarOf(f, entry{name: "l", typ: tar.TypeSymlink, linkname: "/"}, entry{name: "l/x", body: "x"}))
@@ -353,9 +353,13 @@ func FuzzExtractTar(f *testing.F) {
 		dir := filepath.Join(parent, "x")
 		err := ExtractTar(bytes.NewReader(stream), dir, ExtractOptions{MaxBytes: max, MaxEntries: 64})
 		var total int64
+		paths := 0
 		filepath.WalkDir(parent, func(p string, d fs.DirEntry, werr error) error {
 			if werr != nil || p == parent {
 				return werr
+			}
+			if p != dir {
+				paths++
 			}
 			if rel, _ := filepath.Rel(dir, p); !filepath.IsLocal(rel) {
 				t.Errorf("%s is outside %s (err %v)", p, dir, err)
@@ -372,10 +376,71 @@ func FuzzExtractTar(f *testing.F) {
 		if total > max {
 			t.Errorf("%d bytes written, more than %d", total, max)
 		}
+		if paths > 64 {
+			t.Errorf("%d paths written from at most 64 entries", paths)
+		}
 		if err != nil {
 			if got := listing(t, parent); len(got) != 0 {
 				t.Errorf("a refused stream (%v) left %q", err, got)
 			}
 		}
 	})
+}
+
+// TestExtractTarDeepNames: a deep name makes no more directories than as
+// many entries would, and a name longer than a path may be is refused, so
+// that a few bytes of stream never make millions of directories; what was
+// made before the refusal is gone.
+func TestExtractTarDeepNames(t *testing.T) {
+	deep := strings.Repeat("a/", 1000) + "f"
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: strings.Repeat("b/", MaxPathBytes/2) + "f", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.Close()
+	tooLong := b.Bytes()
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		o      ExtractOptions
+		want   error
+	}{
+		{"deep within", tarOf(t, entry{name: "a/b/c/f"}), ExtractOptions{MaxEntries: 4}, nil},
+		{"deep over", tarOf(t, entry{name: "a/b/c/f"}), ExtractOptions{MaxEntries: 3}, ErrExtractLimit},
+		{"directory entries counted once", tarOf(t, entry{name: "a/b/", typ: tar.TypeDir}, entry{name: "a/b/f"}, entry{name: "a/g"}), ExtractOptions{MaxEntries: 4}, nil},
+		{"a thousand levels", tarOf(t, entry{name: deep}), ExtractOptions{MaxEntries: 100}, ErrExtractLimit},
+		{"a thousand levels, then refused", tarOf(t, entry{name: deep}, entry{name: "../x"}), ExtractOptions{}, ErrUnsafeEntry},
+		{"longer than a path", tooLong, ExtractOptions{}, ErrUnsafeEntry},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			err := ExtractTar(bytes.NewReader(tc.stream), filepath.Join(parent, "x"), tc.o)
+			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
+				t.Fatalf("err %v, want %v", err, tc.want)
+			}
+			if got := listing(t, parent); tc.want != nil && len(got) != 0 {
+				t.Errorf("a refused stream left %d paths", len(got))
+			}
+		})
+	}
+}
+
+// TestExtractTarOverwriteFresh: with Overwrite, a directory that did not
+// exist is made whole or not at all, as without it.
+func TestExtractTarOverwriteFresh(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "new")
+	broken := tarOf(t, entry{name: "a", body: "a"}, entry{name: "../x", body: "x"})
+	if err := ExtractTar(bytes.NewReader(broken), dir, ExtractOptions{Overwrite: true}); !errors.Is(err, ErrUnsafeEntry) {
+		t.Fatalf("broken stream: %v", err)
+	}
+	if got := listing(t, parent); len(got) != 0 {
+		t.Errorf("a refused stream left %q", got)
+	}
+	dir = filepath.Join(parent, "missing", "new")
+	if err := ExtractTar(bytes.NewReader(tarOf(t, entry{name: "a", body: "a"})), dir, ExtractOptions{Overwrite: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "a")); string(got) != "a" {
+		t.Errorf("a holds %q", got)
+	}
 }

@@ -242,15 +242,24 @@ func createFile(root *os.Root, name string, r io.Reader, perm fs.FileMode, max i
 }
 
 // SaveFile writes r to the local file path, replacing whatever is there
-// once every byte arrived: a cut transfer leaves path as it was. The file
-// gets mode 0666 less the umask.
+// (a file, or a link, never written through) once every byte arrived: a
+// cut transfer leaves path as it was. The file gets mode 0666 less the
+// umask. A path that ends in a separator, . or .. names no file, and is
+// an error.
 func SaveFile(r io.Reader, path string) error {
-	root, err := os.OpenRoot(filepath.Dir(path))
+	dir, name := filepath.Split(path)
+	if name == "" || name == "." || name == ".." {
+		return fmt.Errorf("%s names a directory, not a file", path)
+	}
+	if dir == "" {
+		dir = "."
+	}
+	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	_, err = createFile(root, filepath.Base(path), r, 0o666, 1<<62, true)
+	_, err = createFile(root, name, r, 0o666, 1<<62, true)
 	return err
 }
 

@@ -444,3 +444,30 @@ func TestExtractTarOverwriteFresh(t *testing.T) {
 		t.Errorf("a holds %q", got)
 	}
 }
+
+// TestSaveFileNames: a path that names a directory (a trailing separator,
+// . or ..) is refused and writes nothing; a link at the path is replaced,
+// never written through.
+func TestSaveFileNames(t *testing.T) {
+	parent := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(outside, []byte("secret"), 0o644)
+	dir := filepath.Join(parent, "d")
+	os.Mkdir(dir, 0o755)
+	os.Symlink(outside, filepath.Join(dir, "link"))
+	for _, p := range []string{dir + "/", dir + "/.", dir + "/..", ""} {
+		if err := SaveFile(strings.NewReader("new"), p); err == nil {
+			t.Errorf("SaveFile(%q) saved", p)
+		}
+	}
+	if err := SaveFile(strings.NewReader("new"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(outside); string(got) != "secret" {
+		t.Errorf("written through a link: %q", got)
+	}
+	want := []string{"d d---------", "d/link ----------"}
+	if got := listing(t, parent); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("the directory holds %q, want %q", got, want)
+	}
+}

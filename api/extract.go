@@ -60,7 +60,8 @@ type ExtractOptions struct {
 
 // ExtractTar writes the directories and regular files of a tar stream
 // into dir. Links, devices and other kinds are skipped, and sparse files
-// and entries that would land outside dir are refused. Files and
+// and entries that would land outside dir are refused. Its errors are
+// Printable, whatever names the stream chose. Files and
 // directories get the stream's permission bits less the umask, without
 // setuid, setgid or sticky bits, and no ownership. Nothing is written
 // outside dir, through a link that was there before or one the stream
@@ -100,7 +101,22 @@ func ExtractTar(r io.Reader, dir string, o ExtractOptions) error {
 	return nil
 }
 
+// extractInto extracts into the directory dir, which exists. Its errors
+// are made Printable: they may quote the names of entries.
 func extractInto(r io.Reader, dir string, o ExtractOptions) error {
+	if err := extractRoot(r, dir, o); err != nil {
+		return printableError{err}
+	}
+	return nil
+}
+
+// printableError is an error whose text is made Printable.
+type printableError struct{ error }
+
+func (e printableError) Error() string { return Printable(e.error.Error()) }
+func (e printableError) Unwrap() error { return e.error }
+
+func extractRoot(r io.Reader, dir string, o ExtractOptions) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
@@ -220,7 +236,7 @@ func createFile(root *os.Root, name string, r io.Reader, perm fs.FileMode, max i
 	}
 	f, err := root.OpenFile(at, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if errors.Is(err, fs.ErrExist) {
-		return 0, fmt.Errorf("%s %w", name, ErrDestinationExists)
+		return 0, fmt.Errorf("%q %w", name, ErrDestinationExists)
 	}
 	if err != nil {
 		return 0, err

@@ -471,3 +471,34 @@ func TestSaveFileNames(t *testing.T) {
 		t.Errorf("the directory holds %q, want %q", got, want)
 	}
 }
+
+// TestExtractTarErrorsPrintable: an error that quotes an entry's name
+// carries no control characters, whichever part of the extraction failed,
+// and still matches its sentinel.
+func TestExtractTarErrorsPrintable(t *testing.T) {
+	esc := "e\x1b]0;owned\a\u009b2J"
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		o      ExtractOptions
+	}{
+		{"named twice", tarOf(t, entry{name: esc, body: "x"}, entry{name: esc, body: "x"}), ExtractOptions{}},
+		{"name too long", tarOf(t, entry{name: strings.Repeat("\x1b", 300), body: "x"}), ExtractOptions{}},
+		{"name too long, overwrite", tarOf(t, entry{name: strings.Repeat("\x1b", 300), body: "x"}), ExtractOptions{Overwrite: true}},
+		{"file then directory", tarOf(t, entry{name: esc, body: "x"}, entry{name: esc + "/", typ: tar.TypeDir}), ExtractOptions{Overwrite: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ExtractTar(bytes.NewReader(tc.stream), filepath.Join(t.TempDir(), "x"), tc.o)
+			if err == nil {
+				t.Fatal("extracted")
+			}
+			if msg := err.Error(); msg != Printable(msg) {
+				t.Errorf("error %q", msg)
+			}
+		})
+	}
+	err := ExtractTar(bytes.NewReader(tarOf(t, entry{name: esc, body: "x"}, entry{name: esc, body: "x"})), filepath.Join(t.TempDir(), "x"), ExtractOptions{})
+	if !errors.Is(err, ErrDestinationExists) {
+		t.Errorf("err %v, want ErrDestinationExists", err)
+	}
+}

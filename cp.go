@@ -73,6 +73,11 @@ func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) e
 	if wantDir {
 		remote = strings.TrimSuffix(remote, "/")
 	}
+	// Its last name is the local one, so .. would land beside the
+	// destination: hiloop refuses such a path, but another server may not.
+	if path.Clean(remote) != remote {
+		return usageError{fmt.Errorf("%s:%s: a sandbox path is absolute and clean, without . or .. or //", id, remote)}
+	}
 	fr, err := c.api().ReadFile(ctx, id, remote)
 	if err != nil {
 		return err

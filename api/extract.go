@@ -60,12 +60,12 @@ type ExtractOptions struct {
 
 // ExtractTar writes the directories and regular files of a tar stream
 // into dir. Links, devices and other kinds are skipped, and sparse files
-// and entries that would land outside dir are refused. Its errors are
-// Printable, whatever names the stream chose. Files and
+// and entries that would land outside dir are refused. Files and
 // directories get the stream's permission bits less the umask, without
 // setuid, setgid or sticky bits, and no ownership. Nothing is written
 // outside dir, through a link that was there before or one the stream
-// tried to make.
+// tried to make. Its errors are Printable, whatever names the stream
+// chose.
 func ExtractTar(r io.Reader, dir string, o ExtractOptions) error {
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultMaxFileBytes

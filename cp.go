@@ -22,7 +22,7 @@ type SandboxCpCmd struct {
 	Conn      `embed:""`
 	Recursive bool   `short:"r" help:"Copy a directory out of a sandbox (so does a remote path that ends in /)."`
 	Overwrite bool   `help:"Let a directory from a sandbox go into a local directory that exists, replacing the files it names. Without it, a sandbox's directory is never merged into a local one."`
-	MaxBytes  int64  `name:"max-bytes" default:"1073741824" help:"The most bytes a directory from a sandbox may write here, whatever its tar declares."`
+	MaxBytes  int64  `name:"max-bytes" default:"1073741824" help:"The most bytes a download from a sandbox may write here, whatever it declares."`
 	Src       string `arg:"" help:"What to copy: a local path, or SANDBOX:/abs/path."`
 	Dst       string `arg:"" help:"Where to: SANDBOX:/abs/path, or a local path."`
 }
@@ -73,6 +73,11 @@ func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) e
 	if remote != "/" {
 		remote = strings.TrimSuffix(remote, "/")
 	}
+	// Its last name is the local one, so .. would land beside the
+	// destination: hiloop refuses such a path, but another server may not.
+	if path.Clean(remote) != remote {
+		return usageError{fmt.Errorf("%s:%s: a sandbox path is absolute and clean, without . or .. or //", id, remote)}
+	}
 	fr, err := c.api().ReadFile(ctx, id, remote)
 	if err != nil {
 		return err
@@ -98,7 +103,7 @@ func (c *SandboxCpCmd) download(ctx context.Context, id, remote, local string) e
 		return err
 	}
 	// The file appears at its path only once it arrived whole.
-	if err := api.SaveFile(bar.reader(fr), local); err != nil {
+	if err := api.SaveFile(bar.reader(fr), local, c.MaxBytes); err != nil {
 		return fmt.Errorf("download %s: %w", remote, err)
 	}
 	return nil

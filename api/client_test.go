@@ -101,3 +101,23 @@ func TestCreateRetriesWithOneKey(t *testing.T) {
 		t.Errorf("quota: %v (%d tries), want one try refused quota_exceeded with its request id", err, len(keys))
 	}
 }
+
+// TestErrorPrintable: a server's answer reaches a terminal without
+// control characters, whichever of its fields carries them: the message,
+// the code or the request's id.
+func TestErrorPrintable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		fmt.Fprint(w, `{"error":{"code":"x\u001b[2J\u009b","message":"m\u001b]0;owned\u0007","request_id":"r\u001b[31m\u0085"}}`)
+	}))
+	defer srv.Close()
+	c := &Client{URL: srv.URL, Token: "hl_test"}
+	_, err := c.ReadFile(context.Background(), "sbx_x", "/f")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if msg := err.Error(); strings.ContainsAny(msg, "\u001b\u009b\u0007\u0085") || !strings.Contains(msg, "m]0;owned (x[2J) [request r[31m]") {
+		t.Errorf("error %q", msg)
+	}
+}

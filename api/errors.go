@@ -84,12 +84,13 @@ type Error struct {
 	RetryAfter time.Duration
 }
 
-// Error is the message, its code and the request's id. The message is
-// made Printable: it may quote what a sandbox wrote.
+// Error is the message, its code and the request's id, each made
+// Printable: the message may quote what a sandbox wrote, and all three
+// are whatever the server answered.
 func (e *Error) Error() string {
-	msg := fmt.Sprintf("%s (%s)", Printable(e.Message), e.Code)
+	msg := fmt.Sprintf("%s (%s)", Printable(e.Message), Printable(e.Code))
 	if e.RequestID != "" {
-		msg += " [request " + e.RequestID + "]"
+		msg += " [request " + Printable(e.RequestID) + "]"
 	}
 	return msg
 }

@@ -218,7 +218,7 @@ func TestExtractTarUmask(t *testing.T) {
 			t.Errorf("%s: %v %v, want %v", name, fi.Mode().Perm(), err, want)
 		}
 	}
-	if err := SaveFile(strings.NewReader("x"), filepath.Join(dir, "saved")); err != nil {
+	if err := SaveFile(strings.NewReader("x"), filepath.Join(dir, "saved"), 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	if fi, _ := os.Stat(filepath.Join(dir, "saved")); fi.Mode().Perm() != 0o640 {
@@ -290,14 +290,20 @@ func TestExtractTarSparse(t *testing.T) {
 // (255 bytes) is saved, and a cut transfer leaves the old file whole.
 func TestSaveFileLongName(t *testing.T) {
 	p := filepath.Join(t.TempDir(), strings.Repeat("n", 255))
-	if err := SaveFile(strings.NewReader("old"), p); err != nil {
+	if err := SaveFile(strings.NewReader("old"), p, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := SaveFile(io.MultiReader(strings.NewReader("new"), iotestErr{}), p); err == nil {
+	if err := SaveFile(io.MultiReader(strings.NewReader("new"), iotestErr{}), p, 1<<20); err == nil {
 		t.Error("a cut transfer saved")
 	}
 	if got, _ := os.ReadFile(p); string(got) != "old" {
 		t.Errorf("after a cut transfer the file holds %q", got)
+	}
+	if err := SaveFile(strings.NewReader("four"), p, 3); !errors.Is(err, ErrExtractLimit) {
+		t.Errorf("four bytes with a cap of three: %v, want ErrExtractLimit", err)
+	}
+	if got, _ := os.ReadFile(p); string(got) != "old" {
+		t.Errorf("after a refused transfer the file holds %q", got)
 	}
 	if got := listing(t, filepath.Dir(p)); len(got) != 1 {
 		t.Errorf("left behind: %q", got)
@@ -342,7 +348,7 @@ func TestWriteTarOwnsNothing(t *testing.T) {
 
 // FuzzExtractTar: whatever the stream, nothing lands outside the
 // directory, no link, device or setuid file is made, and no more bytes
-// are written than allowed.
+// or paths are written than allowed.
 func FuzzExtractTar(f *testing.F) {
 	f.Add(tarOf(f, entry{name: "a", body: "x"}, entry{name: "d/", typ: tar.TypeDir}, entry{name: "d/b", body: "yy", mode: 0o4777}))
 	f.Add(tarOf(f, entry{name: "l", typ: tar.TypeSymlink, linkname: "/"}, entry{name: "l/x", body: "x"}))
@@ -353,9 +359,13 @@ func FuzzExtractTar(f *testing.F) {
 		dir := filepath.Join(parent, "x")
 		err := ExtractTar(bytes.NewReader(stream), dir, ExtractOptions{MaxBytes: max, MaxEntries: 64})
 		var total int64
+		paths := 0
 		filepath.WalkDir(parent, func(p string, d fs.DirEntry, werr error) error {
 			if werr != nil || p == parent {
 				return werr
+			}
+			if p != dir {
+				paths++
 			}
 			if rel, _ := filepath.Rel(dir, p); !filepath.IsLocal(rel) {
 				t.Errorf("%s is outside %s (err %v)", p, dir, err)
@@ -372,10 +382,132 @@ func FuzzExtractTar(f *testing.F) {
 		if total > max {
 			t.Errorf("%d bytes written, more than %d", total, max)
 		}
+		if paths > 64 {
+			t.Errorf("%d paths written from at most 64 entries", paths)
+		}
 		if err != nil {
 			if got := listing(t, parent); len(got) != 0 {
 				t.Errorf("a refused stream (%v) left %q", err, got)
 			}
 		}
 	})
+}
+
+// TestExtractTarDeepNames: a deep name makes no more directories than as
+// many entries would, and a name longer than a path may be is refused, so
+// that a few bytes of stream never make millions of directories; what was
+// made before the refusal is gone.
+func TestExtractTarDeepNames(t *testing.T) {
+	deep := strings.Repeat("a/", 1000) + "f"
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: strings.Repeat("b/", MaxPathBytes/2) + "f", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.Close()
+	tooLong := b.Bytes()
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		o      ExtractOptions
+		want   error
+	}{
+		{"deep within", tarOf(t, entry{name: "a/b/c/f"}), ExtractOptions{MaxEntries: 4}, nil},
+		{"deep over", tarOf(t, entry{name: "a/b/c/f"}), ExtractOptions{MaxEntries: 3}, ErrExtractLimit},
+		{"directory entries counted once", tarOf(t, entry{name: "a/b/", typ: tar.TypeDir}, entry{name: "a/b/f"}, entry{name: "a/g"}), ExtractOptions{MaxEntries: 4}, nil},
+		{"deepest", tarOf(t, entry{name: strings.Repeat("a/", MaxTarDepth) + "f"}), ExtractOptions{}, nil},
+		{"deeper", tarOf(t, entry{name: strings.Repeat("a/", MaxTarDepth+1) + "f"}), ExtractOptions{}, ErrUnsafeEntry},
+		{"deep within the depth, over the entries", tarOf(t, entry{name: strings.Repeat("a/", 100) + "f"}), ExtractOptions{MaxEntries: 100}, ErrExtractLimit},
+		{"a thousand levels", tarOf(t, entry{name: deep}), ExtractOptions{}, ErrUnsafeEntry},
+		{"a thousand levels, then refused", tarOf(t, entry{name: deep}, entry{name: "../x"}), ExtractOptions{}, ErrUnsafeEntry},
+		{"longer than a path", tooLong, ExtractOptions{}, ErrUnsafeEntry},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			err := ExtractTar(bytes.NewReader(tc.stream), filepath.Join(parent, "x"), tc.o)
+			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
+				t.Fatalf("err %v, want %v", err, tc.want)
+			}
+			if got := listing(t, parent); tc.want != nil && len(got) != 0 {
+				t.Errorf("a refused stream left %d paths", len(got))
+			}
+		})
+	}
+}
+
+// TestExtractTarOverwriteFresh: with Overwrite, a directory that did not
+// exist is made whole or not at all, as without it.
+func TestExtractTarOverwriteFresh(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "new")
+	broken := tarOf(t, entry{name: "a", body: "a"}, entry{name: "../x", body: "x"})
+	if err := ExtractTar(bytes.NewReader(broken), dir, ExtractOptions{Overwrite: true}); !errors.Is(err, ErrUnsafeEntry) {
+		t.Fatalf("broken stream: %v", err)
+	}
+	if got := listing(t, parent); len(got) != 0 {
+		t.Errorf("a refused stream left %q", got)
+	}
+	dir = filepath.Join(parent, "missing", "new")
+	if err := ExtractTar(bytes.NewReader(tarOf(t, entry{name: "a", body: "a"})), dir, ExtractOptions{Overwrite: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "a")); string(got) != "a" {
+		t.Errorf("a holds %q", got)
+	}
+}
+
+// TestSaveFileNames: a path that names a directory (a trailing separator,
+// . or ..) is refused and writes nothing; a link at the path is replaced,
+// never written through.
+func TestSaveFileNames(t *testing.T) {
+	parent := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(outside, []byte("secret"), 0o644)
+	dir := filepath.Join(parent, "d")
+	os.Mkdir(dir, 0o755)
+	os.Symlink(outside, filepath.Join(dir, "link"))
+	for _, p := range []string{dir + "/", dir + "/.", dir + "/..", ""} {
+		if err := SaveFile(strings.NewReader("new"), p, 1<<20); err == nil {
+			t.Errorf("SaveFile(%q) saved", p)
+		}
+	}
+	if err := SaveFile(strings.NewReader("new"), filepath.Join(dir, "link"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(outside); string(got) != "secret" {
+		t.Errorf("written through a link: %q", got)
+	}
+	want := []string{"d d---------", "d/link ----------"}
+	if got := listing(t, parent); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("the directory holds %q, want %q", got, want)
+	}
+}
+
+// TestExtractTarErrorsPrintable: an error that quotes an entry's name
+// carries no control characters, whichever part of the extraction failed,
+// and still matches its sentinel.
+func TestExtractTarErrorsPrintable(t *testing.T) {
+	esc := "e\x1b]0;owned\a\u009b2J"
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		o      ExtractOptions
+	}{
+		{"named twice", tarOf(t, entry{name: esc, body: "x"}, entry{name: esc, body: "x"}), ExtractOptions{}},
+		{"name too long", tarOf(t, entry{name: strings.Repeat("\x1b", 300), body: "x"}), ExtractOptions{}},
+		{"name too long, overwrite", tarOf(t, entry{name: strings.Repeat("\x1b", 300), body: "x"}), ExtractOptions{Overwrite: true}},
+		{"file then directory", tarOf(t, entry{name: esc, body: "x"}, entry{name: esc + "/", typ: tar.TypeDir}), ExtractOptions{Overwrite: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ExtractTar(bytes.NewReader(tc.stream), filepath.Join(t.TempDir(), "x"), tc.o)
+			if err == nil {
+				t.Fatal("extracted")
+			}
+			if msg := err.Error(); msg != Printable(msg) {
+				t.Errorf("error %q", msg)
+			}
+		})
+	}
+	err := ExtractTar(bytes.NewReader(tarOf(t, entry{name: esc, body: "x"}, entry{name: esc, body: "x"})), filepath.Join(t.TempDir(), "x"), ExtractOptions{})
+	if !errors.Is(err, ErrDestinationExists) {
+		t.Errorf("err %v, want ErrDestinationExists", err)
+	}
 }

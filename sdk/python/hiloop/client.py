@@ -35,8 +35,9 @@ Command = Union[str, Sequence[str]]
 # serve's --wake-timeout, by default.
 _WAKE_WAIT = 120.0
 
-# MAX_FILE_BYTES is download_dir's default cap on the bytes of a directory:
-# serve's default --max-file-size (api.DefaultMaxFileBytes).
+# MAX_FILE_BYTES is download_dir's default cap on the bytes of a directory,
+# and read's on a file: serve's default --max-file-size
+# (api.DefaultMaxFileBytes).
 MAX_FILE_BYTES = 1 << 30
 # MAX_ENTRIES is download_dir's default cap on a directory's entries.
 MAX_ENTRIES = 100_000
@@ -586,14 +587,15 @@ class Files:
         c = self._sb._c
         return c._open("GET", self._path(path), timeout=c.timeout + (_WAKE_WAIT if c.wake else 0))
 
-    def read(self, path: str) -> bytes:
-        """Reads the file at path whole; a transfer that breaks midway
-        raises, never returns short."""
+    def read(self, path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+        """Reads the file at path whole, into memory; a transfer that
+        breaks midway raises, never returns short. A file larger than
+        max_bytes raises LimitError (output_limit): read_to streams one."""
         resp = self.open(path)
         try:
             if resp.getheader("Content-Type", "").startswith(TAR_MEDIA_TYPE):
                 raise ConflictError("%s is a directory; use download_dir" % path, code="path_conflict", status=409)
-            return resp.read()
+            return _read_capped(resp, max_bytes, "the file %s" % path)
         finally:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
 

@@ -71,8 +71,8 @@ class ExtractError(HiloopError):
 class LimitError(HiloopError):
     """The server sent more than the client accepts: code extract_limit
     (download_dir past its max_bytes or max_entries), output_limit (exec's
-    collected output past max_output, or an answer past what the client
-    reads)."""
+    collected output past max_output, read past its max_bytes, a JSON
+    answer past what the client reads)."""
 
 
 class WaitError(HiloopError):

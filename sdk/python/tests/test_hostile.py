@@ -5,6 +5,7 @@ flood, and the SDK must refuse or skip safely."""
 
 import base64
 import hashlib
+import http.client
 import http.server
 import io
 import json
@@ -447,6 +448,36 @@ class UploadDirTest(unittest.TestCase):
         for m in members:
             self.assertEqual((m.uid, m.gid, m.uname, m.gname), (0, 0, "", ""), m.name)
             self.assertFalse(any(k in m.pax_headers for k in ("uid", "gid", "uname", "gname")), m.pax_headers)
+
+
+class ReadTest(unittest.TestCase):
+    def serve(self, declared: int, sent: int) -> Stand:
+        def handler(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/octet-stream")
+            h.send_header("Content-Length", str(declared))
+            h.end_headers()
+            try:
+                for _ in range(sent >> 20):
+                    h.wfile.write(b"x" * (1 << 20))
+                h.wfile.write(b"x" * (sent & ((1 << 20) - 1)))
+            except OSError:
+                pass
+        return Stand(self, handler)
+
+    def test_read_capped(self) -> None:
+        stand = self.serve(1 << 40, 8 << 20)
+        with self.assertRaises(hiloop.LimitError) as e:
+            stand.sandbox.files.read("/f", max_bytes=1 << 20)
+        self.assertEqual(e.exception.code, "output_limit")
+        self.assertEqual(len(self.serve(1 << 20, 1 << 20).sandbox.files.read("/f", max_bytes=1 << 20)), 1 << 20)
+
+    def test_cut_short_raises(self) -> None:
+        stand = self.serve(3 << 20, 2 << 20)
+        with self.assertRaises(http.client.IncompleteRead):
+            stand.sandbox.files.read("/f")
+        with self.assertRaises(http.client.IncompleteRead):
+            stand.sandbox.files.read_to("/f", io.BytesIO())
 
 
 class PlainHTTPTest(unittest.TestCase):

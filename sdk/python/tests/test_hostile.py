@@ -540,6 +540,18 @@ class ExecTest(unittest.TestCase):
             with self.assertRaises(hiloop.StreamLostError):
                 stand.sandbox.exec(["true"])
 
+    def test_garbled_answers(self) -> None:
+        for answer_bytes in (b"garbage\r\n\r\n", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 101 OK\r\n\r\n"):
+            with self.subTest(answer=answer_bytes):
+                stand = Stand(self, lambda m, h: h.wfile.write(answer_bytes))
+                with self.assertRaises(hiloop.StreamLostError):
+                    stand.sandbox.exec(["true"])
+        for frame in (b"not json", b"[1]", b'{"exit_code": "0"}', b'{"exit_code": true}', b'{"error": "x"}'):
+            with self.subTest(frame=frame):
+                srv = ExecServer(self, lambda write: write(ws_frame(2, b"\x03" + frame)))
+                with self.assertRaises(hiloop.StreamLostError):
+                    srv.stand.sandbox.exec(["true"])
+
     def flood(self, frames: int) -> Callable[[Callable[[bytes], None]], None]:
         def behave(write: Callable[[bytes], None]) -> None:
             for _ in range(frames):

@@ -61,11 +61,11 @@ class StreamLostError(HiloopError):
 class ExtractError(HiloopError):
     """A directory's tar stream that download_dir refused to write, since
     what the sandbox sends is not trusted. code says why: invalid_path (an
-    entry names a place outside the destination), path_conflict (an
-    entry's place, or a directory on its way, is taken: by a file already
-    written, a symbolic link, another kind of entry), sparse_entry (a
-    sparse file), invalid_tar (not a well-formed tar stream, or one that
-    ended early)."""
+    entry names a place outside the destination), path_conflict (a
+    directory on an entry's way is a symbolic link or a file, or the
+    entry's place holds what it cannot replace: a directory, or, without
+    overwrite, anything), sparse_entry (a sparse file), invalid_tar (not a
+    well-formed tar stream, or one that ended early)."""
 
 
 class LimitError(HiloopError):

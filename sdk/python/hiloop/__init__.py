@@ -8,11 +8,11 @@
 """
 
 from .client import Client, CommandResult, Files, Sandbox, Sandboxes
-from .errors import (AuthenticationError, ConflictError, HiloopError, InvalidRequestError, NotFoundError,
-                     QuotaError, StreamLostError, UnavailableError, UnsupportedError, WaitError)
+from .errors import (AuthenticationError, ConflictError, ExtractError, HiloopError, InvalidRequestError, LimitError,
+                     NotFoundError, QuotaError, StreamLostError, UnavailableError, UnsupportedError, WaitError)
 
 __all__ = [
     "Client", "CommandResult", "Files", "Sandbox", "Sandboxes",
-    "HiloopError", "AuthenticationError", "ConflictError", "InvalidRequestError", "NotFoundError",
-    "QuotaError", "StreamLostError", "UnavailableError", "UnsupportedError", "WaitError",
+    "HiloopError", "AuthenticationError", "ConflictError", "ExtractError", "InvalidRequestError", "LimitError",
+    "NotFoundError", "QuotaError", "StreamLostError", "UnavailableError", "UnsupportedError", "WaitError",
 ]

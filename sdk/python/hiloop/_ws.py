@@ -7,8 +7,9 @@ import os
 import socket
 import ssl
 import struct
+import time
 from typing import Dict, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -36,18 +37,49 @@ class WebSocket:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buf = b""
+        # deadline (time.monotonic) bounds every read and write that
+        # follows, however slowly the peer trickles; None: no bound.
+        self.deadline: Optional[float] = None
+
+    def _arm(self) -> None:
+        if self.deadline is None:
+            self.sock.settimeout(None)
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the connection's deadline passed")
+        self.sock.settimeout(left)
 
     @classmethod
     def connect(cls, url: str, headers: Dict[str, str], subprotocol: str, timeout: float,
                 ssl_context: Optional[ssl.SSLContext] = None) -> "WebSocket":
+        """Opens the WebSocket at url. The handshake, TLS included, must be
+        done within timeout: an answer that trickles in slower ends in
+        ConnectionClosed, as does one that is not HTTP."""
+        deadline = time.monotonic() + timeout
         u = urlsplit(url)
         secure = u.scheme in ("https", "wss")
         host = u.hostname or "localhost"
         port = u.port or (443 if secure else 80)
         sock = socket.create_connection((host, port), timeout=timeout)
-        if secure:
-            ctx = ssl_context or ssl.create_default_context()
-            sock = ctx.wrap_socket(sock, server_hostname=host)
+        try:
+            if secure:
+                ctx = ssl_context or ssl.create_default_context()
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock = ctx.wrap_socket(sock, server_hostname=host)
+            return cls._handshake(sock, deadline, u, headers, subprotocol)
+        except HandshakeError:
+            raise
+        except ConnectionClosed:
+            sock.close()
+            raise
+        except (OSError, ValueError) as e:
+            sock.close()
+            raise ConnectionClosed("websocket handshake: %s" % (str(e) or type(e).__name__)) from None
+
+    @classmethod
+    def _handshake(cls, sock: socket.socket, deadline: float, u: SplitResult, headers: Dict[str, str],
+                   subprotocol: str) -> "WebSocket":
         key = base64.b64encode(os.urandom(16)).decode()
         path = u.path + ("?" + u.query if u.query else "")
         lines = [
@@ -59,8 +91,10 @@ class WebSocket:
             "Sec-WebSocket-Version: 13",
             "Sec-WebSocket-Protocol: " + subprotocol,
         ] + ["%s: %s" % kv for kv in headers.items()]
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         ws = cls(sock)
+        ws.deadline = deadline
+        ws._arm()
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         status, resp_headers = ws._read_http_head()
         if status != 101:
             body = ws._read_http_body(resp_headers)
@@ -70,20 +104,27 @@ class WebSocket:
         if resp_headers.get("sec-websocket-accept") != accept:
             sock.close()
             raise ConnectionClosed("websocket handshake: wrong Sec-WebSocket-Accept")
-        sock.settimeout(None)
+        ws.deadline = None
         return ws
+
+    def _recv_some(self, n: int) -> bytes:
+        self._arm()
+        return self.sock.recv(n)
 
     def _read_http_head(self) -> Tuple[int, Dict[str, str]]:
         while b"\r\n\r\n" not in self._buf:
             if len(self._buf) > 64 << 10:
                 raise ConnectionClosed("websocket handshake: answer head too long")
-            chunk = self.sock.recv(4096)
+            chunk = self._recv_some(4096)
             if not chunk:
                 raise ConnectionClosed("websocket handshake: connection closed")
             self._buf += chunk
         head, self._buf = self._buf.split(b"\r\n\r\n", 1)
         lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
+        first = lines[0].split(" ")
+        if len(first) < 2 or not first[0].startswith("HTTP/") or not first[1].isdigit():
+            raise ConnectionClosed("websocket handshake: the answer is not HTTP")
+        status = int(first[1])
         headers = {}
         for line in lines[1:]:
             k, _, v = line.partition(":")
@@ -91,10 +132,10 @@ class WebSocket:
         return status, headers
 
     def _read_http_body(self, headers: Dict[str, str]) -> bytes:
-        n = int(headers.get("content-length", "0") or 0)
-        n = min(n, 64 << 10)
+        cl = headers.get("content-length", "0")
+        n = min(int(cl), 64 << 10) if cl.isdigit() else 0
         while len(self._buf) < n:
-            chunk = self.sock.recv(4096)
+            chunk = self._recv_some(4096)
             if not chunk:
                 break
             self._buf += chunk
@@ -102,7 +143,7 @@ class WebSocket:
 
     def _recv_exact(self, n: int) -> bytes:
         while len(self._buf) < n:
-            chunk = self.sock.recv(max(65536, n - len(self._buf)))
+            chunk = self._recv_some(max(65536, n - len(self._buf)))
             if not chunk:
                 raise ConnectionClosed("connection closed")
             self._buf += chunk
@@ -121,6 +162,7 @@ class WebSocket:
             head += bytes([0x80 | 127]) + struct.pack("!Q", n)
         mask = os.urandom(4)
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload)) if n < 4096 else _mask(payload, mask)
+        self._arm()
         self.sock.sendall(head + mask + masked)
 
     def recv(self) -> Tuple[int, bytes]:

@@ -58,6 +58,23 @@ class StreamLostError(HiloopError):
     fate is unknown. Never a non-zero exit code."""
 
 
+class ExtractError(HiloopError):
+    """A directory's tar stream that download_dir refused to write, since
+    what the sandbox sends is not trusted. code says why: invalid_path (an
+    entry names a place outside the destination), path_conflict (a
+    directory on an entry's way is a symbolic link or a file, or the
+    entry's place holds what it cannot replace: a directory, or, without
+    overwrite, anything), sparse_entry (a sparse file), invalid_tar (not a
+    well-formed tar stream, or one that ended early)."""
+
+
+class LimitError(HiloopError):
+    """The server sent more than the client accepts: code extract_limit
+    (download_dir past its max_bytes or max_entries), output_limit (exec's
+    collected output past max_output, read past its max_bytes, a JSON
+    answer past what the client reads)."""
+
+
 class WaitError(HiloopError):
     """Waiting for a state ended in another state that will not lead to it."""
 

@@ -69,6 +69,11 @@ class SandboxTest(unittest.TestCase):
         self.assertEqual((r.exit_code, r.signal), (137, "killed"))
         r = self.sb.exec(["sleep", "30"], timeout=1)
         self.assertTrue(r.timed_out)
+        with self.assertRaises(hiloop.LimitError) as e:
+            self.sb.exec(["head", "-c", "300000", "/dev/zero"], max_output=100000)
+        self.assertEqual(e.exception.code, "output_limit")
+        r = self.sb.exec(["head", "-c", "300000", "/dev/zero"], max_output=300000)
+        self.assertEqual((r.exit_code, len(r.stdout)), (0, 300000))
 
     def test_file_100mib(self) -> None:
         size = 100 << 20
@@ -117,12 +122,28 @@ class SandboxTest(unittest.TestCase):
             with open(os.path.join(local, name), "wb") as f:
                 f.write(content)
         self.sb.files.upload_dir(local, self.work + "/tree")
-        back = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, back)
+        base = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, base)
+        back = os.path.join(base, "back")
         self.sb.files.download_dir(self.work + "/tree", back)
         for name, content in files.items():
             with open(os.path.join(back, name), "rb") as f:
                 self.assertEqual(f.read(), content)
+        self.assertEqual(os.listdir(base), ["back"])
+        with self.assertRaises(FileExistsError):
+            self.sb.files.download_dir(self.work + "/tree", back)
+        with open(os.path.join(back, "a.txt"), "wb") as f:
+            f.write(b"local")
+        with open(os.path.join(back, "mine.txt"), "wb") as f:
+            f.write(b"mine")
+        self.sb.files.download_dir(self.work + "/tree", back, overwrite=True)
+        for name, content in dict(files, **{"mine.txt": b"mine"}).items():
+            with open(os.path.join(back, name), "rb") as f:
+                self.assertEqual(f.read(), content)
+        with self.assertRaises(hiloop.LimitError) as e:
+            self.sb.files.download_dir(self.work + "/tree", os.path.join(base, "small"), max_bytes=5)
+        self.assertEqual(e.exception.code, "extract_limit")
+        self.assertEqual(os.listdir(base), ["back"])
 
     def test_cut_upload_keeps_old_file(self) -> None:
         p = self.work + "/keep.txt"
@@ -190,7 +211,7 @@ class NoTarTest(unittest.TestCase):
                 sb.files.upload_dir(local, work + "/d")
             self.assertEqual(e.exception.code, "tar_unavailable")
             with self.assertRaises(hiloop.UnsupportedError) as e:
-                sb.files.download_dir(work, local)
+                sb.files.download_dir(work, os.path.join(local, "d"))
             self.assertEqual(e.exception.code, "tar_unavailable")
 
 
@@ -245,6 +266,8 @@ class RetryTest(unittest.TestCase):
     def test_refuses_plain_http_elsewhere(self) -> None:
         with self.assertRaises(ValueError):
             hiloop.Client("http://10.1.2.3:8080", "hl_x")
+        with self.assertRaises(ValueError):
+            hiloop.Client("http://127.attacker.example", "hl_x")
 
 
 if __name__ == "__main__":

@@ -200,12 +200,23 @@ class Reader:
         raise _bad("more than %d extension headers before one entry" % _MAX_META_RUN)
 
 
+# MAX_NAME and MAX_DEPTH bound a tar entry's name, as in the Go SDK
+# (api.MaxPathBytes, api.MaxTarDepth): a few deep names would otherwise make
+# a directory per component.
+MAX_NAME = 4096
+MAX_DEPTH = 128
+
+
 def local_parts(name: str) -> Tuple[str, ...]:
     """The components of a tar entry's name below the destination; () for
-    the destination itself. A name that leaves it is refused."""
+    the destination itself. A name that leaves it, is longer than MAX_NAME
+    or deeper than MAX_DEPTH directories is refused."""
     clean = posixpath.normpath(name)
     if "\0" in name or clean.startswith("/") or clean == ".." or clean.startswith("../"):
         raise ExtractError("tar entry %r lands outside the destination" % name, code="invalid_path")
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME or clean.count("/") > MAX_DEPTH:
+        raise ExtractError("tar entry %.64r... is longer than %d bytes or deeper than %d directories"
+                           % (name, MAX_NAME, MAX_DEPTH), code="invalid_path")
     if clean == ".":
         return ()
     return tuple(clean.split("/"))

@@ -176,6 +176,15 @@ class DownloadDirTest(unittest.TestCase):
         self.download(build_tar(entry(long_dir + "/" + name, data=b"x"), fmt=tarfile.GNU_FORMAT))
         self.assertEqual(self.read(long_dir, name), b"x")
 
+    def test_deep_and_long_names_refused(self) -> None:
+        self.download(build_tar(entry("a/" * 128 + "f", data=b"deepest")))
+        self.assertEqual(self.read(*(["a"] * 128 + ["f"])), b"deepest")
+        shutil.rmtree(self.dest)
+        self.refused(build_tar(entry("a/" * 129 + "f", data=b"x")), "invalid_path")
+        self.assert_nothing_left()
+        self.refused(build_tar(entry("b" * 200 + "/" + "c/" * 2000 + "f", data=b"x")), "invalid_path")
+        self.assert_nothing_left()
+
     def test_existing_destination_refused(self) -> None:
         os.mkdir(self.dest)
         with open(os.path.join(self.dest, "keep"), "wb") as f:

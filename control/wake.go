@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -137,7 +138,7 @@ func (c *Control) wake(id, trigger string) error {
 	begun := c.o.Now()
 	started, err := c.startIdle(ctx, id)
 	if err != nil {
-		return err
+		return c.timedOut(ctx, id, err)
 	}
 	if started {
 		c.o.Metrics.Wake(trigger)
@@ -147,12 +148,30 @@ func (c *Control) wake(id, trigger string) error {
 		if started {
 			c.log.Warn("wake did not bring the sandbox up", "sandbox", id, "err", err)
 		}
-		return err
+		return c.timedOut(ctx, id, err)
 	}
 	if started {
 		c.o.Metrics.WakeTime(c.o.Now().Sub(begun))
 	}
 	return nil
+}
+
+// timedOut is err, or, when err is wake's deadline passing in the middle
+// of a step (a write of the record or to the cluster, a read), the
+// *WakeTimeoutError that means, with the state the record holds: a wake
+// that ran out of time says so whichever step it was in.
+func (c *Control) timedOut(ctx context.Context, id string, err error) error {
+	var we *WakeTimeoutError
+	if ctx.Err() != context.DeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &we) {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(c.base, 10*time.Second)
+	defer cancel()
+	sb, rerr := c.o.Store.SandboxAnyOrg(rctx, id)
+	if rerr != nil {
+		return err
+	}
+	return &WakeTimeoutError{State: sb.State, After: c.o.WakeTimeout}
 }
 
 // startIdle starts a sandbox stopped for idleness, with its lock held and

@@ -170,17 +170,22 @@ func TestWakeWaitBound(t *testing.T) {
 	ic.checkWaits(t, b1, 0, 0, 0, 0)
 
 	// The wake times out: the same, and the place is there again for the
-	// next call.
+	// next call. The sandbox is starting, so the wake asks nothing of the
+	// cluster within its short timeout.
 	short := newIdleCore(t, func(o *Options) {
-		o.WakeTimeout = 50 * time.Millisecond
+		o.WakeTimeout = 200 * time.Millisecond
 		o.Limits.WakeWaitsPerKey, o.Limits.WakeWaitsPerOrg = 1, 1
 	})
-	sb := short.stoppedIdle(t)
+	sb, _, err := short.Create(ctx, short.who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short.observe(t, sb.ID, store.StateStarting)
 	for range 2 {
 		waited := false
 		err := short.Wake(ctx, short.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec, Waking: func() { waited = true }})
-		if we := new(WakeTimeoutError); !errors.As(err, &we) || !waited {
-			t.Fatalf("a wake the sandbox never answers: %v (waited %v), want a WakeTimeoutError after waiting", err, waited)
+		if we := new(WakeTimeoutError); !errors.As(err, &we) || we.State != store.StateStarting || !waited {
+			t.Fatalf("a wake the sandbox never answers: %v (waited %v), want a WakeTimeoutError in state starting after waiting", err, waited)
 		}
 		short.checkWaits(t, short.who, 0, 0, 0, 0)
 	}

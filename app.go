@@ -107,9 +107,10 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	met := metrics.New()
 	a.core, err = control.New(control.Options{
 		Store: a.db, Cluster: writer, Log: a.log, ClusterTimeout: cfg.ClusterTimeout, Metrics: met,
-		Exec:   &k8s.Execer{Clients: clients, Namespace: cfg.Namespace, ConnectTimeout: cfg.ClusterTimeout},
-		Caps:   control.Capabilities{StorageClasses: cfg.StorageClasses, Transports: cfg.Transports},
-		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg},
+		Exec: &k8s.Execer{Clients: clients, Namespace: cfg.Namespace, ConnectTimeout: cfg.ClusterTimeout},
+		Caps: control.Capabilities{StorageClasses: cfg.StorageClasses, Transports: cfg.Transports},
+		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg,
+			WakeWaitsPerKey: cfg.MaxWaitingWakesPerKey, WakeWaitsPerOrg: cfg.MaxWaitingWakesPerOrg},
 		Boundary: func(ctx context.Context) []k8s.Check {
 			return clients.CheckBoundary(ctx, cfg.boundaryOptions())
 		},

@@ -68,9 +68,10 @@ func TestSSHLimitFlags(t *testing.T) {
 	}
 }
 
-// TestAPILimitFlags: the limits per organization and per address, and the
-// key limits, are flags with defaults; a negative rate, or a key limit
-// below 1, is refused naming the flag.
+// TestAPILimitFlags: the limits per organization and per address, the
+// key limits and the bounds of waiting wakes are flags with defaults; a
+// negative rate, or a key limit or bound below 1, is refused naming the
+// flag.
 func TestAPILimitFlags(t *testing.T) {
 	s, err := parseServe(t)
 	if err != nil {
@@ -79,27 +80,34 @@ func TestAPILimitFlags(t *testing.T) {
 	type apiLimits struct {
 		Org, OrgCreate, Address float64
 		APIKeys, SSHKeys        int
+		Waits, OrgWaits         int
 	}
 	of := func(s *ServeCmd) apiLimits {
-		return apiLimits{s.OrgRateLimit, s.OrgCreateRateLimit, s.AddressRateLimit, s.MaxAPIKeysPerOrg, s.MaxSSHKeysPerOrg}
+		return apiLimits{s.OrgRateLimit, s.OrgCreateRateLimit, s.AddressRateLimit, s.MaxAPIKeysPerOrg, s.MaxSSHKeysPerOrg,
+			s.MaxWaitingWakesPerKey, s.MaxWaitingWakesPerOrg}
 	}
-	if diff := cmp.Diff(apiLimits{200, 40, 10, 100, 100}, of(s)); diff != "" {
+	if diff := cmp.Diff(apiLimits{200, 40, 10, 100, 100, 16, 64}, of(s)); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 	s, err = parseServe(t, "--org-rate-limit=0", "--org-create-rate-limit=0.5", "--address-rate-limit=0",
-		"--max-api-keys-per-org=1", "--max-ssh-keys-per-org=7")
+		"--max-api-keys-per-org=1", "--max-ssh-keys-per-org=7", "--max-waiting-wakes-per-key=2", "--max-waiting-wakes-per-org=3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(apiLimits{0, 0.5, 0, 1, 7}, of(s)); diff != "" {
+	if diff := cmp.Diff(apiLimits{0, 0.5, 0, 1, 7, 2, 3}, of(s)); diff != "" {
 		t.Errorf("set by flags (-want +got):\n%s", diff)
 	}
 	t.Setenv("HILOOP_MAX_API_KEYS_PER_ORG", "12")
 	if s, err = parseServe(t); err != nil || s.MaxAPIKeysPerOrg != 12 {
 		t.Errorf("HILOOP_MAX_API_KEYS_PER_ORG=12: %d, %v", s.MaxAPIKeysPerOrg, err)
 	}
+	t.Setenv("HILOOP_MAX_WAITING_WAKES_PER_ORG", "9")
+	if s, err = parseServe(t); err != nil || s.MaxWaitingWakesPerOrg != 9 {
+		t.Errorf("HILOOP_MAX_WAITING_WAKES_PER_ORG=9: %d, %v", s.MaxWaitingWakesPerOrg, err)
+	}
 	for _, arg := range []string{"--org-rate-limit=-1", "--org-create-rate-limit=-1", "--address-rate-limit=-1",
-		"--max-api-keys-per-org=0", "--max-ssh-keys-per-org=-3"} {
+		"--max-api-keys-per-org=0", "--max-ssh-keys-per-org=-3",
+		"--max-waiting-wakes-per-key=0", "--max-waiting-wakes-per-org=-1"} {
 		flag, _, _ := strings.Cut(arg, "=")
 		if _, err := parseServe(t, arg); err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("%s: %v, want refused naming the flag", arg, err)

@@ -179,6 +179,10 @@ type ServeCmd struct {
 	AddressRateLimit   float64 `name:"address-rate-limit" default:"10" env:"HILOOP_ADDRESS_RATE_LIMIT" help:"Requests per second one client address (an IPv6 /64) may make without a valid API key: a missing, unknown or revoked token, and the OpenAPI document (burst twice that; the probes /healthz and /readyz are not limited); 0 turns it off."`
 	MaxAPIKeysPerOrg   int     `name:"max-api-keys-per-org" default:"100" env:"HILOOP_MAX_API_KEYS_PER_ORG" help:"Most live API keys one organization may have; creating one more through the API answers 409 key_limit."`
 	MaxSSHKeysPerOrg   int     `name:"max-ssh-keys-per-org" default:"100" env:"HILOOP_MAX_SSH_KEYS_PER_ORG" help:"Most SSH keys one organization may register; one more answers 409 key_limit."`
+	// Every waiting wake holds a goroutine and its caller's connection for
+	// up to --wake-timeout (docs/api.md, "Idle stop and wake").
+	MaxWaitingWakesPerKey int `name:"max-waiting-wakes-per-key" default:"16" env:"HILOOP_MAX_WAITING_WAKES_PER_KEY" help:"Most calls of one API or SSH key that may wait at once for a sandbox to wake (ssh, ssh -L channels, exec and file calls with wake=true on a sandbox not running yet); one more answers 429 too_many_waits, or the gateway refuses it."`
+	MaxWaitingWakesPerOrg int `name:"max-waiting-wakes-per-org" default:"64" env:"HILOOP_MAX_WAITING_WAKES_PER_ORG" help:"Most calls of all of one organization's keys together that may wait at once for a sandbox to wake; one more is refused the same way."`
 
 	// localHelpers says the session helpers run as local processes of this
 	// binary (hiloop dev), so the forward transport needs no image.
@@ -293,6 +297,12 @@ func (s *ServeCmd) validateAPILimits() error {
 	}
 	if s.MaxSSHKeysPerOrg < 1 {
 		return errors.New("--max-ssh-keys-per-org: must be at least 1")
+	}
+	if s.MaxWaitingWakesPerKey < 1 {
+		return errors.New("--max-waiting-wakes-per-key: must be at least 1")
+	}
+	if s.MaxWaitingWakesPerOrg < 1 {
+		return errors.New("--max-waiting-wakes-per-org: must be at least 1")
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ const (
 	CodeStorageUnavailable    = "storage_unavailable"
 	CodeRateLimited           = "rate_limited"
 	CodeWakeTimeout           = "wake_timeout"
+	CodeTooManyWaits          = "too_many_waits"
 	CodeInvalidPath           = "invalid_path"
 	CodeLengthRequired        = "length_required"
 	CodeFileTooLarge          = "file_too_large"

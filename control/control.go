@@ -76,7 +76,20 @@ type Limits struct {
 	// so a limit per key is only a limit while keys are few.
 	APIKeysPerOrg int
 	SSHKeysPerOrg int
+	// WakeWaitsPerKey and WakeWaitsPerOrg are the most calls of one key,
+	// and of all of one organization's keys together, that may wait at
+	// once for a sandbox to wake (Wake); 16 and 64 when zero. Each waiting
+	// call holds a goroutine and its caller's connection for up to
+	// WakeTimeout, and nothing else bounds how many there are.
+	WakeWaitsPerKey int
+	WakeWaitsPerOrg int
 }
+
+// Default bounds of the calls waiting for sandboxes to wake.
+const (
+	DefaultWakeWaitsPerKey = 16
+	DefaultWakeWaitsPerOrg = 64
+)
 
 // Options configure New.
 type Options struct {
@@ -157,6 +170,8 @@ type Control struct {
 	// wakesBegun counts every wake begun, so a caller can tell that one
 	// began while it read a record.
 	wakesBegun atomic.Int64
+	// waits counts the calls waiting in Wake, against Limits.WakeWaits*.
+	waits waitRegistry
 
 	changedMu sync.Mutex
 	changed   map[string]bool
@@ -191,6 +206,15 @@ func New(o Options) (*Control, error) {
 	}
 	if o.Limits.APIKeysPerOrg < 0 || o.Limits.SSHKeysPerOrg < 0 {
 		return nil, errors.New("control: key limits must not be negative")
+	}
+	if o.Limits.WakeWaitsPerKey < 0 || o.Limits.WakeWaitsPerOrg < 0 {
+		return nil, errors.New("control: wake wait limits must not be negative")
+	}
+	if o.Limits.WakeWaitsPerKey == 0 {
+		o.Limits.WakeWaitsPerKey = DefaultWakeWaitsPerKey
+	}
+	if o.Limits.WakeWaitsPerOrg == 0 {
+		o.Limits.WakeWaitsPerOrg = DefaultWakeWaitsPerOrg
 	}
 	if o.Limits.APIKeysPerOrg == 0 {
 		o.Limits.APIKeysPerOrg = DefaultKeysPerOrg

@@ -29,6 +29,10 @@ var (
 	// ErrSessionLimit: a per-sandbox or per-organization session limit is
 	// reached.
 	ErrSessionLimit = errors.New("session limit reached")
+	// ErrTooManyWaits: the caller's key, or its organization's keys
+	// together, have as many calls waiting for sandboxes to wake as they
+	// may (see WaitLimitError).
+	ErrTooManyWaits = errors.New("too many calls waiting for sandboxes to wake")
 	// ErrUnsupported: the request asks for a capability this deployment does
 	// not back.
 	ErrUnsupported = errors.New("unsupported capability")
@@ -146,6 +150,32 @@ type WakeTimeoutError struct {
 
 func (e *WakeTimeoutError) Error() string {
 	return fmt.Sprintf("the sandbox did not come up within %s of being woken; it is %s", e.After, e.State)
+}
+
+// WaitLimitError is ErrTooManyWaits with whose bound refused the call:
+// its key's (Limits.WakeWaitsPerKey) or, with Org, its organization's
+// (Limits.WakeWaitsPerOrg). Nothing was started; a place frees as soon as
+// another of the caller's waits ends.
+type WaitLimitError struct {
+	Org bool
+	Max int
+}
+
+func (e *WaitLimitError) Error() string {
+	whose := "this key"
+	if e.Org {
+		whose = "your organization's keys together"
+	}
+	return fmt.Sprintf("%d calls of %s already wait for sandboxes to wake, the most allowed; try again once one has woken", e.Max, whose)
+}
+func (e *WaitLimitError) Unwrap() error { return ErrTooManyWaits }
+
+// limit names the bound for the metrics: per_key or per_org.
+func (e *WaitLimitError) limit() string {
+	if e.Org {
+		return "per_org"
+	}
+	return "per_key"
 }
 
 // TransportError: the sandbox was not created with the transport a way in

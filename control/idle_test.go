@@ -459,7 +459,7 @@ func (ic *idleCore) stoppedIdle(t *testing.T) store.Sandbox {
 // TestConcurrentWakes: twenty concurrent wakes of one sandbox stopped for
 // idleness start it once, and every one of them sees it running.
 func TestConcurrentWakes(t *testing.T) {
-	ic := newIdleCore(t, nil)
+	ic := newIdleCore(t, func(o *Options) { o.Limits.WakeWaitsPerKey = 20 })
 	sb := ic.stoppedIdle(t)
 	stop := ic.mirrorStarts(t, sb.ID)
 	defer stop()

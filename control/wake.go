@@ -32,6 +32,11 @@ type WakeOptions struct {
 // stopped is not woken), and a wait that times out is a
 // *WakeTimeoutError. The caller's key and organization are checked at
 // every call; the caller admits its session afterwards (AdmitWaking).
+//
+// A call that waits holds one of its key's Limits.WakeWaitsPerKey places
+// and one of its organization's Limits.WakeWaitsPerOrg until it returns;
+// past either it is refused at once with a *WaitLimitError and starts
+// nothing. A call that finds the sandbox running holds none.
 func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions) error {
 	if err := c.keyLive(ctx, who); err != nil {
 		return err
@@ -53,14 +58,26 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	if err := reachable(sb); err == nil || !joins && c.wakesBegun.Load() == begun {
 		return err
 	}
+	trigger := o.Trigger
+	if trigger == "" {
+		trigger = string(o.Transport)
+	}
+	// From here on the call waits: it holds one of its key's and its
+	// organization's places until it returns, however it returns.
+	release, refused := c.waits.take(who, c.o.Limits)
+	if refused != nil {
+		c.o.Metrics.WakeWaitRefused(trigger, refused.limit())
+		return refused
+	}
+	c.o.Metrics.WakeWaiting(1)
+	defer func() {
+		release()
+		c.o.Metrics.WakeWaiting(-1)
+	}()
 	// A wake begun during the read, maybe of another sandbox, is asked
 	// (startIdle reads the record again) but not announced.
 	if joins && o.Waking != nil {
 		o.Waking()
-	}
-	trigger := o.Trigger
-	if trigger == "" {
-		trigger = string(o.Transport)
 	}
 	ch := c.wakes.DoChan(id, func() (any, error) { return nil, c.wake(id, trigger) })
 	select {
@@ -234,4 +251,46 @@ func (c *Control) waitRunning(ctx context.Context, id string) error {
 			return &WakeTimeoutError{State: sb.State, After: c.o.WakeTimeout}
 		}
 	}
+}
+
+// waitRegistry counts the calls waiting in Wake, per key and per
+// organization. Counts drop to no entry at zero, so it stays bounded by
+// the calls waiting.
+type waitRegistry struct {
+	mu    sync.Mutex
+	byKey map[string]int
+	byOrg map[string]int
+}
+
+// take takes a waiting place of who's key and one of its organization's,
+// or says whose bound refuses it. release gives both back; it is safe to
+// call more than once.
+func (r *waitRegistry) take(who Caller, lim Limits) (release func(), refused *WaitLimitError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byKey == nil {
+		r.byKey, r.byOrg = map[string]int{}, map[string]int{}
+	}
+	if r.byKey[who.KeyID] >= lim.WakeWaitsPerKey {
+		return nil, &WaitLimitError{Max: lim.WakeWaitsPerKey}
+	}
+	if r.byOrg[who.OrgID] >= lim.WakeWaitsPerOrg {
+		return nil, &WaitLimitError{Org: true, Max: lim.WakeWaitsPerOrg}
+	}
+	r.byKey[who.KeyID]++
+	r.byOrg[who.OrgID]++
+	return sync.OnceFunc(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		dec(r.byKey, who.KeyID)
+		dec(r.byOrg, who.OrgID)
+	}), nil
+}
+
+// counts are the places taken of a key and of an organization, and how
+// many keys and organizations hold any, for tests.
+func (r *waitRegistry) counts(keyID, orgID string) (key, org, keys, orgs int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byKey[keyID], r.byOrg[orgID], len(r.byKey), len(r.byOrg)
 }

@@ -307,7 +307,8 @@ func TestWake(t *testing.T) {
 // command.
 func TestConcurrentWakes(t *testing.T) {
 	requireSSH(t)
-	in, _ := idleServe(t, "--ssh-max-startups-per-source", "64", "--exec-per-sandbox", "32")
+	in, _ := idleServe(t, "--ssh-max-startups-per-source", "64", "--exec-per-sandbox", "32",
+		"--max-waiting-wakes-per-key", "32")
 	u := newSSHUser(t, in, in.Token)
 	sb := in.Create(in.Token, "busybox", "--idle-timeout", "2s", "--wait")
 	waitIdleStopped(t, in, in.Token, sb.ID)

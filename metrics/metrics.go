@@ -35,6 +35,8 @@ type Metrics struct {
 	idleStops     prometheus.Counter
 	wakes         *prometheus.CounterVec
 	wakeTime      prometheus.Histogram
+	wakeWaits     prometheus.Gauge
+	wakeRefused   *prometheus.CounterVec
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -76,8 +78,12 @@ func New() *Metrics {
 		Help: "Sandboxes stopped for idleness that their owner's use started again, by what woke them: ssh (a session), forward (an ssh -L channel), exec (exec with wake=true), files (a file call with wake=true). Concurrent wakes of one sandbox count once."}, []string{"trigger"})
 	m.wakeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hiloop_wake_duration_seconds",
 		Help: "From the start of a wake to the sandbox running.", Buckets: prometheus.ExponentialBuckets(0.125, 2, 12)})
+	m.wakeWaits = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_wake_waits",
+		Help: "Calls waiting now for a sandbox to wake (ssh, ssh -L channels, exec and file calls with wake=true), bounded per key and per organization."})
+	m.wakeRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wake_waits_refused_total",
+		Help: "Calls that would have waited for a sandbox to wake, refused at a bound (429 too_many_waits, or the gateway's refusal), by trigger (ssh, forward, exec, files) and limit: per_key (too many of one key waiting), per_org (too many of one organization's keys waiting together)."}, []string{"trigger", "limit"})
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.httpRefused,
-		m.idleStops, m.wakes, m.wakeTime,
+		m.idleStops, m.wakes, m.wakeTime, m.wakeWaits, m.wakeRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -240,4 +246,22 @@ func (m *Metrics) WakeTime(d time.Duration) {
 		return
 	}
 	m.wakeTime.Observe(d.Seconds())
+}
+
+// WakeWaiting adds delta to the calls waiting for a sandbox to wake.
+func (m *Metrics) WakeWaiting(delta int) {
+	if m == nil {
+		return
+	}
+	m.wakeWaits.Add(float64(delta))
+}
+
+// WakeWaitRefused records a call refused at a bound of the calls waiting
+// for a sandbox to wake; trigger and limit are of fixed sets (see the
+// metric's help).
+func (m *Metrics) WakeWaitRefused(trigger, limit string) {
+	if m == nil {
+		return
+	}
+	m.wakeRefused.WithLabelValues(trigger, limit).Inc()
 }

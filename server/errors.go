@@ -15,6 +15,9 @@ import (
 type apiError struct {
 	status int
 	detail api.ErrorDetail
+	// retryAfter is the Retry-After of an answer other than a 503 (which
+	// always carries retryAfter), in seconds; none when empty.
+	retryAfter string
 }
 
 func (e *apiError) Error() string { return e.detail.Message }
@@ -80,6 +83,10 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusGatewayTimeout, api.CodeWakeTimeout, wt.Error())
 	case errors.As(err, &te):
 		return newError(http.StatusConflict, api.CodeTransportNotEnabled, te.Error())
+	case errors.Is(err, control.ErrTooManyWaits):
+		// A place frees when another of the caller's waits ends, which
+		// is when the sandbox it waits for runs, or gives up.
+		return &apiError{status: http.StatusTooManyRequests, detail: api.ErrorDetail{Code: api.CodeTooManyWaits, Message: err.Error()}, retryAfter: waitRetryAfter}
 	case errors.Is(err, control.ErrSessionLimit):
 		return newError(http.StatusTooManyRequests, api.CodeExecLimit, err.Error())
 	case errors.Is(err, control.ErrNoExec):
@@ -111,6 +118,10 @@ func toAPIError(err error) *apiError {
 // retryAfter is the Retry-After of every 503, in seconds.
 const retryAfter = "5"
 
+// waitRetryAfter is the Retry-After of 429 too_many_waits, in seconds:
+// about how soon a wake under way may be over (a pod's start).
+const waitRetryAfter = "2"
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	if status == http.StatusServiceUnavailable {
@@ -137,5 +148,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	d := ae.detail
 	d.RequestID = ri.id
+	if ae.retryAfter != "" {
+		w.Header().Set("Retry-After", ae.retryAfter)
+	}
 	writeJSON(w, ae.status, api.ErrorBody{Error: d})
 }

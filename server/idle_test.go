@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -182,5 +183,88 @@ func TestStoppedByAndWake(t *testing.T) {
 	}
 	if got := ts.record(again); got.DesiredMode != store.ModeRunning || got.StopCause != "" {
 		t.Fatalf("after the wake: desired %s, cause %q", got.DesiredMode, got.StopCause)
+	}
+}
+
+// TestWakeWaitLimit: a call with ?wake=true past its key's bound of calls
+// waiting for a wake is answered at once with 429 too_many_waits and a
+// Retry-After, exec and file calls alike, while the first one still waits;
+// a call on a running sandbox is not held to the bound; once the waiting
+// caller goes away, its place is free again.
+func TestWakeWaitLimit(t *testing.T) {
+	fc := &controltest.Cluster{}
+	ts := newTestServer(t, fc, func(_ *Options, co *control.Options) {
+		co.Limits.WakeWaitsPerKey, co.Limits.WakeWaitsPerOrg = 1, 4
+		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
+	})
+	ctx := context.Background()
+	running := func() string {
+		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+		return id
+	}
+	stopped := func() string {
+		id := running()
+		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
+			t.Fatal(err)
+		}
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
+		return id
+	}
+	idle, idle2, up := stopped(), stopped(), running()
+
+	// park makes a call with ?wake=true into sandbox id, which waits until
+	// its caller goes away or the sandbox runs, and returns once the wake
+	// waits for the sandbox (a wake under way of no other sandbox).
+	park := func(id string) (cancel func(), done chan *httptest.ResponseRecorder) {
+		t.Helper()
+		rctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		done = make(chan *httptest.ResponseRecorder, 1)
+		waiting := ts.db.Waiting()
+		go func() {
+			req := httptest.NewRequest("POST", "/v1/sandboxes/"+id+"/exec/run?wake=true", strings.NewReader(`{"command":["true"]}`)).WithContext(rctx)
+			req.Header.Set("Authorization", "Bearer "+ts.token)
+			rec := httptest.NewRecorder()
+			ts.srv.ServeHTTP(rec, req)
+			done <- rec
+		}()
+		for ts.db.Waiting() == waiting {
+			select {
+			case rec := <-done:
+				t.Fatalf("a wake that should wait answered %d %s", rec.Code, rec.Body.String())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return cancel, done
+	}
+	cancel, done := park(idle)
+	for _, path := range []string{"/v1/sandboxes/" + idle + "/exec/run?wake=true", "/v1/sandboxes/" + idle + "/files?path=/etc/hostname&wake=true"} {
+		method, body := "POST", `{"command":["true"]}`
+		if strings.Contains(path, "/files") {
+			method, body = "GET", ""
+		}
+		rec := ts.do(method, path, body)
+		if rec.Code != 429 || errCode(t, rec) != api.CodeTooManyWaits || rec.Header().Get("Retry-After") != "2" ||
+			!strings.Contains(rec.Body.String(), "wait for sandboxes to wake") {
+			t.Errorf("%s %s past the bound: %d, Retry-After %q, %s", method, path, rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
+		}
+	}
+	if rec := ts.do("POST", "/v1/sandboxes/"+up+"/exec/run?wake=true", `{"command":["true"]}`); rec.Code != 200 {
+		t.Errorf("exec with wake=true into a running sandbox at the bound: %d %s", rec.Code, rec.Body.String())
+	}
+	select {
+	case rec := <-done:
+		t.Fatalf("the waiting call answered while the sandbox is down: %d %s", rec.Code, rec.Body.String())
+	default:
+	}
+	cancel()
+	<-done
+	// Its place is free: the next call waits, and goes on once the
+	// sandbox runs. (The wake of the first goes on without its caller.)
+	_, done = park(idle2)
+	ts.db.Observe(ctx, idle2, store.Observation{State: store.StateRunning})
+	if rec := <-done; rec.Code != 200 {
+		t.Fatalf("exec with wake=true once the sandbox runs: %d %s", rec.Code, rec.Body.String())
 	}
 }

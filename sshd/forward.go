@@ -107,7 +107,11 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 func (g *Gateway) upstreamInUse(ctx ssh.Context, nc gossh.NewChannel, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*upstream, func(), bool) {
 	for try := 1; ; try++ {
 		if err := g.o.Control.Wake(ctx, who, conn.User(), control.WakeOptions{Transport: sandbox.TransportForward}); err != nil {
-			nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
+			reason := gossh.Prohibited
+			if errors.Is(err, control.ErrTooManyWaits) {
+				reason = gossh.ResourceShortage
+			}
+			nc.Reject(reason, refusal(conn.User(), err))
 			return nil, nil, false
 		}
 		up, err := g.upstream(ctx, conn, who, log)

@@ -223,6 +223,8 @@ func refusal(id string, err error) string {
 		return fmt.Sprintf("sandbox %s is quarantined: it broke what its receipt promised, so sessions are refused; see: hiloop sandbox get %s", id, id)
 	case errors.Is(err, control.ErrSessionLimit):
 		return err.Error()
+	case errors.Is(err, control.ErrTooManyWaits):
+		return fmt.Sprintf("sandbox %s is not running yet, and this connection may not wait for it: %s", id, err)
 	case errors.As(err, new(*control.TransportError)):
 		return err.Error()
 	case errors.Is(err, control.ErrUnauthenticated):

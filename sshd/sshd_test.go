@@ -50,6 +50,8 @@ type setup struct {
 	keepAliveMax int
 	// sessionPort is the session helper's port that receipts promise.
 	sessionPort int
+	// limits are the core's.
+	limits control.Limits
 }
 
 // clientDeadline bounds every client connection a test makes, so that a
@@ -72,7 +74,7 @@ func start(t *testing.T, s setup) *gateway {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	fc := &controltest.Cluster{SessionPort: s.sessionPort}
 	core, err := control.New(control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{Run: workload},
-		Caps: control.Capabilities{Transports: sandbox.Transports()}, ClusterTimeout: 10 * time.Second, Log: log})
+		Caps: control.Capabilities{Transports: sandbox.Transports()}, ClusterTimeout: 10 * time.Second, Log: log, Limits: s.limits})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,13 +173,14 @@ func (c *Control) wake(id, trigger string) error {
 	return nil
 }
 
-// timedOut is err, or, when err is wake's deadline passing in the middle
-// of a step (a write of the record or to the cluster, a read), the
-// *WakeTimeoutError that means, with the state the record holds: a wake
-// that ran out of time says so whichever step it was in.
+// timedOut is err, or, when wake's deadline passed in the middle of a
+// step (a write of the record or to the cluster, a read, which fail each
+// in their own words), the *WakeTimeoutError that means, with the state
+// the record holds: a wake that ran out of time says so whichever step it
+// was in.
 func (c *Control) timedOut(ctx context.Context, id string, err error) error {
 	var we *WakeTimeoutError
-	if ctx.Err() != context.DeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &we) {
+	if ctx.Err() != context.DeadlineExceeded || errors.As(err, &we) {
 		return err
 	}
 	rctx, cancel := context.WithTimeout(c.base, 10*time.Second)

@@ -75,10 +75,10 @@ var (
 
 // ConnectError reports that the exec stream could not be set up: the API
 // server or the node could not be reached, or refused the stream, or the
-// caller's context ended first (its deadline included; Err then wraps
-// ctx.Err()). No command ran. The stream is set up once the upgrade is
-// answered and, with SPDY, its streams are created: the kubelet starts the
-// command only after that.
+// caller's context or the set-up's deadline (ConnectTimeout) ended first
+// (Err then wraps that context's error). No command ran. The stream is
+// set up once the upgrade is answered and, with SPDY, its streams are
+// created: the kubelet starts the command only after that.
 type ConnectError struct{ Err error }
 
 func (e *ConnectError) Error() string { return "exec: connect: " + e.Err.Error() }

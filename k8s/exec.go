@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/transport"
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/client-go/transport/websocket"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/hiloop/hiloop/api"
 )
@@ -74,10 +75,10 @@ var (
 
 // ConnectError reports that the exec stream could not be set up: the API
 // server or the node could not be reached, or refused the stream, or the
-// caller's context ended first (its deadline included; Err then wraps
-// ctx.Err()). No command ran. The stream is set up once the upgrade is
-// answered and, with SPDY, its streams are created: the kubelet starts the
-// command only after that.
+// caller's context or the set-up's deadline (ConnectTimeout) ended first
+// (Err then wraps that context's error). No command ran. The stream is
+// set up once the upgrade is answered and, with SPDY, its streams are
+// created: the kubelet starts the command only after that.
 type ConnectError struct{ Err error }
 
 func (e *ConnectError) Error() string { return "exec: connect: " + e.Err.Error() }
@@ -178,14 +179,56 @@ func (d *execDialer) roundTripper() (http.RoundTripper, websocket.ConnectionHold
 	return rt, ws, nil
 }
 
-// connectCtx bounds the set-up of a stream. Both transports use the
-// request's context only to dial and upgrade, so ending it afterwards does
-// not end the stream.
+// connectCtx is the one deadline of a stream's set-up: the WebSocket
+// attempt and a SPDY fallback share it, so the fallback never starts a
+// budget of its own. Both transports use the request's context only to
+// dial and upgrade, so ending it afterwards does not end the stream.
 func connectCtx(ctx context.Context, req ExecRequest) (context.Context, context.CancelFunc) {
 	if req.ConnectTimeout <= 0 {
-		return ctx, func() {}
+		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, req.ConnectTimeout)
+}
+
+// errSetUpCut is how a set-up that cctx ended is reported when the set-up
+// itself has not returned yet.
+var errSetUpCut = errors.New("the stream was not set up in time")
+
+// within runs setUp, which opens a stream and returns it, and returns its
+// result, or an error wrapping cctx's as soon as cctx ends, whatever setUp
+// waits on then: client-go's SPDY round tripper reads the upgrade's answer
+// with no deadline, and spdystream waits 30 s for each stream's reply
+// whether or not its connection is closed, so an API server that accepts
+// connections and never answers (one stopped with SIGSTOP) would hold the
+// caller for as long as it hangs. A set-up left behind closes what it
+// opened when it ends.
+func within[T io.Closer](cctx context.Context, setUp func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := setUp()
+		done <- result{v, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+		return r.v, r.err
+	case <-cctx.Done():
+	}
+	select {
+	case r = <-done: // it ended as the deadline passed: its own answer
+		return r.v, r.err
+	default:
+	}
+	go func() {
+		if r := <-done; r.err == nil {
+			r.v.Close()
+		}
+	}()
+	return r.v, fmt.Errorf("%w: %w", errSetUpCut, cctx.Err())
 }
 
 // Exec runs a command through the pods/exec endpoint at u: WebSocket
@@ -201,40 +244,48 @@ func Exec(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (E
 }
 
 func (d *execDialer) exec(ctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
-	st, err := d.execWebSocket(ctx, u, req)
+	cctx, cancel := connectCtx(ctx, req)
+	defer cancel()
+	st, err := d.execWebSocket(ctx, cctx, u, req)
 	var up *upgradeError
 	if errors.As(err, &up) {
-		return execSPDY(ctx, d.cfg, u, req)
+		return execSPDY(ctx, cctx, d.cfg, u, req)
 	}
 	return st, err
 }
 
-// upgradeError reports that the WebSocket handshake was refused, so the
-// SPDY fallback may be tried: nothing was sent yet.
+// upgradeError reports that the API server answered the WebSocket
+// handshake without upgrading, so the SPDY fallback may be tried: nothing
+// was sent yet. Only an answer is a refusal: a handshake that failed
+// otherwise (no answer in time, a connection that broke) says nothing of
+// what the server speaks, and SPDY would only wait on it again.
 type upgradeError struct{ err error }
 
 func (e *upgradeError) Error() string { return "websocket upgrade: " + e.err.Error() }
 
-func (d *execDialer) execWebSocket(ctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
+// execWebSocket runs the command over WebSocket, its stream set up within
+// cctx.
+func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
 	rt, holder, err := d.roundTripper()
 	if err != nil {
 		return ExitStatus{}, err
 	}
-	wu := *u
-	cctx, cancel := connectCtx(ctx, req)
-	defer cancel()
-	hreq, err := http.NewRequestWithContext(cctx, http.MethodGet, wu.String(), nil)
+	hreq, err := http.NewRequestWithContext(cctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return ExitStatus{}, err
 	}
-	conn, err := websocket.Negotiate(rt, holder, hreq, remotecommand.StreamProtocolV5Name)
+	conn, err := within(cctx, func() (*gwebsocket.Conn, error) {
+		return websocket.Negotiate(rt, holder, hreq, remotecommand.StreamProtocolV5Name)
+	})
 	if err != nil {
-		// cctx ends with ctx too: a caller's deadline that passes before
-		// the stream opens is no command that ran out of time.
-		if cctx.Err() != nil {
-			return ExitStatus{}, connectError(ctx, err)
+		// A refusal is an answer; whatever else failed, no command ran,
+		// even when it failed at a deadline before cctx said so (the
+		// connection's deadline and cctx's timer are apart).
+		var uf *streamhttp.UpgradeFailureError
+		if errors.As(err, &uf) && cctx.Err() == nil {
+			return ExitStatus{}, &upgradeError{err}
 		}
-		return ExitStatus{}, &upgradeError{err}
+		return ExitStatus{}, connectError(ctx, cctx, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -338,89 +389,130 @@ read:
 	return decodeStatus(status)
 }
 
-func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+// spdyStreams is an exec stream set up over SPDY: the connection and the
+// streams the kubelet waits for before it runs the command.
+type spdyStreams struct {
+	conn           httpstream.Connection
+	errS, stdin    httpstream.Stream
+	resize         httpstream.Stream
+	stdout, stderr httpstream.Stream
+}
+
+func (s *spdyStreams) Close() error { return s.conn.Close() }
+
+// setUpSPDY upgrades to SPDY and creates the streams of req. The kubelet
+// runs the command once every stream is created: until then, a failure
+// is one to set the stream up.
+func setUpSPDY(cctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (*spdyStreams, error) {
 	rt, upgrader, err := spdy.RoundTripperFor(cfg)
 	if err != nil {
-		return ExitStatus{}, err
+		return nil, err
 	}
-	cctx, cancel := connectCtx(ctx, req)
-	defer cancel()
 	hreq, err := http.NewRequestWithContext(cctx, http.MethodPost, u.String(), nil)
 	if err != nil {
-		return ExitStatus{}, err
+		return nil, err
 	}
 	conn, proto, err := spdy.Negotiate(upgrader, &http.Client{Transport: rt}, hreq, remotecommand.StreamProtocolV4Name)
 	if err != nil {
-		return ExitStatus{}, connectError(ctx, err)
+		return nil, err
 	}
-	defer conn.Close()
+	s := &spdyStreams{conn: conn}
+	fail := func(err error) (*spdyStreams, error) {
+		conn.Close()
+		return nil, err
+	}
 	if proto != remotecommand.StreamProtocolV4Name {
-		return ExitStatus{}, fmt.Errorf("exec: server speaks %q, want %s (exit codes need it)", proto, remotecommand.StreamProtocolV4Name)
+		return fail(&protocolError{proto})
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-
-	// The kubelet runs the command once every stream is created: until
-	// then, a failure is one to set the stream up.
 	create := func(kind string) (httpstream.Stream, error) {
 		h := http.Header{}
 		h.Set(corev1.StreamType, kind)
-		s, err := conn.CreateStream(h)
+		st, err := conn.CreateStream(h)
 		if err != nil {
-			return nil, connectError(ctx, fmt.Errorf("create %s stream: %w", kind, err))
+			return nil, fmt.Errorf("create %s stream: %w", kind, err)
 		}
-		return s, nil
+		return st, nil
 	}
-	errStream, err := create(corev1.StreamTypeError)
-	if err != nil {
+	if s.errS, err = create(corev1.StreamTypeError); err != nil {
+		return fail(err)
+	}
+	s.errS.Close() // the client never writes to it
+	if req.Stdin != nil {
+		if s.stdin, err = create(corev1.StreamTypeStdin); err != nil {
+			return fail(err)
+		}
+	}
+	if req.Stdout != nil {
+		if s.stdout, err = create(corev1.StreamTypeStdout); err != nil {
+			return fail(err)
+		}
+	}
+	if req.Stderr != nil && !req.TTY {
+		if s.stderr, err = create(corev1.StreamTypeStderr); err != nil {
+			return fail(err)
+		}
+	}
+	if req.TTY {
+		if s.resize, err = create(corev1.StreamTypeResize); err != nil {
+			return fail(err)
+		}
+	}
+	return s, nil
+}
+
+// protocolError: the API server upgraded to another exec protocol than
+// v4, whose status frame carries the exit code.
+type protocolError struct{ proto string }
+
+func (e *protocolError) Error() string {
+	return fmt.Sprintf("exec: server speaks %q, want %s (exit codes need it)", e.proto, remotecommand.StreamProtocolV4Name)
+}
+
+// execSPDY runs the command over SPDY, its stream set up within cctx.
+func execSPDY(ctx, cctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+	s, err := within(cctx, func() (*spdyStreams, error) { return setUpSPDY(cctx, cfg, u, req) })
+	var pe *protocolError
+	if errors.As(err, &pe) {
 		return ExitStatus{}, err
 	}
-	errStream.Close() // the client never writes to it
+	if err != nil {
+		return ExitStatus{}, connectError(ctx, cctx, err)
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+
 	var copies sync.WaitGroup
-	if req.Stdin != nil {
-		s, err := create(corev1.StreamTypeStdin)
-		if err != nil {
-			return ExitStatus{}, err
-		}
+	if s.stdin != nil {
 		go func() {
-			io.Copy(s, req.Stdin)
-			s.Close() // half-close: the command sees EOF
+			io.Copy(s.stdin, req.Stdin)
+			s.stdin.Close() // half-close: the command sees EOF
 		}()
 	}
 	for _, out := range []struct {
-		kind string
-		w    io.Writer
-	}{{corev1.StreamTypeStdout, req.Stdout}, {corev1.StreamTypeStderr, req.Stderr}} {
-		if out.w == nil || (req.TTY && out.kind == corev1.StreamTypeStderr) {
+		s httpstream.Stream
+		w io.Writer
+	}{{s.stdout, req.Stdout}, {s.stderr, req.Stderr}} {
+		if out.s == nil {
 			continue
-		}
-		s, err := create(out.kind)
-		if err != nil {
-			return ExitStatus{}, err
 		}
 		copies.Add(1)
 		go func() {
 			defer copies.Done()
-			io.CopyBuffer(out.w, s, make([]byte, copyBuffer))
+			io.CopyBuffer(out.w, out.s, make([]byte, copyBuffer))
 		}()
 	}
-	if req.TTY {
-		s, err := create(corev1.StreamTypeResize)
-		if err != nil {
-			return ExitStatus{}, err
-		}
-		if req.Resize != nil {
-			go func() {
-				enc := json.NewEncoder(s)
-				for sz := range req.Resize {
-					if enc.Encode(sz) != nil {
-						return
-					}
+	if s.resize != nil && req.Resize != nil {
+		go func() {
+			enc := json.NewEncoder(s.resize)
+			for sz := range req.Resize {
+				if enc.Encode(sz) != nil {
+					return
 				}
-			}()
-		}
+			}
+		}()
 	}
-	status, readErr := io.ReadAll(errStream)
+	status, readErr := io.ReadAll(s.errS)
 	// All output is delivered before the exit is reported.
 	copies.Wait()
 	if ctx.Err() != nil {
@@ -435,16 +527,22 @@ func execSPDY(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest
 	return decodeStatus(status)
 }
 
-// connectError is a failure to set up the stream, with the caller's own
-// context error when it ended first.
-func connectError(ctx context.Context, err error) *ConnectError {
-	cerr := ctx.Err()
-	// A dial cut short by the deadline may fail a moment before ctx
-	// itself says so.
-	if d, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(d) {
-		cerr = context.DeadlineExceeded
-	}
-	if cerr != nil {
+// connectError is a failure to set up the stream, with the context error
+// of what ended first: the caller's context, else the set-up's (cctx).
+func connectError(ctx, cctx context.Context, err error) *ConnectError {
+	for _, c := range []context.Context{ctx, cctx} {
+		cerr := c.Err()
+		// A dial or read cut short by the deadline may fail a moment
+		// before the context itself says so.
+		if d, ok := c.Deadline(); ok && cerr == nil && !time.Now().Before(d) {
+			cerr = context.DeadlineExceeded
+		}
+		switch {
+		case cerr == nil:
+			continue
+		case errors.Is(err, cerr):
+			return &ConnectError{err}
+		}
 		return &ConnectError{fmt.Errorf("%w (%v)", cerr, err)}
 	}
 	return &ConnectError{err}

@@ -1,10 +1,13 @@
 package k8s_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,3 +85,116 @@ func TestExecDeadlineBeforeTheStreamOpens(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// hungServer stands in for an API server that hangs: it accepts
+// connections (as the kernel does for a process stopped with SIGSTOP) and
+// serves each as answer says, then holds it open unanswered until the test
+// ends. answer gets the connection's number, from 0, and the request's
+// first line; it returns what to write before holding, and whether to
+// close at once instead.
+func hungServer(t *testing.T, answer func(n int, line string) (reply string, drop bool)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for n := 0; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if answer == nil {
+					return // not even TLS
+				}
+				br := bufio.NewReader(c)
+				line, _ := br.ReadString('\n')
+				reply, drop := answer(n, line)
+				if drop {
+					c.Close()
+					return
+				}
+				c.Write([]byte(reply))
+				io.Copy(io.Discard, br) // whatever comes next goes unanswered
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestExecSetUpEndsAtItsDeadline: whatever step of a stream's set-up an
+// API server hangs in, the exec answers once the set-up's deadline passes,
+// with a *ConnectError (no command ran), while the server still hangs;
+// and a WebSocket handshake that failed without an answer is no refusal,
+// so it does not fall back to SPDY (which would wait on the server
+// again). The caller's own context is far longer than the deadline, so
+// only the set-up's deadline can end these.
+func TestExecSetUpEndsAtItsDeadline(t *testing.T) {
+	const refusal = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+	spdyOnly := func(after string) func(int, string) (string, bool) {
+		return func(_ int, line string) (string, bool) {
+			if strings.HasPrefix(line, "GET ") { // the WebSocket handshake
+				return refusal, false
+			}
+			return after, false
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		scheme string
+		answer func(n int, line string) (string, bool)
+		// deadline says the set-up ended at its deadline, not at an
+		// error of its own.
+		deadline bool
+	}{
+		{"no TLS handshake", "https", nil, true},
+		{"no answer to the upgrade", "http", func(int, string) (string, bool) { return "", false }, true},
+		{"SPDY upgrade unanswered", "http", spdyOnly(""), true},
+		{"SPDY streams unanswered", "http", spdyOnly("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n" +
+			"X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"), true},
+		{"WebSocket handshake dropped", "http", func(n int, _ string) (string, bool) { return "", n == 0 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := tc.scheme + "://" + hungServer(t, tc.answer)
+			cfg := &rest.Config{Host: base, TLSClientConfig: rest.TLSClientConfig{Insecure: tc.scheme == "https"}}
+			req := k8s.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: 200 * time.Millisecond}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := k8s.Exec(ctx, cfg, execURL(base, req), req)
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute): // a hang, not a slow answer
+				t.Fatal("the exec still waits on the hung server")
+			}
+			var ce *k8s.ConnectError
+			if !errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded) != tc.deadline {
+				t.Fatalf("Exec = %v (%T), want a ConnectError (at the set-up's deadline: %v)", err, err, tc.deadline)
+			}
+		})
+	}
+}

@@ -1,18 +1,25 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gorilla/websocket"
+	"k8s.io/client-go/rest"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -66,6 +73,84 @@ func TestExecTimeoutBeforeTheStreamOpened(t *testing.T) {
 		}
 		if f.Error == nil || f.Error.Code != want || f.ExitCode != nil {
 			t.Errorf("stream (stream opens: %v): exit frame %+v, want error %s", !hang, f, want)
+		}
+	}
+}
+
+// hungAPIServer is an address that accepts connections and never answers
+// what it reads, as the kernel does for an API server stopped with
+// SIGSTOP; with refuseWebSocket it answers a WebSocket handshake with a
+// refusal first, as an API server that speaks only SPDY does. Its
+// connections are closed when the test ends.
+func hungAPIServer(t *testing.T, refuseWebSocket bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				br := bufio.NewReader(c)
+				if line, _ := br.ReadString('\n'); refuseWebSocket && strings.HasPrefix(line, "GET ") {
+					io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+				}
+				io.Copy(io.Discard, br)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestExecAnswersWhileTheAPIServerHangs: with the real cluster adapter in
+// front of an API server that accepts connections and never answers,
+// exec/run with the default timeout, far longer than the cluster's,
+// answers 503 cluster_unavailable with Retry-After once the cluster's
+// timeout passes, while the server still hangs, over WebSocket and over
+// SPDY alike.
+func TestExecAnswersWhileTheAPIServerHangs(t *testing.T) {
+	for _, spdyOnly := range []bool{false, true} {
+		clients, err := k8s.NewClients(&rest.Config{Host: "http://" + hungAPIServer(t, spdyOnly)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+			co.Exec = &k8s.Execer{Clients: clients, Namespace: "ns", ConnectTimeout: 100 * time.Millisecond}
+		})
+		id := ts.create(`{"image":"busybox"}`)
+		ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() { done <- ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["true"]}`) }()
+		select {
+		case rec := <-done:
+			if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable || rec.Header().Get("Retry-After") == "" {
+				t.Fatalf("exec/run while the API server hangs (SPDY only: %v): %d %s", spdyOnly, rec.Code, rec.Body.String())
+			}
+		case <-time.After(api.DefaultExecTimeout): // a hang, not a slow answer
+			t.Fatalf("exec/run waits on the hung API server (SPDY only: %v)", spdyOnly)
 		}
 	}
 }

@@ -31,6 +31,7 @@ type Metrics struct {
 	selfCheck     *prometheus.GaugeVec
 	foreign       prometheus.Gauge
 	sshRefused    *prometheus.CounterVec
+	sshPenalties  *prometheus.CounterVec
 	httpRefused   *prometheus.CounterVec
 	idleStops     prometheus.Counter
 	wakes         *prometheus.CounterVec
@@ -67,7 +68,9 @@ func New() *Metrics {
 	m.foreign = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_foreign_sandboxes",
 		Help: "Sandboxes in the sandbox namespace without hiloop's label, which hiloop did not make and does not mirror, as the last self-check found them (at most 500)."})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
-		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), channels_per_conn (a session or ssh -L channel refused: its connection had too many open), channels_per_org (the same: its organization's connections had too many open together), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many in their key exchange and waiting for one), startups_per_source (too many not yet authenticated from one address), startup_wait (waited for a place in the key exchanges and got none in time), silent (sent nothing, and its place went to a new connection), penalty (from an address penalised for failed or stalled logins), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), channels_per_conn (a session or ssh -L channel refused: its connection had too many open), channels_per_org (the same: its organization's connections had too many open together), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+	m.sshPenalties = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_penalties_total",
+		Help: "SSH connections that closed before they authenticated and charged their source address a penalty, by what they did: authfail (a key or method failed), noauth (closed without trying), grace_exceeded (the login grace passed), crash (the handshake broke the protocol)."}, []string{"event"})
 	m.httpRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_http_refused_connections_total",
 		Help: "HTTP connections (API and metrics) closed as they started a request, at a limit, by reason: header_reads (too many reading request headers at once), header_reads_per_source (from one address)."}, []string{"reason"})
 	m.idleStops = prometheus.NewCounter(prometheus.CounterOpts{Name: "hiloop_idle_stops_total",
@@ -76,7 +79,7 @@ func New() *Metrics {
 		Help: "Sandboxes stopped for idleness that their owner's use started again, by what woke them: ssh (a session), forward (an ssh -L channel), exec (exec with wake=true), files (a file call with wake=true). Concurrent wakes of one sandbox count once."}, []string{"trigger"})
 	m.wakeTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hiloop_wake_duration_seconds",
 		Help: "From the start of a wake to the sandbox running.", Buckets: prometheus.ExponentialBuckets(0.125, 2, 12)})
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.httpRefused,
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.sshPenalties, m.httpRefused,
 		m.idleStops, m.wakes, m.wakeTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -205,6 +208,15 @@ func (m *Metrics) SSHRefused(reason string) {
 		return
 	}
 	m.sshRefused.WithLabelValues(reason).Inc()
+}
+
+// SSHPenalty records an SSH connection that charged its source a penalty;
+// event is one of a fixed set (see the metric's help).
+func (m *Metrics) SSHPenalty(event string) {
+	if m == nil {
+		return
+	}
+	m.sshPenalties.WithLabelValues(event).Inc()
 }
 
 // HTTPRefused records an HTTP connection closed at one of the limits on

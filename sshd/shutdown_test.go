@@ -91,7 +91,7 @@ func TestServeAfterShutdown(t *testing.T) {
 func TestShutdownAfterGraceAtAccept(t *testing.T) {
 	g, met := limited(t, setup{}, func(o *sshd.Options) {
 		o.LoginGrace = time.Nanosecond
-		o.MaxStartups, o.MaxStartupsPerSource = 1000, 1000
+		o.MaxStartups, o.MaxStartupsPerSource = sshd.Startups{Start: 1000, Rate: 100, Full: 1000}, 1000
 	})
 	const conns = 1000
 	for range conns {

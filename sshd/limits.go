@@ -19,6 +19,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/metrics"
 )
 
 // What a stranger can hold open before authenticating, and what one key can
@@ -163,9 +164,10 @@ func (s Startups) waitChance(n int) float64 {
 // Penalties is sshd's PerSourcePenalties: what a source address is charged
 // for a connection that failed authentication (AuthFail), closed without
 // trying (NoAuth), let the login grace pass (GraceExceeded), or broke the
-// protocol in its handshake (Crash). Charges add up, and decay in real
-// time; once an address owes at least Min it is refused until it owes
-// nothing, and it never owes more than Max. At most MaxSources addresses
+// protocol in its handshake (Crash). Charges add up, and run down in real
+// time; once an address was charged at least Min since it last owed
+// nothing, it is refused until it owes nothing, and it never owes more
+// than Max. At most MaxSources addresses
 // are tracked; past that, new ones are not charged (sshd's "permissive"
 // overflow). Authenticating costs nothing, so a burst of clients that log
 // in is never penalised.
@@ -270,13 +272,17 @@ type limits struct {
 	swept     time.Time
 	// refusing counts the refused connections being told why.
 	refusing int
+	// met shows how many start and wait.
+	met *metrics.Metrics
 }
 
-// penalty is what a source owes, until until; active once it owed at
-// least Penalties.Min, after which it is refused until until.
+// penalty is what a source owes: until until, and charged since it last
+// owed nothing; active once charged at least Penalties.Min, after which
+// it is refused until until.
 type penalty struct {
-	until  time.Time
-	active bool
+	until   time.Time
+	charged time.Duration
+	active  bool
 }
 
 // place is where a connection not yet authenticated stands.
@@ -379,11 +385,11 @@ func pending(nc net.Conn) bool {
 	if err != nil {
 		return true
 	}
+	// Control, not Read: Read would wait for the handshake's own read,
+	// which holds the descriptor's read lock while it waits for data.
+	// The peek does not block.
 	waiting := true
-	if err := rc.Read(func(fd uintptr) bool {
-		waiting = peek(fd)
-		return true
-	}); err != nil {
+	if err := rc.Control(func(fd uintptr) { waiting = peek(fd) }); err != nil {
 		return true
 	}
 	return waiting
@@ -421,6 +427,9 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 		g.log.Debug("ssh connection closed: it sent nothing, and its place went to a new one", "remote", victim.source)
 		victim.blame(false)
 		victim.Close()
+	}
+	if st == placeNone && reason == "" {
+		return nil // closed before it took a place
 	}
 	if st == placeWaiting {
 		var ok bool
@@ -462,6 +471,13 @@ func refusalText(reason string, o *Options) string {
 func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reason string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	select {
+	case <-c.done:
+		// Closed already (its login grace passed at accept): Close gave
+		// back no place, so it must take none.
+		return nil, placeNone, ""
+	default:
+	}
 	if l.bySource[c.source] >= o.MaxStartupsPerSource {
 		if victim = l.oldestSilent(c.source); victim == nil {
 			return nil, placeNone, refusedPerSource
@@ -504,6 +520,7 @@ func (l *limits) add(c *heldConn, p place) {
 		l.bySource = map[string]int{}
 	}
 	l.bySource[c.source]++
+	l.met.SSHStartups(l.starting.Len(), l.queue.Len())
 }
 
 // oldestSilent is the connection under way in its handshake the longest
@@ -538,6 +555,7 @@ func (l *limits) remove(c *heldConn) {
 	}
 	c.place, c.elem = placeNone, nil
 	dec(l.bySource, c.source)
+	l.met.SSHStartups(l.starting.Len(), l.queue.Len())
 }
 
 // promote starts the handshakes of waiting connections, oldest first,
@@ -547,6 +565,7 @@ func (l *limits) promote(start int) {
 		w := l.queue.Remove(l.queue.Front()).(*heldConn)
 		w.place, w.elem = placeStarting, l.starting.PushBack(w)
 		close(w.admitted)
+		l.met.SSHStartups(l.starting.Len(), l.queue.Len())
 	}
 }
 
@@ -691,14 +710,17 @@ func (l *limits) charge(o *Penalties, source string, d time.Duration, now time.T
 	from := now
 	if p.until.After(now) {
 		from = p.until
+	} else {
+		p.charged, p.active = 0, false
 	}
 	p.until = from.Add(d)
+	p.charged += d
 	if limit := now.Add(o.Max); p.until.After(limit) {
 		p.until = limit
 	}
-	// Counted in whole seconds, as sshd does: three charges of 5s in
-	// quick succession reach a minimum of 15s.
-	if !p.active && p.until.Sub(now).Round(time.Second) >= o.Min {
+	// What was charged, not what is left of it: three charges of 5s, each
+	// before the last ran out, reach a minimum of 15s.
+	if !p.active && p.charged >= o.Min {
 		p.active = true
 		return true
 	}

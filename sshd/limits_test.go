@@ -74,9 +74,15 @@ func (g *gateway) serveAnother(s setup, tune func(*sshd.Options)) *metrics.Metri
 // as its metrics say.
 func refused(t *testing.T, met *metrics.Metrics, reason string) int {
 	t.Helper()
+	return counter(t, met, `hiloop_ssh_refused_connections_total{reason="`+reason+`"}`)
+}
+
+// counter is the value of series in met.
+func counter(t *testing.T, met *metrics.Metrics, series string) int {
+	t.Helper()
 	rec := httptest.NewRecorder()
 	met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	prefix := `hiloop_ssh_refused_connections_total{reason="` + reason + `"} `
+	prefix := series + " "
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
 		if v, ok := strings.CutPrefix(line, prefix); ok {
 			n, err := strconv.Atoi(v)
@@ -344,17 +350,19 @@ func TestStartupsCaps(t *testing.T) {
 	if !ok {
 		t.Fatal("a connection from another address was refused within MaxStartups")
 	}
-	// Four handshakes are under way: the next waits for a place.
+	// Four handshakes are under way: the next waits for a place. It
+	// speaks, so no newcomer can take its place.
 	waiter := silent(t, g.addr, "127.0.0.3")
+	if _, err := waiter.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
 	greeted := make(chan bool, 1)
 	go func() {
 		line, err := bufio.NewReader(waiter).ReadString('\n')
 		greeted <- err == nil && strings.HasPrefix(line, "SSH-2.0-")
 	}()
-	eventually(t, "a connection waiting for a place", func() bool {
-		refusedWith(t, silent(t, g.addr, "127.0.0.4"), "--ssh-startup-queue")
-		return true
-	})
+	refusedWith(t, silent(t, g.addr, "127.0.0.4"), "--ssh-startup-queue")
 	if got := refused(t, met, "startups"); got != 1 {
 		t.Errorf("refused past the queue: %d, want 1", got)
 	}
@@ -409,7 +417,7 @@ func TestBurstFromOneAddress(t *testing.T) {
 				return
 			}
 			defer s.Close()
-			errs <- s.Run("true")
+			errs <- s.Run("exit 0")
 		}()
 	}
 	wg.Wait()
@@ -462,6 +470,10 @@ func TestPenalties(t *testing.T) {
 			break
 		}
 		failures++
+		// The gateway charges the address once it sees the close.
+		eventually(t, "the failed login charged", func() bool {
+			return counter(t, met, `hiloop_ssh_penalties_total{event="authfail"}`) == failures
+		})
 	}
 	if failures != 3 {
 		t.Errorf("refused for its penalty after %d failed logins, want 3 (authfail 5s, min 15s)", failures)

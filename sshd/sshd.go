@@ -183,6 +183,7 @@ func New(o Options) (*Gateway, error) {
 		o.HelperDialTimeout = defaultHelperDialTimeout
 	}
 	g := &Gateway{o: o, log: o.Log.With("component", "sshd")}
+	g.limits.met = o.Metrics
 	g.srv = &ssh.Server{
 		Version:     "hiloop",
 		HostSigners: []ssh.Signer{o.HostKey},

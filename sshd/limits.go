@@ -256,7 +256,8 @@ type limits struct {
 	// starting holds the connections under way in their handshake, oldest
 	// first; queue those waiting for a place among them, in order.
 	starting, queue list.List
-	// bySource counts each source's connections starting and waiting.
+	// bySource counts each source's connections under way in their
+	// handshake.
 	bySource map[string]int
 	byKey    map[string]int
 	byOrg    map[string]int
@@ -453,7 +454,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 func refusalText(reason string, o *Options) string {
 	switch reason {
 	case refusedPerSource:
-		return fmt.Sprintf("too many connections not yet authenticated from this address (--ssh-max-startups-per-source %d); try again later", o.MaxStartupsPerSource)
+		return fmt.Sprintf("too many connections in their key exchange from this address (--ssh-max-startups-per-source %d) and waiting (--ssh-startup-queue %d); try again later", o.MaxStartupsPerSource, o.StartupQueue)
 	case refusedStartupWait:
 		return fmt.Sprintf("too many connections in their key exchange (--ssh-max-startups %s); waited %s (--ssh-startup-wait); try again later", o.MaxStartups, o.StartupWait)
 	default:
@@ -479,11 +480,15 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 	default:
 	}
 	if l.bySource[c.source] >= o.MaxStartupsPerSource {
-		if victim = l.oldestSilent(c.source); victim == nil {
-			return nil, placeNone, refusedPerSource
+		if victim = l.oldestSilent(c.source); victim != nil {
+			l.takeOver(c, victim)
+			return victim, placeStarting, ""
 		}
-		l.takeOver(c, victim)
-		return victim, placeStarting, ""
+		if l.queue.Len() < o.StartupQueue {
+			l.add(c, placeWaiting)
+			return nil, placeWaiting, ""
+		}
+		return nil, placeNone, refusedPerSource
 	}
 	n := l.starting.Len()
 	if n < o.MaxStartups.Start || n < o.MaxStartups.Full && rand.Float64() >= o.MaxStartups.waitChance(n) {
@@ -512,14 +517,14 @@ func (l *limits) add(c *heldConn, p place) {
 	c.place = p
 	if p == placeStarting {
 		c.elem = l.starting.PushBack(c)
+		if l.bySource == nil {
+			l.bySource = map[string]int{}
+		}
+		l.bySource[c.source]++
 	} else {
 		c.elem = l.queue.PushBack(c)
 		c.admitted = make(chan struct{})
 	}
-	if l.bySource == nil {
-		l.bySource = map[string]int{}
-	}
-	l.bySource[c.source]++
 	l.met.SSHStartups(l.starting.Len(), l.queue.Len())
 }
 
@@ -550,22 +555,28 @@ func (l *limits) remove(c *heldConn) {
 	}
 	if c.place == placeStarting {
 		l.starting.Remove(c.elem)
+		dec(l.bySource, c.source)
 	} else {
 		l.queue.Remove(c.elem)
 	}
 	c.place, c.elem = placeNone, nil
-	dec(l.bySource, c.source)
 	l.met.SSHStartups(l.starting.Len(), l.queue.Len())
 }
 
 // promote starts the handshakes of waiting connections, oldest first,
-// while fewer than start are under way.
-func (l *limits) promote(start int) {
-	for l.starting.Len() < start && l.queue.Len() > 0 {
-		w := l.queue.Remove(l.queue.Front()).(*heldConn)
-		w.place, w.elem = placeStarting, l.starting.PushBack(w)
-		close(w.admitted)
-		l.met.SSHStartups(l.starting.Len(), l.queue.Len())
+// while fewer than MaxStartups.Start are under way, skipping those whose
+// address has MaxStartupsPerSource under way.
+func (l *limits) promote(o *Options) {
+	for e := l.queue.Front(); e != nil && l.starting.Len() < o.MaxStartups.Start; {
+		w, next := e.Value.(*heldConn), e.Next()
+		if l.bySource[w.source] < o.MaxStartupsPerSource {
+			l.queue.Remove(e)
+			w.place, w.elem = placeStarting, l.starting.PushBack(w)
+			l.bySource[w.source]++ // not nil: a connection waits only once others started
+			close(w.admitted)
+			l.met.SSHStartups(l.starting.Len(), l.queue.Len())
+		}
+		e = next
 	}
 }
 
@@ -574,7 +585,7 @@ func (l *limits) leave(c *heldConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.remove(c)
-	l.promote(c.g.o.MaxStartups.Start)
+	l.promote(&c.g.o)
 }
 
 // await waits, within StartupWait, for c to be given a place among the
@@ -968,7 +979,7 @@ func (c *heldConn) authenticated() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.remove(c)
-	l.promote(c.g.o.MaxStartups.Start)
+	l.promote(&c.g.o)
 	return nil
 }
 
@@ -993,7 +1004,7 @@ func (c *heldConn) Close() error {
 	}
 	l.mu.Lock()
 	l.remove(c)
-	l.promote(c.g.o.MaxStartups.Start)
+	l.promote(&c.g.o)
 	if c.key != "" || c.org != "" {
 		dec(l.byKey, c.key)
 		dec(l.byOrg, c.org)

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -304,13 +305,13 @@ func refusedWith(t *testing.T, nc net.Conn, flag string) {
 	}
 }
 
-// TestStartupsCaps: connections not yet authenticated are held up to
-// MaxStartupsPerSource from one address and MaxStartups in all. One more
-// takes the place of the oldest silent one; when all of them speak, it
-// waits in the queue for a place, and past the queue or the wait it is
-// refused with a line naming the flag, which the x/crypto client reports
-// as a disconnect. A place freed goes to the connection waiting longest,
-// and an authenticated connection no longer holds one.
+// TestStartupsCaps: handshakes are held up to MaxStartupsPerSource from
+// one address and MaxStartups in all. One more takes the place of the
+// oldest silent one; when all of them speak, it waits in the queue for a
+// place, and past the queue or the wait it is refused with a line naming
+// the flag, which the x/crypto client reports as a disconnect. A place
+// freed goes to the connection waiting longest that may take it, and an
+// authenticated connection no longer holds one.
 func TestStartupsCaps(t *testing.T) {
 	g, met := limited(t, setup{}, func(o *sshd.Options) {
 		o.MaxStartups, o.MaxStartupsPerSource, o.StartupQueue, o.StartupWait = sshd.Startups{Start: 4, Rate: 100, Full: 4}, 2, 1, 2*time.Second
@@ -318,6 +319,19 @@ func TestStartupsCaps(t *testing.T) {
 	org := g.org("a")
 	key, _ := g.key(org)
 	id := g.sandbox(org, sandbox.TransportSSH)
+	waiting := func(n int) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
+	}
+	// greeted reports, once the gateway speaks, whether it greeted nc.
+	greeted := func(nc net.Conn) <-chan bool {
+		ch := make(chan bool, 1)
+		go func() {
+			line, err := bufio.NewReader(nc).ReadString('\n')
+			ch <- err == nil && strings.HasPrefix(line, "SSH-2.0-")
+		}()
+		return ch
+	}
 
 	quiet := silent(t, g.addr, "127.0.0.1")
 	if !held(t, quiet) {
@@ -327,14 +341,21 @@ func TestStartupsCaps(t *testing.T) {
 	if !ok {
 		t.Fatal("a connection within the caps was refused")
 	}
-	a3, ok := speaking(t, g.addr, "127.0.0.1")
-	if !ok {
+	if _, ok := speaking(t, g.addr, "127.0.0.1"); !ok {
 		t.Fatal("a connection past MaxStartupsPerSource was refused while a silent one held a place")
 	}
 	closedByServer(t, quiet, "the silent connection whose place went to a new one")
 	if got := refused(t, met, "silent"); got != 1 {
 		t.Errorf("closed as silent: %d, want 1", got)
 	}
+	// Past the address's cap, with no silent one to give way, the next
+	// waits; the one after, with the queue full, is refused.
+	w1 := silent(t, g.addr, "127.0.0.1")
+	if _, err := w1.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	waiting(1)
+	w1Greeted := greeted(w1)
 	refusedWith(t, silent(t, g.addr, "127.0.0.1"), "--ssh-max-startups-per-source")
 	if _, err := tryLoginFrom(t, g, "127.0.0.1", id, key); err == nil || !strings.Contains(err.Error(), "--ssh-max-startups-per-source") {
 		t.Errorf("a login past MaxStartupsPerSource: %v, want a disconnect naming the flag", err)
@@ -342,7 +363,12 @@ func TestStartupsCaps(t *testing.T) {
 	if got := refused(t, met, "startups_per_source"); got != 2 {
 		t.Errorf("refused per source: %d, want 2", got)
 	}
+	a2.Close()
+	if !<-w1Greeted {
+		t.Fatal("the connection waiting for a place of its address was not given the freed one")
+	}
 
+	// Four handshakes in all: the next waits, the one after is refused.
 	if _, ok := speaking(t, g.addr, "127.0.0.2"); !ok {
 		t.Fatal("a connection from another address was refused within MaxStartups")
 	}
@@ -350,44 +376,44 @@ func TestStartupsCaps(t *testing.T) {
 	if !ok {
 		t.Fatal("a connection from another address was refused within MaxStartups")
 	}
-	// Four handshakes are under way: the next waits for a place. It
-	// speaks, so no newcomer can take its place.
-	waiter := silent(t, g.addr, "127.0.0.3")
-	if _, err := waiter.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
+	w2 := silent(t, g.addr, "127.0.0.3")
+	if _, err := w2.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
-	greeted := make(chan bool, 1)
-	go func() {
-		line, err := bufio.NewReader(waiter).ReadString('\n')
-		greeted <- err == nil && strings.HasPrefix(line, "SSH-2.0-")
-	}()
+	waiting(1)
+	w2Greeted := greeted(w2)
 	refusedWith(t, silent(t, g.addr, "127.0.0.4"), "--ssh-startup-queue")
 	if got := refused(t, met, "startups"); got != 1 {
 		t.Errorf("refused past the queue: %d, want 1", got)
 	}
-	a2.Close()
-	if !<-greeted {
+	b2.Close()
+	if !<-w2Greeted {
 		t.Error("the waiting connection was not given the freed place")
 	}
-	b2.Close()
-	eventually(t, "a login in the freed place", func() bool {
+
+	// A login waits for a place, and gives it back once it authenticated.
+	login := make(chan error, 1)
+	go func() {
 		c, err := tryLoginFrom(t, g, "127.0.0.5", id, key)
 		if err == nil {
 			c.Close()
 		}
-		return err == nil
-	})
-	// The login gave its place back: one more handshake starts, and the
-	// one after waits, then is refused when the wait ends.
+		login <- err
+	}()
+	waiting(1)
+	w1.Close()
+	if err := <-login; err != nil {
+		t.Fatalf("a login that waited for a place: %v", err)
+	}
 	if _, ok := speaking(t, g.addr, "127.0.0.5"); !ok {
 		t.Error("an authenticated connection still holds a place of the connections not yet authenticated")
 	}
+	// Every place is taken by a client that speaks: the next waits, and
+	// is refused when its wait ends.
 	refusedWith(t, silent(t, g.addr, "127.0.0.6"), "--ssh-startup-wait")
 	if got := refused(t, met, "startup_wait"); got != 1 {
 		t.Errorf("refused after the wait: %d, want 1", got)
 	}
-	a3.Close()
 }
 
 // TestBurstFromOneAddress: clients that log in promptly are a burst, not an

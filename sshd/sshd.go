@@ -53,9 +53,10 @@ type Options struct {
 	// over a cap takes the place of the oldest connection that has sent
 	// nothing, if there is one. DefaultStartups when zero.
 	MaxStartups Startups
-	// MaxStartupsPerSource bounds the connections not yet authenticated
-	// from one address (an IPv6 /64), in their handshake or waiting,
-	// as sshd's PerSourceMaxStartups; 256 when zero.
+	// MaxStartupsPerSource bounds the connections in their handshake from
+	// one address (an IPv6 /64), as sshd's PerSourceMaxStartups: one more
+	// takes the place of the address's oldest silent connection, or
+	// waits in the queue; 256 when zero.
 	MaxStartupsPerSource int
 	// StartupQueue bounds the connections waiting for a place among the
 	// handshakes, and StartupWait how long each waits, and how long a

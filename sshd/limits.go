@@ -36,13 +36,16 @@ const (
 	defaultHelperDialTimeout    = 10 * time.Second
 )
 
-// DefaultStartups is --ssh-max-startups when Options leave it zero: 64
+// defaultStartups is MaxStartups when Options leave it zero: 64
 // handshakes at once before any waits, 256 at most.
-var DefaultStartups = Startups{Start: 64, Rate: 30, Full: 256}
+func defaultStartups() Startups { return Startups{Start: 64, Rate: 30, Full: 256} }
 
-// DefaultPenalties is --ssh-penalties when Options leave it zero.
-var DefaultPenalties = Penalties{AuthFail: 5 * time.Second, NoAuth: time.Second, GraceExceeded: 10 * time.Second,
-	Crash: 30 * time.Second, Min: 15 * time.Second, Max: 10 * time.Minute, MaxSources: 16384}
+// defaultPenalties is Penalties when Options leave it zero, and what
+// Penalties.UnmarshalText starts from.
+func defaultPenalties() Penalties {
+	return Penalties{AuthFail: 5 * time.Second, NoAuth: time.Second, GraceExceeded: 10 * time.Second,
+		Crash: 30 * time.Second, Min: 15 * time.Second, Max: 10 * time.Minute, MaxSources: 16384}
+}
 
 // Reasons a connection is closed or refused at a limit, as the metric
 // hiloop_ssh_refused_connections_total labels them.
@@ -188,8 +191,8 @@ func (p Penalties) String() string {
 		p.AuthFail, p.NoAuth, p.GraceExceeded, p.Crash, p.Min, p.Max, p.MaxSources)
 }
 
-// UnmarshalText reads "off", or comma-separated name:value pairs over
-// DefaultPenalties: authfail, noauth, grace-exceeded, crash, min and max
+// UnmarshalText reads "off", or comma-separated name:value pairs over the
+// defaults: authfail, noauth, grace-exceeded, crash, min and max
 // take durations, max-sources a count.
 func (p *Penalties) UnmarshalText(b []byte) error {
 	s := strings.TrimSpace(string(b))
@@ -197,7 +200,7 @@ func (p *Penalties) UnmarshalText(b []byte) error {
 		*p = Penalties{Off: true}
 		return nil
 	}
-	v := DefaultPenalties
+	v := defaultPenalties()
 	for _, kv := range strings.Split(s, ",") {
 		if kv == "" {
 			continue

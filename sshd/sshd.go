@@ -51,7 +51,7 @@ type Options struct {
 	// except that a connection sshd would drop waits in a queue first
 	// (StartupQueue places, for at most StartupWait), and that one arriving
 	// over a cap takes the place of the oldest connection that has sent
-	// nothing, if there is one. DefaultStartups when zero.
+	// nothing, if there is one. 64:30:256 when zero.
 	MaxStartups Startups
 	// MaxStartupsPerSource bounds the connections in their handshake from
 	// one address (an IPv6 /64), as sshd's PerSourceMaxStartups: one more
@@ -67,7 +67,8 @@ type Options struct {
 	StartupWait  time.Duration
 	// Penalties charge a source address for connections that fail or stall
 	// before they authenticate, as sshd's PerSourcePenalties;
-	// DefaultPenalties when zero.
+	// authfail:5s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m,
+	// max-sources:16384 when zero.
 	Penalties Penalties
 	// MaxConnsPerKey bounds the authenticated connections of one SSH key; a
 	// login past it waits (StartupWait), then fails. 32 when zero.
@@ -148,7 +149,7 @@ func New(o Options) (*Gateway, error) {
 		o.LoginGrace = defaultLoginGrace
 	}
 	if o.MaxStartups == (Startups{}) {
-		o.MaxStartups = DefaultStartups
+		o.MaxStartups = defaultStartups()
 	}
 	if err := o.MaxStartups.valid(); err != nil {
 		return nil, fmt.Errorf("sshd: max startups: %w", err)
@@ -163,7 +164,7 @@ func New(o Options) (*Gateway, error) {
 		o.StartupWait = defaultStartupWait
 	}
 	if o.Penalties == (Penalties{}) {
-		o.Penalties = DefaultPenalties
+		o.Penalties = defaultPenalties()
 	}
 	if o.Now == nil {
 		o.Now = time.Now

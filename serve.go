@@ -141,8 +141,8 @@ type ServeCmd struct {
 	AgentImage         string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
 	RateLimit          float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
 	CreateRateLimit    float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
-	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
-	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec, ssh, files) per sandbox: each is a stream through the kubelet into one container that shares the sandbox's CPU and memory, so past a handful more make each slower (docs/api.md, Exec). GET /v1/org shows how close an organization runs."`
+	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec, ssh, files) per organization; a platform that drives many sandboxes at once raises it."`
 	MaxFileSize        int64               `name:"max-file-size" default:"1073741824" env:"HILOOP_MAX_FILE_SIZE" help:"Most bytes one file upload or download (PUT and GET .../files, which count as exec sessions) may move; a directory's tar stream counts whole."`
 	AdminOrg           string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
 	ShutdownTimeout    time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`

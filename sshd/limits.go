@@ -330,6 +330,8 @@ type heldConn struct {
 	raw    net.Conn
 	g      *Gateway
 	source string
+	// accepted is when the connection was accepted.
+	accepted time.Time
 	// spoke is set once the handshake read a byte from the client.
 	spoke atomic.Bool
 	// authFailed is set once the client tried a key or method that
@@ -412,7 +414,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 		g.refuse(raw, refusedPenalty, fmt.Sprintf("this address is refused for another %s after failed or stalled logins (--ssh-penalties)", left.Round(time.Second)))
 		return nil
 	}
-	c := &heldConn{Conn: nc, raw: raw, g: g, source: source, done: make(chan struct{})}
+	c := &heldConn{Conn: nc, raw: raw, g: g, source: source, accepted: time.Now(), done: make(chan struct{})}
 	// c is kept for Shutdown before its grace can close it: a grace
 	// that passed first would have Close forget c before it was kept, and
 	// c kept, closed, for ever.
@@ -483,7 +485,7 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 	default:
 	}
 	if l.bySource[c.source] >= o.MaxStartupsPerSource {
-		if victim = l.oldestSilent(c.source); victim != nil {
+		if victim = l.oldestSilent(c.source, time.Time{}); victim != nil {
 			l.takeOver(c, victim)
 			return victim, placeStarting, ""
 		}
@@ -499,7 +501,7 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 		return nil, placeStarting, ""
 	}
 	if n >= o.MaxStartups.Full {
-		if victim = l.oldestSilent(""); victim != nil {
+		if victim = l.oldestSilent("", time.Time{}); victim != nil {
 			l.takeOver(c, victim)
 			return victim, placeStarting, ""
 		}
@@ -508,7 +510,7 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 		l.add(c, placeWaiting)
 		return nil, placeWaiting, ""
 	}
-	if victim = l.oldestSilent(""); victim != nil {
+	if victim = l.oldestSilent("", time.Time{}); victim != nil {
 		l.takeOver(c, victim)
 		return victim, placeStarting, ""
 	}
@@ -532,12 +534,12 @@ func (l *limits) add(c *heldConn, p place) {
 }
 
 // oldestSilent is the connection under way in its handshake the longest
-// that has sent nothing, from source if it is not empty; nil if there is
-// none.
-func (l *limits) oldestSilent(source string) *heldConn {
+// that has sent nothing, from source if it is not empty, and accepted
+// before before if it is not zero; nil if there is none.
+func (l *limits) oldestSilent(source string, before time.Time) *heldConn {
 	for e := l.starting.Front(); e != nil; e = e.Next() {
 		v := e.Value.(*heldConn)
-		if (source == "" || v.source == source) && v.silent() {
+		if (source == "" || v.source == source) && (before.IsZero() || v.accepted.Before(before)) && v.silent() {
 			return v
 		}
 	}
@@ -591,10 +593,19 @@ func (l *limits) leave(c *heldConn) {
 	l.promote(&c.g.o)
 }
 
+// silentAge is how long a connection under way in its handshake must have
+// sent nothing before a waiting client that speaks takes its place: a
+// client sends its version within a round trip of connecting, or a
+// moment later when its process is slow to be scheduled, never a second
+// later.
+const silentAge = time.Second
+
 // await waits, within StartupWait, for c to be given a place among the
 // handshakes: "" once it was, refusedStartupWait when the wait ends
 // first; false when the connection closed while it waited (the login
-// grace, shutdown).
+// grace, shutdown). While it waits, once its client has spoken, it takes
+// the place of a connection that has sent nothing for silentAge, so that
+// silent connections cannot keep a client that speaks waiting.
 func (c *heldConn) await() (string, bool) {
 	l := &c.g.limits
 	l.mu.Lock()
@@ -602,10 +613,26 @@ func (c *heldConn) await() (string, bool) {
 	l.mu.Unlock()
 	t := time.NewTimer(c.g.o.StartupWait)
 	defer t.Stop()
-	select {
-	case <-admitted:
-	case <-c.done:
-	case <-t.C:
+	tick := time.NewTicker(silentAge / 4)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-admitted:
+			break wait
+		case <-c.done:
+			break wait
+		case <-t.C:
+			break wait
+		case <-tick.C:
+			if victim := l.jump(c); victim != nil {
+				c.g.o.Metrics.SSHRefused(refusedSilent)
+				c.g.log.Debug("ssh connection closed: it sent nothing, and its place went to a waiting one", "remote", victim.source)
+				victim.blame(false)
+				victim.Close()
+				break wait
+			}
+		}
 	}
 	c.mu.Lock()
 	closed := c.closed
@@ -619,6 +646,34 @@ func (c *heldConn) await() (string, bool) {
 		return "", true
 	}
 	return refusedStartupWait, true
+}
+
+// jump gives waiting c, if its client has spoken, the place of the oldest
+// connection in its handshake that has sent nothing for silentAge (of its
+// own address, when that address is at its cap), and returns that
+// connection for the caller to close; nil when there is none.
+func (l *limits) jump(c *heldConn) *heldConn {
+	if c.silent() {
+		return nil
+	}
+	o := &c.g.o
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.place != placeWaiting {
+		return nil
+	}
+	source := ""
+	if l.bySource[c.source] >= o.MaxStartupsPerSource {
+		source = c.source
+	}
+	victim := l.oldestSilent(source, time.Now().Add(-silentAge))
+	if victim == nil {
+		return nil
+	}
+	l.remove(c)
+	l.takeOver(c, victim)
+	close(c.admitted)
+	return victim
 }
 
 // refuse tells a refused connection why, where the protocol lets it, and

@@ -416,6 +416,40 @@ func TestStartupsCaps(t *testing.T) {
 	}
 }
 
+// TestWaiterTakesSilentPlace: a client that waits for a place, and has
+// spoken, takes the place of a connection in its handshake that has sent
+// nothing for a second, rather than wait for the login grace to free one;
+// a silent one waiting does not, and gets the next place freed.
+func TestWaiterTakesSilentPlace(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.MaxStartups, o.StartupWait = sshd.Startups{Start: 2, Rate: 100, Full: 4}, 20*time.Second
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	quiet := []net.Conn{silent(t, g.addr, "127.0.0.1"), silent(t, g.addr, "127.0.0.1")}
+	for _, nc := range quiet {
+		if !held(t, nc) {
+			t.Fatal("a connection within the caps was refused")
+		}
+	}
+	// Two handshakes are under way, at start: the next ones wait.
+	waiter := silent(t, g.addr, "127.0.0.3")
+	eventually(t, "a silent connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
+	c := loginFrom(t, g, "127.0.0.2", id, key)
+	if r := run(t, c, "print"); r.Stdout != "out\n" {
+		t.Errorf("a command from the client that waited: %+v", r)
+	}
+	if got := refused(t, met, "silent"); got != 1 {
+		t.Errorf("closed as silent: %d, want the 1 whose place the login took", got)
+	}
+	// The silent one waiting took no one's place (it never spoke); it got
+	// the place the login gave back once it authenticated.
+	if !held(t, waiter) {
+		t.Error("the connection waiting longest did not get the place a login gave back")
+	}
+}
+
 // TestBurstFromOneAddress: clients that log in promptly are a burst, not an
 // attack: many at once from one address all log in and run a command with
 // the default limits, and their address is not penalised.

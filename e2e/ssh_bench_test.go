@@ -251,7 +251,9 @@ func BenchmarkSSHBurst(b *testing.B) {
 		var ttfb []time.Duration
 		for _, r := range sshBurst(b, all) {
 			if r.code != 0 || r.stdout != "up\n" {
-				failed++
+				if failed++; failed == 1 {
+					b.Logf("first failure: exit %d: %s", r.code, r.stderr)
+				}
 				continue
 			}
 			ttfb = append(ttfb, r.ttfb)

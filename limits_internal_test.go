@@ -44,7 +44,7 @@ func TestSSHLimitFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	const defaultPenalties = "authfail:5s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m0s,max-sources:16384"
-	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 10 * time.Second, "64:30:256", 256, 256, 32, 256, 32, 128, defaultPenalties}, sshLimitsOf(s)); diff != "" {
+	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 10 * time.Second, "64:30:256", 128, 256, 32, 256, 32, 128, defaultPenalties}, sshLimitsOf(s)); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 	s, err = parseServe(t, "--ssh-login-grace=5s", "--ssh-helper-dial-timeout=2s", "--ssh-startup-wait=3s", "--ssh-max-startups=100",

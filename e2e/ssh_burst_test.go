@@ -139,7 +139,7 @@ func TestSSHBurstFromOneAddress(t *testing.T) {
 // same address still runs its command; the API answers throughout.
 func TestSSHSilentFloodFromOneAddress(t *testing.T) {
 	requireSSH(t)
-	const silents, held = 1000, 256 + 256
+	const silents, held = 1000, 128 + 256
 	// A long login grace: the silent connections held must not reach it
 	// (which would penalise their address) before the login below.
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--metrics-listen", "127.0.0.1:0", "--ssh-login-grace", "5m")

@@ -26,7 +26,7 @@ import (
 // hold after, when Options leave them zero.
 const (
 	defaultLoginGrace           = 30 * time.Second
-	defaultMaxStartupsPerSource = 256
+	defaultMaxStartupsPerSource = 128
 	defaultStartupQueue         = 256
 	defaultStartupWait          = 10 * time.Second
 	defaultMaxConnsPerKey       = 32

@@ -56,7 +56,8 @@ type Options struct {
 	// MaxStartupsPerSource bounds the connections in their handshake from
 	// one address (an IPv6 /64), as sshd's PerSourceMaxStartups: one more
 	// takes the place of the address's oldest silent connection, or
-	// waits in the queue; 256 when zero.
+	// waits in the queue; 128 when zero, half of MaxStartups.Full, so
+	// that one address cannot hold every handshake.
 	MaxStartupsPerSource int
 	// StartupQueue bounds the connections waiting for a place among the
 	// handshakes, and StartupWait how long each waits, and how long a

@@ -445,6 +445,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 	}
 	if reason != "" {
 		c.blame(false)
+		c.stopGrace() // the refusal closes it
 		g.limits.leave(c)
 		g.refuse(raw, reason, refusalText(reason, &g.o))
 		c.Close()
@@ -469,11 +470,11 @@ func refusalText(reason string, o *Options) string {
 
 // enter takes c's place among the connections not yet authenticated:
 // placeStarting, its handshake starts; placeWaiting, it waits in the
-// queue; placeNone, it is refused for reason. Over a cap, before it waits
-// or is refused, c takes the place of the oldest silent connection (one
-// that has sent nothing), which is returned for the caller to close: a
-// client speaks within a round trip of connecting, so only a connection
-// that would never log in loses its place.
+// queue; placeNone, it is refused for reason. Over a cap, c may take the
+// place of the oldest silent connection (one that has sent nothing),
+// which is returned for the caller to close: a client speaks within a
+// round trip of connecting, so only a connection that would never log in
+// loses its place.
 func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reason string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -484,8 +485,13 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 		return nil, placeNone, ""
 	default:
 	}
-	if l.bySource[c.source] >= o.MaxStartupsPerSource {
-		if victim = l.oldestSilent(c.source, time.Time{}); victim != nil {
+	// Over a cap, c takes the place of a connection silent for silentAge,
+	// else waits, else takes the place of one silent for any time, else
+	// is refused: a good client is silent only for the moment between its
+	// connect and its version, and only a full queue risks that moment.
+	aged := time.Now().Add(-silentAge)
+	overCap := func(source, reason string) (*heldConn, place, string) {
+		if victim := l.oldestSilent(source, aged); victim != nil {
 			l.takeOver(c, victim)
 			return victim, placeStarting, ""
 		}
@@ -493,28 +499,21 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 			l.add(c, placeWaiting)
 			return nil, placeWaiting, ""
 		}
-		return nil, placeNone, refusedPerSource
+		if victim := l.oldestSilent(source, time.Time{}); victim != nil {
+			l.takeOver(c, victim)
+			return victim, placeStarting, ""
+		}
+		return nil, placeNone, reason
+	}
+	if l.bySource[c.source] >= o.MaxStartupsPerSource {
+		return overCap(c.source, refusedPerSource)
 	}
 	n := l.starting.Len()
 	if n < o.MaxStartups.Start || n < o.MaxStartups.Full && rand.Float64() >= o.MaxStartups.waitChance(n) {
 		l.add(c, placeStarting)
 		return nil, placeStarting, ""
 	}
-	if n >= o.MaxStartups.Full {
-		if victim = l.oldestSilent("", time.Time{}); victim != nil {
-			l.takeOver(c, victim)
-			return victim, placeStarting, ""
-		}
-	}
-	if l.queue.Len() < o.StartupQueue {
-		l.add(c, placeWaiting)
-		return nil, placeWaiting, ""
-	}
-	if victim = l.oldestSilent("", time.Time{}); victim != nil {
-		l.takeOver(c, victim)
-		return victim, placeStarting, ""
-	}
-	return nil, placeNone, refusedStartups
+	return overCap("", refusedStartups)
 }
 
 // add puts c in place p.
@@ -596,9 +595,9 @@ func (l *limits) leave(c *heldConn) {
 // silentAge is how long a connection under way in its handshake must have
 // sent nothing before a waiting client that speaks takes its place: a
 // client sends its version within a round trip of connecting, or a
-// moment later when its process is slow to be scheduled, never a second
+// moment later when its process is slow to be scheduled, not seconds
 // later.
-const silentAge = time.Second
+const silentAge = 2 * time.Second
 
 // await waits, within StartupWait, for c to be given a place among the
 // handshakes: "" once it was, refusedStartupWait when the wait ends
@@ -860,6 +859,17 @@ func protocolError(err error) bool {
 		return false
 	}
 	return !strings.Contains(err.Error(), "ssh: disconnect")
+}
+
+// stopGrace stops c's login grace, for a connection the gateway is
+// refusing, which closes it within refusalLinger.
+func (c *heldConn) stopGrace() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.grace != nil {
+		c.grace.Stop()
+		c.grace = nil
+	}
 }
 
 // loggingIn reports whether c has not yet authenticated and is open.

@@ -423,7 +423,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 	kept := g.served.add(c)
 	c.mu.Unlock()
 	if !kept {
-		c.blame(false)
+		c.absolve()
 		c.Close() // the gateway is shutting down
 		return nil
 	}
@@ -431,7 +431,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 	if victim != nil {
 		g.o.Metrics.SSHRefused(refusedSilent)
 		g.log.Debug("ssh connection closed: it sent nothing, and its place went to a new one", "remote", victim.source)
-		victim.blame(false)
+		victim.absolve()
 		victim.Close()
 	}
 	if st == placeNone && reason == "" {
@@ -444,7 +444,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 		}
 	}
 	if reason != "" {
-		c.blame(false)
+		c.absolve()
 		c.stopGrace() // the refusal closes it
 		g.limits.leave(c)
 		g.refuse(raw, reason, refusalText(reason, &g.o))
@@ -627,7 +627,7 @@ wait:
 			if victim := l.jump(c); victim != nil {
 				c.g.o.Metrics.SSHRefused(refusedSilent)
 				c.g.log.Debug("ssh connection closed: it sent nothing, and its place went to a waiting one", "remote", victim.source)
-				victim.blame(false)
+				victim.absolve()
 				victim.Close()
 				break wait
 			}
@@ -795,14 +795,12 @@ func (l *limits) charge(o *Penalties, source string, d time.Duration, now time.T
 	return false
 }
 
-// blame marks whether the client is to blame if the connection closes
-// before it authenticates: false when the gateway ends it.
-func (c *heldConn) blame(client bool) {
+// absolve marks that the gateway, not the client, ends the connection:
+// should it close before it authenticates, its source is not charged.
+func (c *heldConn) absolve() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !client {
-		c.blameless = true
-	}
+	c.blameless = true
 }
 
 // penalise charges c's source for a connection that closed before it
@@ -896,7 +894,7 @@ func (c *heldConn) overGrace() {
 	started := c.place == placeStarting
 	c.g.limits.mu.Unlock()
 	if !started {
-		c.blame(false)
+		c.absolve()
 	}
 	c.g.o.Metrics.SSHRefused(refusedGrace)
 	c.g.log.Info("ssh connection closed: not authenticated within the login grace", "remote", c.source, "grace", c.g.o.LoginGrace)
@@ -1118,7 +1116,7 @@ func (g *Gateway) guard(ctx ssh.Context, cfg *gossh.ServerConfig) {
 		fp := gossh.FingerprintSHA256(key)
 		if err := c.takeKey(fp); err != nil {
 			if errors.Is(err, errPerKey) {
-				c.blame(false)
+				c.absolve()
 				g.o.Metrics.SSHRefused(refusedPerKey)
 				g.log.Info("ssh login refused: too many connections for the key", "fingerprint", fp, "max", g.o.MaxConnsPerKey)
 				return nil, &gossh.BannerError{Err: err, Message: fmt.Sprintf("hiloop: too many connections for this key (--ssh-max-conns-per-key %d); waited %s\r\n", g.o.MaxConnsPerKey, g.o.StartupWait)}

@@ -250,7 +250,7 @@ func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.P
 	}
 	if err := c.takeOrg(who.OrgID); err != nil {
 		if errors.Is(err, errPerOrg) {
-			c.blame(false)
+			c.absolve()
 			g.o.Metrics.SSHRefused(refusedPerOrg)
 			g.log.Info("ssh login refused: too many connections for the organization", "org", who.OrgID, "max", g.o.MaxConnsPerOrg)
 			return nil, &gossh.BannerError{Err: err, Message: fmt.Sprintf("hiloop: too many connections for this organization (--ssh-max-conns-per-org %d); waited %s\r\n", g.o.MaxConnsPerOrg, g.o.StartupWait)}

@@ -567,10 +567,11 @@ func TestPenalties(t *testing.T) {
 }
 
 // TestConnsPerKeyCap: one key holds at most MaxConnsPerKey authenticated
-// connections; one more fails to log in and is counted, another key of the
+// connections; one more waits StartupWait for a place, then fails to log
+// in with a banner naming the flag and is counted, another key of the
 // organization still logs in, and a connection closed frees its place.
 func TestConnsPerKeyCap(t *testing.T) {
-	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey = 2 })
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey, o.StartupWait = 2, time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
 	other, _ := g.key(org)
@@ -578,8 +579,13 @@ func TestConnsPerKeyCap(t *testing.T) {
 
 	first := g.login(id, key)
 	g.login(id, key)
-	if _, err := g.dial(id, gossh.PublicKeys(key)); err == nil {
+	var banner string
+	if _, _, _, err := g.connect(gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)},
+		BannerCallback: func(msg string) error { banner += msg; return nil }}); err == nil {
 		t.Error("a third connection of one key logged in, past MaxConnsPerKey 2")
+	}
+	if !strings.Contains(banner, "--ssh-max-conns-per-key") {
+		t.Errorf("the login refused past MaxConnsPerKey was told %q, want the flag named", banner)
 	}
 	if got := refused(t, met, "per_key"); got != 1 {
 		t.Errorf("refused per key: %d, want 1", got)

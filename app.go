@@ -140,6 +140,7 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		}
 		a.gateway, err = sshd.New(sshd.Options{Control: a.core, HostKey: hostKey, Log: a.log, KeepAlive: cfg.SSHKeepAlive, IdleTimeout: cfg.SSHIdleTimeout, Metrics: met,
 			LoginGrace: cfg.SSHLoginGrace, MaxStartups: cfg.SSHMaxStartups, MaxStartupsPerSource: cfg.SSHMaxStartupsPerSource,
+			StartupQueue: cfg.SSHStartupQueue, StartupWait: cfg.SSHStartupWait, Penalties: cfg.SSHPenalties,
 			MaxConnsPerKey: cfg.SSHMaxConnsPerKey, MaxConnsPerOrg: cfg.SSHMaxConnsPerOrg, MaxChannelsPerConn: cfg.SSHMaxChannelsPerConn, MaxChannelsPerOrg: cfg.SSHMaxChannelsPerOrg, HelperDialTimeout: cfg.SSHHelperDialTimeout})
 		if err != nil {
 			return nil, err

@@ -24,12 +24,15 @@ func parseServe(t *testing.T, args ...string) (*ServeCmd, error) {
 
 // sshLimits are the gateway's limits as serve's flags set them.
 type sshLimits struct {
-	LoginGrace, HelperDialTimeout                                                                            time.Duration
-	MaxStartups, MaxStartupsPerSource, MaxConnsPerKey, MaxConnsPerOrg, MaxChannelsPerConn, MaxChannelsPerOrg int
+	LoginGrace, HelperDialTimeout, StartupWait                                                                time.Duration
+	MaxStartups                                                                                               string
+	MaxStartupsPerSource, StartupQueue, MaxConnsPerKey, MaxConnsPerOrg, MaxChannelsPerConn, MaxChannelsPerOrg int
+	Penalties                                                                                                 string
 }
 
 func sshLimitsOf(s *ServeCmd) sshLimits {
-	return sshLimits{s.SSHLoginGrace, s.SSHHelperDialTimeout, s.SSHMaxStartups, s.SSHMaxStartupsPerSource, s.SSHMaxConnsPerKey, s.SSHMaxConnsPerOrg, s.SSHMaxChannelsPerConn, s.SSHMaxChannelsPerOrg}
+	return sshLimits{s.SSHLoginGrace, s.SSHHelperDialTimeout, s.SSHStartupWait, s.SSHMaxStartups.String(), s.SSHMaxStartupsPerSource, s.SSHStartupQueue,
+		s.SSHMaxConnsPerKey, s.SSHMaxConnsPerOrg, s.SSHMaxChannelsPerConn, s.SSHMaxChannelsPerOrg, s.SSHPenalties.String()}
 }
 
 // TestSSHLimitFlags: each of the gateway's limits is a flag with a default
@@ -40,30 +43,44 @@ func TestSSHLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 64, 10, 32, 256, 32, 128}, sshLimitsOf(s)); diff != "" {
+	const defaultPenalties = "authfail:5s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m0s,max-sources:16384"
+	if diff := cmp.Diff(sshLimits{30 * time.Second, 10 * time.Second, 10 * time.Second, "64:30:256", 128, 256, 32, 256, 32, 128, defaultPenalties}, sshLimitsOf(s)); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
-	s, err = parseServe(t, "--ssh-login-grace=5s", "--ssh-helper-dial-timeout=2s", "--ssh-max-startups=100",
-		"--ssh-max-startups-per-source=3", "--ssh-max-conns-per-key=4", "--ssh-max-conns-per-org=5", "--ssh-max-channels-per-conn=6", "--ssh-max-channels-per-org=7")
+	s, err = parseServe(t, "--ssh-login-grace=5s", "--ssh-helper-dial-timeout=2s", "--ssh-startup-wait=3s", "--ssh-max-startups=100",
+		"--ssh-max-startups-per-source=3", "--ssh-startup-queue=9", "--ssh-max-conns-per-key=4", "--ssh-max-conns-per-org=5", "--ssh-max-channels-per-conn=6", "--ssh-max-channels-per-org=7",
+		"--ssh-penalties=authfail:1s,max-sources:10")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sshLimits{5 * time.Second, 2 * time.Second, 100, 3, 4, 5, 6, 7}, sshLimitsOf(s)); diff != "" {
+	want := sshLimits{5 * time.Second, 2 * time.Second, 3 * time.Second, "100:100:100", 3, 9, 4, 5, 6, 7,
+		"authfail:1s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m0s,max-sources:10"}
+	if diff := cmp.Diff(want, sshLimitsOf(s)); diff != "" {
 		t.Errorf("set by flags (-want +got):\n%s", diff)
 	}
 	t.Setenv("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE", "7")
-	if s, err = parseServe(t); err != nil || s.SSHMaxStartupsPerSource != 7 {
-		t.Errorf("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE=7: %d, %v", s.SSHMaxStartupsPerSource, err)
+	t.Setenv("HILOOP_SSH_MAX_STARTUPS", "10:30:100")
+	t.Setenv("HILOOP_SSH_PENALTIES", "off")
+	if s, err = parseServe(t); err != nil || s.SSHMaxStartupsPerSource != 7 || s.SSHMaxStartups.String() != "10:30:100" || !s.SSHPenalties.Off {
+		t.Errorf("HILOOP_SSH_MAX_STARTUPS_PER_SOURCE=7, HILOOP_SSH_MAX_STARTUPS=10:30:100, HILOOP_SSH_PENALTIES=off: %d, %s, %s, %v",
+			s.SSHMaxStartupsPerSource, s.SSHMaxStartups, s.SSHPenalties, err)
 	}
-	for _, flag := range []string{"--ssh-login-grace", "--ssh-helper-dial-timeout", "--ssh-max-startups",
-		"--ssh-max-startups-per-source", "--ssh-max-conns-per-key", "--ssh-max-conns-per-org", "--ssh-max-channels-per-conn", "--ssh-max-channels-per-org"} {
+	for _, flag := range []string{"--ssh-login-grace", "--ssh-helper-dial-timeout", "--ssh-startup-wait", "--ssh-max-startups",
+		"--ssh-max-startups-per-source", "--ssh-startup-queue", "--ssh-max-conns-per-key", "--ssh-max-conns-per-org", "--ssh-max-channels-per-conn", "--ssh-max-channels-per-org"} {
 		for _, v := range []string{"0", "-1"} {
-			if strings.HasSuffix(flag, "grace") || strings.HasSuffix(flag, "timeout") {
+			if strings.HasSuffix(flag, "grace") || strings.HasSuffix(flag, "timeout") || strings.HasSuffix(flag, "wait") {
 				v += "s"
 			}
-			if _, err := parseServe(t, flag+"="+v); err == nil || !strings.Contains(err.Error(), flag+":") {
+			if _, err := parseServe(t, flag+"="+v); err == nil || !strings.Contains(err.Error(), flag) {
 				t.Errorf("%s=%s: %v, want refused naming the flag", flag, v, err)
 			}
+		}
+	}
+	for _, arg := range []string{"--ssh-max-startups=10:30", "--ssh-max-startups=10:0:100", "--ssh-max-startups=10:30:5", "--ssh-max-startups=a:b:c",
+		"--ssh-penalties=authfail", "--ssh-penalties=bogus:1s", "--ssh-penalties=min:0s", "--ssh-penalties=max-sources:0", "--ssh-startup-wait=30s"} {
+		flag, _, _ := strings.Cut(arg, "=")
+		if _, err := parseServe(t, arg); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v, want refused naming the flag", arg, err)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/sshd"
 )
 
 // tuneGC: every packet of an SSH session or forward allocates in x/crypto,
@@ -140,8 +141,8 @@ type ServeCmd struct {
 	AgentImage         string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
 	RateLimit          float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
 	CreateRateLimit    float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
-	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec) per sandbox."`
-	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec) per organization."`
+	ExecPerSandbox     int                 `default:"8" env:"HILOOP_EXEC_PER_SANDBOX" help:"Most concurrent sessions (exec, ssh, files) per sandbox: each is a stream through the kubelet into one container that shares the sandbox's CPU and memory, so past a handful more make each slower (docs/api.md, Exec). GET /v1/org shows how close an organization runs."`
+	ExecPerOrg         int                 `default:"32" env:"HILOOP_EXEC_PER_ORG" help:"Most concurrent sessions (exec, ssh, files) per organization; a platform that drives many sandboxes at once raises it."`
 	MaxFileSize        int64               `name:"max-file-size" default:"1073741824" env:"HILOOP_MAX_FILE_SIZE" help:"Most bytes one file upload or download (PUT and GET .../files, which count as exec sessions) may move; a directory's tar stream counts whole."`
 	AdminOrg           string              `default:"admin" env:"HILOOP_ADMIN_ORG" help:"Name of the organization created on first start."`
 	ShutdownTimeout    time.Duration       `default:"15s" env:"HILOOP_SHUTDOWN_TIMEOUT" help:"How long to drain on SIGINT/SIGTERM."`
@@ -156,14 +157,17 @@ type ServeCmd struct {
 
 	// Limits of the SSH gateway on what a stranger can open (docs/ssh.md,
 	// "Limits").
-	SSHLoginGrace           time.Duration `name:"ssh-login-grace" default:"30s" env:"HILOOP_SSH_LOGIN_GRACE" help:"Close an SSH connection that has not authenticated this long after it was accepted, version and key exchange included (as sshd's LoginGraceTime)."`
-	SSHMaxStartups          int           `name:"ssh-max-startups" default:"64" env:"HILOOP_SSH_MAX_STARTUPS" help:"Most SSH connections not yet authenticated at once; one more is closed when it is accepted (as sshd's MaxStartups)."`
-	SSHMaxStartupsPerSource int           `name:"ssh-max-startups-per-source" default:"10" env:"HILOOP_SSH_MAX_STARTUPS_PER_SOURCE" help:"Most SSH connections not yet authenticated from one client address (an IPv6 /64), as sshd's PerSourceMaxStartups."`
-	SSHMaxConnsPerKey       int           `name:"ssh-max-conns-per-key" default:"32" env:"HILOOP_SSH_MAX_CONNS_PER_KEY" help:"Most authenticated SSH connections of one SSH key at once; a login past it fails."`
-	SSHMaxConnsPerOrg       int           `name:"ssh-max-conns-per-org" default:"256" env:"HILOOP_SSH_MAX_CONNS_PER_ORG" help:"Most authenticated SSH connections of all of one organization's SSH keys together; a login past it fails."`
-	SSHMaxChannelsPerConn   int           `name:"ssh-max-channels-per-conn" default:"32" env:"HILOOP_SSH_MAX_CHANNELS_PER_CONN" help:"Most channels (sessions and ssh -L channels together) open at once on one SSH connection, as sshd's MaxSessions; one more is refused and the connection stays."`
-	SSHMaxChannelsPerOrg    int           `name:"ssh-max-channels-per-org" default:"128" env:"HILOOP_SSH_MAX_CHANNELS_PER_ORG" help:"Most channels open at once on all of one organization's SSH connections together; one more is refused."`
-	SSHHelperDialTimeout    time.Duration `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the TLS handshake, to answer each stream open, and to take each frame written to it (ssh -L)."`
+	SSHLoginGrace           time.Duration  `name:"ssh-login-grace" default:"30s" env:"HILOOP_SSH_LOGIN_GRACE" help:"Close an SSH connection that has not authenticated this long after it was accepted, version and key exchange included (as sshd's LoginGraceTime)."`
+	SSHMaxStartups          sshd.Startups  `name:"ssh-max-startups" default:"64:30:256" env:"HILOOP_SSH_MAX_STARTUPS" help:"SSH connections in their key exchange at once, start:rate:full as sshd's MaxStartups: past start, a new one waits for a place with a chance of rate percent, growing to 100 at full; one number n is n:100:n. One that arrives past full takes the place of the oldest that has sent nothing, or waits."`
+	SSHMaxStartupsPerSource int            `name:"ssh-max-startups-per-source" default:"128" env:"HILOOP_SSH_MAX_STARTUPS_PER_SOURCE" help:"Most SSH connections in their key exchange from one client address (an IPv6 /64), as sshd's PerSourceMaxStartups; one more takes the place of the address's oldest that has sent nothing, or waits (--ssh-startup-queue)."`
+	SSHStartupQueue         int            `name:"ssh-startup-queue" default:"256" env:"HILOOP_SSH_STARTUP_QUEUE" help:"Most SSH connections waiting for a place in the key exchanges (--ssh-max-startups); one more is refused."`
+	SSHStartupWait          time.Duration  `name:"ssh-startup-wait" default:"10s" env:"HILOOP_SSH_STARTUP_WAIT" help:"How long an SSH connection waits for a place in the key exchanges, and a login for a place of its key or organization (--ssh-max-conns-per-key, --ssh-max-conns-per-org), before it is refused; less than --ssh-login-grace."`
+	SSHPenalties            sshd.Penalties `name:"ssh-penalties" default:"authfail:5s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m,max-sources:16384" env:"HILOOP_SSH_PENALTIES" help:"What a client address is charged for an SSH connection that closes before it authenticates, as sshd's PerSourcePenalties: authfail (a key failed), noauth (never tried), grace-exceeded (the login grace passed), crash (broke the protocol); an address that owes min is refused until it owes nothing, at most max; max-sources addresses are tracked. off turns them off."`
+	SSHMaxConnsPerKey       int            `name:"ssh-max-conns-per-key" default:"32" env:"HILOOP_SSH_MAX_CONNS_PER_KEY" help:"Most authenticated SSH connections of one SSH key at once; a login past it waits for a place (--ssh-startup-wait), then fails."`
+	SSHMaxConnsPerOrg       int            `name:"ssh-max-conns-per-org" default:"256" env:"HILOOP_SSH_MAX_CONNS_PER_ORG" help:"Most authenticated SSH connections of all of one organization's SSH keys together; a login past it waits for a place (--ssh-startup-wait), then fails."`
+	SSHMaxChannelsPerConn   int            `name:"ssh-max-channels-per-conn" default:"32" env:"HILOOP_SSH_MAX_CHANNELS_PER_CONN" help:"Most channels (sessions and ssh -L channels together) open at once on one SSH connection, as sshd's MaxSessions; one more is refused and the connection stays."`
+	SSHMaxChannelsPerOrg    int            `name:"ssh-max-channels-per-org" default:"128" env:"HILOOP_SSH_MAX_CHANNELS_PER_ORG" help:"Most channels open at once on all of one organization's SSH connections together; one more is refused."`
+	SSHHelperDialTimeout    time.Duration  `name:"ssh-helper-dial-timeout" default:"10s" env:"HILOOP_SSH_HELPER_DIAL_TIMEOUT" help:"How long the gateway gives a sandbox's session helper to accept the connection and finish the TLS handshake, to answer each stream open, and to take each frame written to it (ssh -L)."`
 
 	// Limits of the HTTP listeners (API and metrics) on what a client can
 	// hold before a handler sees its request, or while the server waits on
@@ -313,15 +317,18 @@ func (s *ServeCmd) validateSSHLimits() error {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"--ssh-login-grace", s.SSHLoginGrace}, {"--ssh-helper-dial-timeout", s.SSHHelperDialTimeout}} {
+	}{{"--ssh-login-grace", s.SSHLoginGrace}, {"--ssh-helper-dial-timeout", s.SSHHelperDialTimeout}, {"--ssh-startup-wait", s.SSHStartupWait}} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s: must be positive", d.flag)
 		}
 	}
+	if s.SSHStartupWait >= s.SSHLoginGrace {
+		return errors.New("--ssh-startup-wait: must be less than --ssh-login-grace")
+	}
 	for _, n := range []struct {
 		flag string
 		v    int
-	}{{"--ssh-max-startups", s.SSHMaxStartups}, {"--ssh-max-startups-per-source", s.SSHMaxStartupsPerSource}, {"--ssh-max-conns-per-key", s.SSHMaxConnsPerKey}, {"--ssh-max-conns-per-org", s.SSHMaxConnsPerOrg}, {"--ssh-max-channels-per-conn", s.SSHMaxChannelsPerConn}, {"--ssh-max-channels-per-org", s.SSHMaxChannelsPerOrg}} {
+	}{{"--ssh-max-startups-per-source", s.SSHMaxStartupsPerSource}, {"--ssh-startup-queue", s.SSHStartupQueue}, {"--ssh-max-conns-per-key", s.SSHMaxConnsPerKey}, {"--ssh-max-conns-per-org", s.SSHMaxConnsPerOrg}, {"--ssh-max-channels-per-conn", s.SSHMaxChannelsPerConn}, {"--ssh-max-channels-per-org", s.SSHMaxChannelsPerOrg}} {
 		if n.v < 1 {
 			return fmt.Errorf("%s: must be at least 1", n.flag)
 		}

@@ -184,6 +184,22 @@ type Org struct {
 	// names none; empty when it takes the deployment's default.
 	IdleTimeout string    `json:"idle_timeout,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
+	// Sessions is what the organization has open against the session
+	// limits, now; GET /v1/org fills it.
+	Sessions *OrgSessions `json:"sessions,omitempty"`
+}
+
+// OrgSessions is an organization's live sessions (exec, ssh, files)
+// against the deployment's limits: a session past either is refused
+// (429 exec_limit, or an SSH session that says so).
+type OrgSessions struct {
+	// Open counts the organization's live sessions, against MaxPerOrg.
+	Open      int `json:"open"`
+	MaxPerOrg int `json:"max_per_org"`
+	// BusiestSandbox counts the live sessions of its sandbox that has the
+	// most, against MaxPerSandbox.
+	BusiestSandbox int `json:"busiest_sandbox"`
+	MaxPerSandbox  int `json:"max_per_sandbox"`
 }
 
 // APIKey is an API key, without its secret.

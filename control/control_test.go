@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/sandbox"
@@ -106,8 +109,21 @@ func TestLocksAndSessionsBounded(t *testing.T) {
 		}
 		live = append(live, s)
 	}
-	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.Is(err, ErrSessionLimit) {
-		t.Fatalf("third session on one sandbox: %v", err)
+	if _, err := c.Admit(ctx, who, sb.ID, "exec"); !errors.Is(err, ErrSessionLimit) || !strings.Contains(err.Error(), "--exec-per-sandbox") {
+		t.Fatalf("third session on one sandbox: %v, want the session limit naming its flag", err)
+	}
+	// The organization sees how close it runs to the limits.
+	other, _ := db.CreateOrg(ctx, "other", 10, 10)
+	type usage struct{ Open, Busiest, BusiestSandbox, BusiestOrg, PerSandbox, PerOrg int }
+	var got usage
+	got.Open, got.Busiest = c.OrgSessions(org.ID)
+	got.BusiestSandbox, got.BusiestOrg = c.SessionsBusiest()
+	got.PerSandbox, got.PerOrg = c.SessionLimits()
+	if diff := cmp.Diff(usage{2, 2, 2, 2, 2, 3}, got); diff != "" {
+		t.Errorf("sessions against the limits (-want +got):\n%s", diff)
+	}
+	if open, busiest := c.OrgSessions(other.ID); open != 0 || busiest != 0 {
+		t.Errorf("another organization's sessions: %d, %d", open, busiest)
 	}
 	for _, s := range live {
 		s.End()
@@ -118,6 +134,9 @@ func TestLocksAndSessionsBounded(t *testing.T) {
 	c.sessions.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d session entries left", left)
+	}
+	if open, busiest := c.OrgSessions(org.ID); open != 0 || busiest != 0 {
+		t.Errorf("sessions once all ended: %d, %d", open, busiest)
 	}
 }
 

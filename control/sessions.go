@@ -111,6 +111,10 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 	sctx, cancel := context.WithCancelCause(ctx)
 	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Transport: transport, ctx: sctx, cancel: cancel, c: c, release: release}
 	if err := c.sessions.add(s, c.o.Limits); err != nil {
+		var le *limitError
+		if errors.As(err, &le) {
+			c.o.Metrics.SessionRefused(le.scope)
+		}
 		cancel(err)
 		if release != nil {
 			release()
@@ -211,15 +215,67 @@ func (r *registry) add(s *Session, lim Limits) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.bySandbox[s.SandboxID] >= lim.PerSandbox {
-		return fmt.Errorf("%w: at most %d sessions per sandbox", ErrSessionLimit, lim.PerSandbox)
+		return &limitError{scope: "sandbox", max: lim.PerSandbox}
 	}
 	if r.byOrg[s.OrgID] >= lim.PerOrg {
-		return fmt.Errorf("%w: at most %d sessions per organization", ErrSessionLimit, lim.PerOrg)
+		return &limitError{scope: "organization", max: lim.PerOrg}
 	}
 	r.live[s] = true
 	r.bySandbox[s.SandboxID]++
 	r.byOrg[s.OrgID]++
 	return nil
+}
+
+// limitError is a session refused at a limit, which it names with the
+// flag that sets it.
+type limitError struct {
+	scope string // "sandbox" or "organization"
+	max   int
+}
+
+func (e *limitError) Error() string {
+	flag := "--exec-per-sandbox"
+	if e.scope == "organization" {
+		flag = "--exec-per-org"
+	}
+	return fmt.Sprintf("%s: at most %d sessions per %s (%s)", ErrSessionLimit, e.max, e.scope, flag)
+}
+
+func (e *limitError) Unwrap() error { return ErrSessionLimit }
+
+// OrgSessions is what an organization has open against the session
+// limits: its live sessions, and those of its sandbox that has the most.
+func (c *Control) OrgSessions(org string) (open, busiestSandbox int) {
+	r := &c.sessions
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for s := range r.live {
+		if s.OrgID == org {
+			busiestSandbox = max(busiestSandbox, r.bySandbox[s.SandboxID])
+		}
+	}
+	return r.byOrg[org], busiestSandbox
+}
+
+// SessionsBusiest counts the live sessions of the sandbox and of the
+// organization that have the most, for the metrics.
+func (c *Control) SessionsBusiest() (sandbox, org int) {
+	r := &c.sessions
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.bySandbox {
+		sandbox = max(sandbox, n)
+	}
+	for _, n := range r.byOrg {
+		org = max(org, n)
+	}
+	return sandbox, org
+}
+
+// SessionLimits are the most live sessions per sandbox and per
+// organization.
+func (c *Control) SessionLimits() (perSandbox, perOrg int) {
+	return c.o.Limits.PerSandbox, c.o.Limits.PerOrg
 }
 
 func (r *registry) remove(s *Session) {

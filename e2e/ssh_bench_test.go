@@ -226,3 +226,57 @@ func BenchmarkSSHSessions200(b *testing.B) {
 	}
 	exec.Command("pkill", "-f", "^sleep 60$").Run()
 }
+
+// BenchmarkSSHBurst: 200 stock ssh clients at once from one address, each
+// running `echo up`, through the gateway (across 50 sandboxes) and through
+// OpenSSH's own sshd on loopback with its default MaxStartups (10:30:100):
+// p50 and p99 of the time from starting the client to the first byte of
+// its output, over the clients that got one, and how many failed. The
+// figures are ratios to sshd in the same run; sshd drops connections past
+// its MaxStartups, and those count as failed, not in its percentiles.
+func BenchmarkSSHBurst(b *testing.B) {
+	requireSSH(b)
+	const clients, sandboxes = 200, 50
+	in := e2e.Serve(b, filepath.Join(b.TempDir(), "h.db"), e2e.NewNamespace(b), burstFlags...)
+	u, ids := burstSandboxes(b, in, sandboxes)
+	pub, _ := os.ReadFile(u.key + ".pub")
+	sshdPort := startSSHD(b, string(pub))
+	plain := []string{"-F", "/dev/null", "-i", u.key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-p", sshdPort, "root@127.0.0.1", "echo up"}
+	measure := func(args func(i int) []string) (p50, p99 time.Duration, failed int) {
+		all := make([][]string, clients)
+		for i := range all {
+			all[i] = args(i)
+		}
+		var ttfb []time.Duration
+		for _, r := range sshBurst(b, all) {
+			if r.code != 0 || r.stdout != "up\n" {
+				if failed++; failed == 1 {
+					b.Logf("first failure: exit %d: %s", r.code, r.stderr)
+				}
+				continue
+			}
+			ttfb = append(ttfb, r.ttfb)
+		}
+		if len(ttfb) == 0 {
+			return 0, 0, failed
+		}
+		return percentile(ttfb, 50), percentile(ttfb, 99), failed
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ResetTimer()
+	for range b.N {
+		h50, h99, hf := measure(func(i int) []string { return u.args(ids[i%sandboxes]+"@127.0.0.1", "echo up") })
+		s50, s99, sf := measure(func(int) []string { return plain })
+		b.ReportMetric(ms(h50), "hiloop-ttfb-p50-ms")
+		b.ReportMetric(ms(h99), "hiloop-ttfb-p99-ms")
+		b.ReportMetric(float64(hf), "hiloop-failed")
+		b.ReportMetric(ms(s50), "sshd-ttfb-p50-ms")
+		b.ReportMetric(ms(s99), "sshd-ttfb-p99-ms")
+		b.ReportMetric(float64(sf), "sshd-failed")
+		if s50 > 0 {
+			b.ReportMetric(float64(h50)/float64(s50), "hiloop/sshd-p50")
+			b.ReportMetric(float64(h99)/float64(s99), "hiloop/sshd-p99")
+		}
+	}
+}

@@ -137,8 +137,10 @@ func TestSSHCommands(t *testing.T) {
 func TestSSHRefusals(t *testing.T) {
 	requireSSH(t)
 	// The quarantine below gets past admission (WithoutAdmission): the
-	// self-check must not run meanwhile.
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
+	// self-check must not run meanwhile. The refusals below are many
+	// failed logins from one address, which penalties would cut short
+	// (TestSSHPenaltyPerAddress tests those).
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h", "--ssh-penalties", "off")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	orgB := in.NewOrg("sshb", 5, 5)

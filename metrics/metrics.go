@@ -2,7 +2,7 @@
 // main and handed to each component through its Options. A nil *Metrics is
 // valid and records nothing, so components and their tests need none.
 // Label values are bounded: route patterns, codes, states, verbs, kinds,
-// never sandbox or key ids.
+// never sandbox, key or organization ids.
 package metrics
 
 import (
@@ -21,22 +21,25 @@ import (
 type Metrics struct {
 	reg *prometheus.Registry
 
-	requests      *prometheus.CounterVec
-	latency       *prometheus.HistogramVec
-	authFailures  *prometheus.CounterVec
-	clusterErrors *prometheus.CounterVec
-	mirrorQueue   prometheus.Gauge
-	mirrorLag     prometheus.Histogram
-	sessionBytes  *prometheus.CounterVec
-	selfCheck     *prometheus.GaugeVec
-	foreign       prometheus.Gauge
-	sshRefused    *prometheus.CounterVec
-	httpRefused   *prometheus.CounterVec
-	idleStops     prometheus.Counter
-	wakes         *prometheus.CounterVec
-	wakeTime      prometheus.Histogram
-	wakeWaits     prometheus.Gauge
-	wakeRefused   *prometheus.CounterVec
+	requests       *prometheus.CounterVec
+	latency        *prometheus.HistogramVec
+	authFailures   *prometheus.CounterVec
+	clusterErrors  *prometheus.CounterVec
+	mirrorQueue    prometheus.Gauge
+	mirrorLag      prometheus.Histogram
+	sessionBytes   *prometheus.CounterVec
+	selfCheck      *prometheus.GaugeVec
+	foreign        prometheus.Gauge
+	sshRefused     *prometheus.CounterVec
+	sshPenalties   *prometheus.CounterVec
+	sshStartups    *prometheus.GaugeVec
+	httpRefused    *prometheus.CounterVec
+	sessionRefused *prometheus.CounterVec
+	idleStops      prometheus.Counter
+	wakes          *prometheus.CounterVec
+	wakeTime       prometheus.Histogram
+	wakeWaits      prometheus.Gauge
+	wakeRefused    *prometheus.CounterVec
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -45,6 +48,11 @@ type Source interface {
 	SandboxesByState(ctx context.Context) (map[string]int, int, error)
 	// Sessions counts live sessions by transport.
 	SessionsByTransport() map[sandbox.Transport]int
+	// SessionsBusiest counts the live sessions of the sandbox and of the
+	// organization that have the most; SessionLimits are the limits they
+	// count against.
+	SessionsBusiest() (sandbox, org int)
+	SessionLimits() (perSandbox, perOrg int)
 }
 
 // New makes the registry with Go and process collectors.
@@ -69,9 +77,15 @@ func New() *Metrics {
 	m.foreign = prometheus.NewGauge(prometheus.GaugeOpts{Name: "hiloop_foreign_sandboxes",
 		Help: "Sandboxes in the sandbox namespace without hiloop's label, which hiloop did not make and does not mirror, as the last self-check found them (at most 500)."})
 	m.sshRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_refused_connections_total",
-		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many not yet authenticated), startups_per_source (from one address), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), channels_per_conn (a session or ssh -L channel refused: its connection had too many open), channels_per_org (the same: its organization's connections had too many open together), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+		Help: "SSH connections the gateway closed or refused at a limit, by reason: startups (too many in their key exchange and waiting for one), startups_per_source (too many not yet authenticated from one address), startup_wait (waited for a place in the key exchanges and got none in time), silent (sent nothing, and its place went to a new connection), penalty (from an address penalised for failed or stalled logins), login_grace (not authenticated in time), per_key (too many of one key), per_org (too many of one organization's keys), channels_per_conn (a session or ssh -L channel refused: its connection had too many open), channels_per_org (the same: its organization's connections had too many open together), helper_dial_timeout (an ssh -L channel refused: the session helper did not connect and finish its handshake in time)."}, []string{"reason"})
+	m.sshPenalties = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_ssh_penalties_total",
+		Help: "SSH connections that closed before they authenticated and charged their source address a penalty, by what they did: authfail (a key or method failed), noauth (closed without trying), grace_exceeded (the login grace passed), crash (the handshake broke the protocol)."}, []string{"event"})
+	m.sshStartups = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hiloop_ssh_startups",
+		Help: "SSH connections not yet authenticated, by state: handshake (in the version and key exchange or authentication, against --ssh-max-startups), waiting (for a place among them, against --ssh-startup-queue)."}, []string{"state"})
 	m.httpRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_http_refused_connections_total",
 		Help: "HTTP connections (API and metrics) closed as they started a request, at a limit, by reason: header_reads (too many reading request headers at once), header_reads_per_source (from one address)."}, []string{"reason"})
+	m.sessionRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_sessions_refused_total",
+		Help: "Sessions (exec, ssh, files) refused at a session limit, by limit: sandbox (--exec-per-sandbox), organization (--exec-per-org)."}, []string{"limit"})
 	m.idleStops = prometheus.NewCounter(prometheus.CounterOpts{Name: "hiloop_idle_stops_total",
 		Help: "Sandboxes stopped because nobody used them through hiloop for their idle timeout."})
 	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wakes_total",
@@ -82,7 +96,7 @@ func New() *Metrics {
 		Help: "Calls waiting now for a sandbox to wake (ssh, ssh -L channels, exec and file calls with wake=true), bounded per key and per organization."})
 	m.wakeRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wake_waits_refused_total",
 		Help: "Calls that would have waited for a sandbox to wake, refused at a bound (429 too_many_waits, or the gateway's refusal), by trigger (ssh, forward, exec, files) and limit: per_key (too many of one key waiting), per_org (too many of one organization's keys waiting together)."}, []string{"trigger", "limit"})
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.httpRefused,
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.sshPenalties, m.sshStartups, m.httpRefused, m.sessionRefused,
 		m.idleStops, m.wakes, m.wakeTime, m.wakeWaits, m.wakeRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -97,18 +111,24 @@ func (m *Metrics) Watch(src Source) {
 		sandboxes: prometheus.NewDesc("hiloop_sandboxes", "Sandboxes in the record by state.", []string{"state"}, nil),
 		orgs:      prometheus.NewDesc("hiloop_organizations", "Organizations in the record.", nil, nil),
 		sessions:  prometheus.NewDesc("hiloop_sessions", "Live sessions by transport (exec, ssh, forward).", []string{"transport"}, nil),
+		busiest: prometheus.NewDesc("hiloop_sessions_busiest",
+			"Live sessions (exec, ssh, files) of the sandbox and of the organization that have the most, by scope (sandbox, organization), against hiloop_session_limit; GET /v1/org shows an organization its own.", []string{"scope"}, nil),
+		limits: prometheus.NewDesc("hiloop_session_limit",
+			"The most live sessions per sandbox (--exec-per-sandbox) and per organization (--exec-per-org).", []string{"scope"}, nil),
 	})
 }
 
 type sourceCollector struct {
-	src                       Source
-	sandboxes, orgs, sessions *prometheus.Desc
+	src                                        Source
+	sandboxes, orgs, sessions, busiest, limits *prometheus.Desc
 }
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.sandboxes
 	ch <- c.orgs
 	ch <- c.sessions
+	ch <- c.busiest
+	ch <- c.limits
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
@@ -123,6 +143,12 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	for t, n := range c.src.SessionsByTransport() {
 		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), string(t))
 	}
+	sandbox, org := c.src.SessionsBusiest()
+	ch <- prometheus.MustNewConstMetric(c.busiest, prometheus.GaugeValue, float64(sandbox), "sandbox")
+	ch <- prometheus.MustNewConstMetric(c.busiest, prometheus.GaugeValue, float64(org), "organization")
+	perSandbox, perOrg := c.src.SessionLimits()
+	ch <- prometheus.MustNewConstMetric(c.limits, prometheus.GaugeValue, float64(perSandbox), "sandbox")
+	ch <- prometheus.MustNewConstMetric(c.limits, prometheus.GaugeValue, float64(perOrg), "organization")
 }
 
 // Handler serves the metrics in the Prometheus text format.
@@ -211,6 +237,34 @@ func (m *Metrics) SSHRefused(reason string) {
 		return
 	}
 	m.sshRefused.WithLabelValues(reason).Inc()
+}
+
+// SessionRefused records a session refused at a session limit; limit is
+// sandbox or organization.
+func (m *Metrics) SessionRefused(limit string) {
+	if m == nil {
+		return
+	}
+	m.sessionRefused.WithLabelValues(limit).Inc()
+}
+
+// SSHStartups sets the SSH connections not yet authenticated: in their
+// handshake, and waiting for a place.
+func (m *Metrics) SSHStartups(handshake, waiting int) {
+	if m == nil {
+		return
+	}
+	m.sshStartups.WithLabelValues("handshake").Set(float64(handshake))
+	m.sshStartups.WithLabelValues("waiting").Set(float64(waiting))
+}
+
+// SSHPenalty records an SSH connection that charged its source a penalty;
+// event is one of a fixed set (see the metric's help).
+func (m *Metrics) SSHPenalty(event string) {
+	if m == nil {
+		return
+	}
+	m.sshPenalties.WithLabelValues(event).Inc()
 }
 
 // HTTPRefused records an HTTP connection closed at one of the limits on

@@ -14,7 +14,12 @@ func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, org.API())
+	out := org.API()
+	var u api.OrgSessions
+	u.Open, u.BusiestSandbox = s.o.Control.OrgSessions(org.ID)
+	u.MaxPerSandbox, u.MaxPerOrg = s.o.Control.SessionLimits()
+	out.Sessions = &u
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {

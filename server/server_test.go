@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/gorilla/websocket"
 	gossh "golang.org/x/crypto/ssh"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -1020,4 +1021,34 @@ func sshKeyBody(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return `{"public_key":` + strconv.Quote(strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key)))) + `}`
+}
+
+// TestOrgShowsSessions: GET /v1/org shows the organization its live
+// sessions against the session limits, and its busiest sandbox against
+// the limit per sandbox, so a platform can see how close it runs.
+func TestOrgShowsSessions(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Limits = control.Limits{PerSandbox: 3, PerOrg: 10}
+	})
+	ctx := context.Background()
+	ids := []string{ts.create(`{"image":"busybox"}`), ts.create(`{"image":"busybox"}`)}
+	for _, id := range ids {
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+	}
+	who := control.Caller{OrgID: ts.org.ID, KeyID: ts.keyID}
+	for _, id := range []string{ids[0], ids[0], ids[1]} {
+		s, err := ts.ctl.Admit(ctx, who, id, sandbox.TransportExec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.End()
+	}
+	rec := ts.do("GET", "/v1/org", "")
+	var org api.Org
+	if err := json.Unmarshal(rec.Body.Bytes(), &org); err != nil || org.Sessions == nil {
+		t.Fatalf("GET /v1/org: %d %s", rec.Code, rec.Body.String())
+	}
+	if diff := cmp.Diff(api.OrgSessions{Open: 3, MaxPerOrg: 10, BusiestSandbox: 2, MaxPerSandbox: 3}, *org.Sessions); diff != "" {
+		t.Errorf("sessions (-want +got):\n%s", diff)
+	}
 }

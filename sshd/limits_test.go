@@ -3,7 +3,10 @@ package sshd_test
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -72,9 +75,15 @@ func (g *gateway) serveAnother(s setup, tune func(*sshd.Options)) *metrics.Metri
 // as its metrics say.
 func refused(t *testing.T, met *metrics.Metrics, reason string) int {
 	t.Helper()
+	return counter(t, met, `hiloop_ssh_refused_connections_total{reason="`+reason+`"}`)
+}
+
+// counter is the value of series in met.
+func counter(t *testing.T, met *metrics.Metrics, series string) int {
+	t.Helper()
 	rec := httptest.NewRecorder()
 	met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	prefix := `hiloop_ssh_refused_connections_total{reason="` + reason + `"} `
+	prefix := series + " "
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
 		if v, ok := strings.CutPrefix(line, prefix); ok {
 			n, err := strconv.Atoi(v)
@@ -149,57 +158,65 @@ func tryLoginFrom(t *testing.T, g *gateway, source, user string, key gossh.Signe
 	return c, nil
 }
 
-// TestSilentConnections: a thousand TCP connections that say nothing hold
-// at most MaxStartupsPerSource of the gateway's goroutines, the rest are
-// closed at once, a client from another address still logs in and runs a
-// command, and the ones held are closed when the login grace passes.
+// TestSilentConnections: a thousand TCP connections from one address that
+// say nothing hold at most MaxStartupsPerSource handshakes and
+// StartupQueue places in the queue, and so few of the gateway's
+// goroutines: past those, each one takes the place of an older silent one,
+// which is closed and counted, and those that waited are refused when
+// their wait ends. A client from the same address, and one from another,
+// still log in and run a command, and the silent ones held are closed when
+// the login grace passes, which penalises their address.
 func TestSilentConnections(t *testing.T) {
 	const (
-		grace     = 3 * time.Second
-		startups  = 64
+		grace     = 4 * time.Second
 		perSource = 10
+		queue     = 8
 		silents   = 1000
 	)
 	g, met := limited(t, setup{}, func(o *sshd.Options) {
-		o.LoginGrace, o.MaxStartups, o.MaxStartupsPerSource = grace, startups, perSource
+		o.LoginGrace, o.StartupWait, o.MaxStartups, o.MaxStartupsPerSource, o.StartupQueue = grace, 3*time.Second, sshd.Startups{Start: 64, Rate: 100, Full: 64}, perSource, queue
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
 	id := g.sandbox(org, sandbox.TransportSSH)
 
 	before := runtime.NumGoroutine()
-	var kept []net.Conn
+	conns := make([]net.Conn, 0, silents)
 	for range silents {
-		nc := silent(t, g.addr, "127.0.0.1")
-		if held(t, nc) {
-			kept = append(kept, nc)
+		conns = append(conns, silent(t, g.addr, "127.0.0.1"))
+	}
+	gone := func() int {
+		return refused(t, met, "silent") + refused(t, met, "startup_wait") + refused(t, met, "startups_per_source")
+	}
+	eventually(t, "the silent connections past the caps closed", func() bool { return gone() >= silents-perSource-queue })
+	// Each connection held before authentication costs the gateway a few
+	// goroutines (its handler and x/crypto's transport); one closed, none
+	// once it is gone.
+	eventually(t, "the silent connections' goroutines gone", func() bool {
+		return runtime.NumGoroutine()-before <= 4*(perSource+queue)
+	})
+
+	for _, from := range []string{"127.0.0.1", "127.0.0.2"} {
+		c := loginFrom(t, g, from, id, key)
+		if r := run(t, c, "print"); r.Exit != "exit-status 0" || r.Stdout != "out\n" {
+			t.Errorf("a command from %s: %+v", from, r)
 		}
 	}
-	// Each connection held before authentication costs the gateway a few
-	// goroutines (its handler and x/crypto's transport); one refused, none.
-	if grew := runtime.NumGoroutine() - before; grew > 4*startups {
-		t.Errorf("%d silent connections left %d more goroutines, want at most %d", silents, grew, 4*startups)
-	}
-	if len(kept) == 0 {
-		t.Fatal("no silent connection was held at all")
-	}
-	if got, want := refused(t, met, "startups_per_source"), silents-len(kept); got != want {
-		t.Errorf("refused per source: %d, want the %d connections not held", got, want)
-	}
-
-	c := loginFrom(t, g, "127.0.0.2", id, key)
-	if r := run(t, c, "print"); r.Exit != "exit-status 0" || r.Stdout != "out\n" {
-		t.Errorf("a command from another address: %+v", r)
-	}
-
-	for _, nc := range kept {
+	c := loginFrom(t, g, "127.0.0.3", id, key)
+	for _, nc := range conns {
 		closedByServer(t, nc, "a connection that never authenticated")
 	}
-	if got := refused(t, met, "login_grace"); got != len(kept) {
-		t.Errorf("closed for the login grace: %d, want %d", got, len(kept))
+	if got := gone() + refused(t, met, "login_grace"); got != silents {
+		t.Errorf("%d silent connections closed and counted, want %d", got, silents)
+	}
+	if refused(t, met, "login_grace") == 0 {
+		t.Error("no silent connection was held until the login grace")
 	}
 	if r := run(t, c, "exit 3"); r.Exit != "exit-status 3" {
 		t.Errorf("the authenticated connection after the grace: %+v", r)
+	}
+	if _, err := tryLoginFrom(t, g, "127.0.0.1", id, key); err == nil || !strings.Contains(err.Error(), "--ssh-penalties") {
+		t.Errorf("a login from the address whose silent connections passed the grace: %v, want refused naming --ssh-penalties", err)
 	}
 }
 
@@ -265,55 +282,296 @@ func (c *readErrConn) err() error {
 	return c.first
 }
 
-// TestStartupsCaps: connections not yet authenticated are held up to
-// MaxStartupsPerSource from one address and MaxStartups in all; the next is
-// closed at once and counted; a slot freed is taken again, and an
-// authenticated connection no longer holds one.
-func TestStartupsCaps(t *testing.T) {
-	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxStartups, o.MaxStartupsPerSource = 4, 2 })
-	org := g.org("a")
-	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+// speaking opens a connection from source that sends its version line and
+// then nothing; it reports whether the gateway greeted it.
+func speaking(t *testing.T, addr, source string) (net.Conn, bool) {
+	t.Helper()
+	nc := silent(t, addr, source)
+	if _, err := nc.Write([]byte("SSH-2.0-stalls\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	return nc, held(t, nc)
+}
 
-	a1, a2 := silent(t, g.addr, "127.0.0.1"), silent(t, g.addr, "127.0.0.1")
-	if !held(t, a1) || !held(t, a2) {
-		t.Fatal("a connection within the caps was refused")
+// refusedWith fails the test unless the gateway refuses nc with a line
+// naming flag before its version, and closes it.
+func refusedWith(t *testing.T, nc net.Conn, flag string) {
+	t.Helper()
+	nc.SetReadDeadline(time.Now().Add(clientDeadline))
+	all, err := io.ReadAll(nc)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the gateway did not close a refused connection")
 	}
-	if held(t, silent(t, g.addr, "127.0.0.1")) {
-		t.Error("a third connection from one address was held, past MaxStartupsPerSource 2")
-	}
-	if got := refused(t, met, "startups_per_source"); got != 1 {
-		t.Errorf("refused per source: %d, want 1", got)
-	}
-	if !held(t, silent(t, g.addr, "127.0.0.2")) || !held(t, silent(t, g.addr, "127.0.0.3")) {
-		t.Fatal("a connection from another address was refused within MaxStartups")
-	}
-	if held(t, silent(t, g.addr, "127.0.0.4")) {
-		t.Error("a fifth connection was held, past MaxStartups 4")
-	}
-	if got := refused(t, met, "startups"); got != 1 {
-		t.Errorf("refused in all: %d, want 1", got)
-	}
-
-	a1.Close()
-	a2.Close()
-	// The gateway frees a slot once it reads the close, so each freed slot
-	// is waited for: the second may still be held when the first is taken.
-	eventually(t, "a freed slot taken again", func() bool { return held(t, silent(t, g.addr, "127.0.0.4")) })
-	eventually(t, "a login in the other freed slot", func() bool {
-		_, err := tryLoginFrom(t, g, "127.0.0.5", id, key)
-		return err == nil
-	})
-	if !held(t, silent(t, g.addr, "127.0.0.5")) {
-		t.Error("an authenticated connection still holds a slot of the connections not yet authenticated")
+	line, _, _ := strings.Cut(string(all), "\n")
+	if !strings.HasPrefix(line, "hiloop: ") || !strings.Contains(line, flag) {
+		t.Errorf("refused with %q, want a line naming %s", all, flag)
 	}
 }
 
+// TestStartupsCaps: handshakes are held up to MaxStartupsPerSource from
+// one address and MaxStartups in all. One more waits, and once it spoke
+// takes the place of a silent one; when all of them speak, it waits in
+// the queue for a place, and past the queue or the wait it is refused with a line naming
+// the flag, which the x/crypto client reports as a disconnect. A place
+// freed goes to the connection waiting longest that may take it, and an
+// authenticated connection no longer holds one.
+func TestStartupsCaps(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.MaxStartups, o.MaxStartupsPerSource, o.StartupQueue, o.StartupWait = sshd.Startups{Start: 4, Rate: 100, Full: 4}, 2, 1, 5*time.Second
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	waiting := func(n int) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
+	}
+	// greeted reports, once the gateway speaks, whether it greeted nc.
+	greeted := func(nc net.Conn) <-chan bool {
+		ch := make(chan bool, 1)
+		go func() {
+			line, err := bufio.NewReader(nc).ReadString('\n')
+			ch <- err == nil && strings.HasPrefix(line, "SSH-2.0-")
+		}()
+		return ch
+	}
+
+	quiet := silent(t, g.addr, "127.0.0.1")
+	if !held(t, quiet) {
+		t.Fatal("a connection within the caps was refused")
+	}
+	a2, ok := speaking(t, g.addr, "127.0.0.1")
+	if !ok {
+		t.Fatal("a connection within the caps was refused")
+	}
+	if _, ok := speaking(t, g.addr, "127.0.0.1"); !ok {
+		t.Fatal("a connection past MaxStartupsPerSource was refused while a silent one held a place")
+	}
+	closedByServer(t, quiet, "the silent connection whose place went to a new one")
+	if got := refused(t, met, "silent"); got != 1 {
+		t.Errorf("closed as silent: %d, want 1", got)
+	}
+	// Past the address's cap, with no silent one to give way, the next
+	// waits; the one after, with the queue full, is refused.
+	w1 := silent(t, g.addr, "127.0.0.1")
+	if _, err := w1.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	waiting(1)
+	w1Greeted := greeted(w1)
+	refusedWith(t, silent(t, g.addr, "127.0.0.1"), "--ssh-max-startups-per-source")
+	if _, err := tryLoginFrom(t, g, "127.0.0.1", id, key); err == nil || !strings.Contains(err.Error(), "--ssh-max-startups-per-source") {
+		t.Errorf("a login past MaxStartupsPerSource: %v, want a disconnect naming the flag", err)
+	}
+	if got := refused(t, met, "startups_per_source"); got != 2 {
+		t.Errorf("refused per source: %d, want 2", got)
+	}
+	a2.Close()
+	if !<-w1Greeted {
+		t.Fatal("the connection waiting for a place of its address was not given the freed one")
+	}
+
+	// Four handshakes in all: the next waits, the one after is refused.
+	if _, ok := speaking(t, g.addr, "127.0.0.2"); !ok {
+		t.Fatal("a connection from another address was refused within MaxStartups")
+	}
+	b2, ok := speaking(t, g.addr, "127.0.0.2")
+	if !ok {
+		t.Fatal("a connection from another address was refused within MaxStartups")
+	}
+	w2 := silent(t, g.addr, "127.0.0.3")
+	if _, err := w2.Write([]byte("SSH-2.0-waits\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	waiting(1)
+	w2Greeted := greeted(w2)
+	refusedWith(t, silent(t, g.addr, "127.0.0.4"), "--ssh-startup-queue")
+	if got := refused(t, met, "startups"); got != 1 {
+		t.Errorf("refused past the queue: %d, want 1", got)
+	}
+	b2.Close()
+	if !<-w2Greeted {
+		t.Error("the waiting connection was not given the freed place")
+	}
+
+	// A login waits for a place, and gives it back once it authenticated.
+	login := make(chan error, 1)
+	go func() {
+		c, err := tryLoginFrom(t, g, "127.0.0.5", id, key)
+		if err == nil {
+			c.Close()
+		}
+		login <- err
+	}()
+	waiting(1)
+	w1.Close()
+	if err := <-login; err != nil {
+		t.Fatalf("a login that waited for a place: %v", err)
+	}
+	if _, ok := speaking(t, g.addr, "127.0.0.5"); !ok {
+		t.Error("an authenticated connection still holds a place of the connections not yet authenticated")
+	}
+	// Every place is taken by a client that speaks: the next waits, and
+	// is refused when its wait ends.
+	refusedWith(t, silent(t, g.addr, "127.0.0.6"), "--ssh-startup-wait")
+	if got := refused(t, met, "startup_wait"); got != 1 {
+		t.Errorf("refused after the wait: %d, want 1", got)
+	}
+}
+
+// TestWaiterTakesSilentPlace: a client that waits for a place, and has
+// spoken, takes the place of a connection in its handshake that has sent
+// nothing for a second, rather than wait for the login grace to free one;
+// a silent one waiting does not, and gets the next place freed.
+func TestWaiterTakesSilentPlace(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.MaxStartups, o.StartupWait = sshd.Startups{Start: 2, Rate: 100, Full: 4}, 20*time.Second
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	quiet := []net.Conn{silent(t, g.addr, "127.0.0.1"), silent(t, g.addr, "127.0.0.1")}
+	for _, nc := range quiet {
+		if !held(t, nc) {
+			t.Fatal("a connection within the caps was refused")
+		}
+	}
+	// Two handshakes are under way, at start: the next ones wait.
+	waiter := silent(t, g.addr, "127.0.0.3")
+	eventually(t, "a silent connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
+	c := loginFrom(t, g, "127.0.0.2", id, key)
+	if r := run(t, c, "print"); r.Stdout != "out\n" {
+		t.Errorf("a command from the client that waited: %+v", r)
+	}
+	if got := refused(t, met, "silent"); got != 1 {
+		t.Errorf("closed as silent: %d, want the 1 whose place the login took", got)
+	}
+	// The silent one waiting took no one's place (it never spoke); it got
+	// the place the login gave back once it authenticated.
+	if !held(t, waiter) {
+		t.Error("the connection waiting longest did not get the place a login gave back")
+	}
+}
+
+// TestBurstFromOneAddress: clients that log in promptly are a burst, not an
+// attack: many at once from one address all log in and run a command with
+// the default limits, and their address is not penalised.
+func TestBurstFromOneAddress(t *testing.T) {
+	const burst = 100
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey = burst })
+	org := g.org("a")
+	key, _ := g.key(org)
+	ids := []string{g.sandbox(org, sandbox.TransportSSH), g.sandbox(org, sandbox.TransportSSH)}
+	errs := make(chan error, burst)
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := tryLoginFrom(t, g, "127.0.0.1", ids[i%2], key)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			s, err := c.NewSession()
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			errs <- s.Run("exit 0")
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if err != nil {
+			failed++
+			t.Log(err)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d logins at once from one address failed", failed, burst)
+	}
+	for _, reason := range []string{"startups", "startups_per_source", "startup_wait", "silent", "penalty", "per_key"} {
+		if n := refused(t, met, reason); n != 0 {
+			t.Errorf("refused for %s: %d", reason, n)
+		}
+	}
+	loginFrom(t, g, "127.0.0.1", ids[0], key)
+}
+
+// TestPenalties: an address whose logins fail is refused, with a line
+// naming --ssh-penalties, once what it owes reaches the minimum, for a
+// good key too; another address is not; and an address whose handshake
+// breaks the protocol is refused at once.
+func TestPenalties(t *testing.T) {
+	g, met := limited(t, setup{}, func(o *sshd.Options) {
+		o.Penalties = sshd.Penalties{AuthFail: 5 * time.Second, NoAuth: time.Second, GraceExceeded: 10 * time.Second, Crash: time.Hour, Min: 15 * time.Second, Max: time.Hour, MaxSources: 100}
+	})
+	org := g.org("a")
+	key, _ := g.key(org)
+	id := g.sandbox(org, sandbox.TransportSSH)
+	_, stranger, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := gossh.NewSignerFromKey(stranger)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	failures := 0
+	for range 50 {
+		_, err := tryLoginFrom(t, g, "127.0.0.2", id, bad)
+		if err == nil {
+			t.Fatal("an unregistered key logged in")
+		}
+		if strings.Contains(err.Error(), "--ssh-penalties") {
+			break
+		}
+		failures++
+		// The gateway charges the address once it sees the close.
+		eventually(t, "the failed login charged", func() bool {
+			return counter(t, met, `hiloop_ssh_penalties_total{event="authfail"}`) == failures
+		})
+	}
+	if failures != 3 {
+		t.Errorf("refused for its penalty after %d failed logins, want 3 (authfail 5s, min 15s)", failures)
+	}
+	if _, err := tryLoginFrom(t, g, "127.0.0.2", id, key); err == nil || !strings.Contains(err.Error(), "--ssh-penalties") {
+		t.Errorf("a good key from the penalised address: %v, want refused naming --ssh-penalties", err)
+	}
+	if got := refused(t, met, "penalty"); got != 2 {
+		t.Errorf("refused for a penalty: %d, want 2", got)
+	}
+	loginFrom(t, g, "127.0.0.1", id, key)
+
+	nc := silent(t, g.addr, "127.0.0.3")
+	if !held(t, nc) {
+		t.Fatal("a first connection from a new address was refused")
+	}
+	// A version line, then a packet far longer than any SSH allows.
+	if _, err := nc.Write([]byte("SSH-2.0-fuzz\r\n\xff\xff\xff\xff\x00\x00\x00\x00")); err != nil {
+		t.Fatal(err)
+	}
+	closedByServer(t, nc, "a connection that broke the protocol")
+	eventually(t, "the address that broke the protocol refused", func() bool {
+		nc := silent(t, g.addr, "127.0.0.3")
+		nc.SetReadDeadline(time.Now().Add(clientDeadline))
+		all, _ := io.ReadAll(nc)
+		return strings.Contains(string(all), "--ssh-penalties")
+	})
+}
+
 // TestConnsPerKeyCap: one key holds at most MaxConnsPerKey authenticated
-// connections; one more fails to log in and is counted, another key of the
+// connections; one more waits StartupWait for a place, then fails to log
+// in with a banner naming the flag and is counted, another key of the
 // organization still logs in, and a connection closed frees its place.
 func TestConnsPerKeyCap(t *testing.T) {
-	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey = 2 })
+	g, met := limited(t, setup{}, func(o *sshd.Options) { o.MaxConnsPerKey, o.StartupWait = 2, time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
 	other, _ := g.key(org)
@@ -321,8 +579,13 @@ func TestConnsPerKeyCap(t *testing.T) {
 
 	first := g.login(id, key)
 	g.login(id, key)
-	if _, err := g.dial(id, gossh.PublicKeys(key)); err == nil {
+	var banner string
+	if _, _, _, err := g.connect(gossh.ClientConfig{User: id, Auth: []gossh.AuthMethod{gossh.PublicKeys(key)},
+		BannerCallback: func(msg string) error { banner += msg; return nil }}); err == nil {
 		t.Error("a third connection of one key logged in, past MaxConnsPerKey 2")
+	}
+	if !strings.Contains(banner, "--ssh-max-conns-per-key") {
+		t.Errorf("the login refused past MaxConnsPerKey was told %q, want the flag named", banner)
 	}
 	if got := refused(t, met, "per_key"); got != 1 {
 		t.Errorf("refused per key: %d, want 1", got)

@@ -91,7 +91,10 @@ func TestServeAfterShutdown(t *testing.T) {
 func TestShutdownAfterGraceAtAccept(t *testing.T) {
 	g, met := limited(t, setup{}, func(o *sshd.Options) {
 		o.LoginGrace = time.Nanosecond
-		o.MaxStartups, o.MaxStartupsPerSource = 1000, 1000
+		o.MaxStartups, o.MaxStartupsPerSource = sshd.Startups{Start: 1000, Rate: 100, Full: 1000}, 1000
+		// A grace that passes once the handshake started charges the
+		// address; here every connection is to reach the grace.
+		o.Penalties = sshd.Penalties{Off: true}
 	})
 	const conns = 1000
 	for range conns {

@@ -14,6 +14,7 @@ package sshd
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -45,19 +46,38 @@ type Options struct {
 	// after it was accepted, version and key exchange included, as sshd's
 	// LoginGraceTime; 30s when zero.
 	LoginGrace time.Duration
-	// MaxStartups and MaxStartupsPerSource bound the connections accepted
-	// and not yet authenticated, in all and from one address, as sshd's
-	// MaxStartups and PerSourceMaxStartups: one past either is closed at
-	// once. 64 and 10 when zero.
-	MaxStartups          int
+	// MaxStartups bounds the connections in their handshake (accepted and
+	// not yet authenticated) as sshd's MaxStartups start:rate:full does,
+	// except that a connection sshd would drop waits in a queue first
+	// (StartupQueue places, for at most StartupWait), and that one arriving
+	// over a cap takes the place of the oldest connection that has sent
+	// nothing, if there is one. 64:30:256 when zero.
+	MaxStartups Startups
+	// MaxStartupsPerSource bounds the connections in their handshake from
+	// one address (an IPv6 /64), as sshd's PerSourceMaxStartups: one more
+	// takes the place of the address's oldest silent connection, or
+	// waits in the queue; 128 when zero, half of MaxStartups.Full, so
+	// that one address cannot hold every handshake.
 	MaxStartupsPerSource int
+	// StartupQueue bounds the connections waiting for a place among the
+	// handshakes, and StartupWait how long each waits, and how long a
+	// login waits for a place of its key or organization
+	// (MaxConnsPerKey, MaxConnsPerOrg) before it is refused; 256 and 10s
+	// when zero. The login grace runs while they wait.
+	StartupQueue int
+	StartupWait  time.Duration
+	// Penalties charge a source address for connections that fail or stall
+	// before they authenticate, as sshd's PerSourcePenalties;
+	// authfail:5s,noauth:1s,grace-exceeded:10s,crash:30s,min:15s,max:10m,
+	// max-sources:16384 when zero.
+	Penalties Penalties
 	// MaxConnsPerKey bounds the authenticated connections of one SSH key; a
-	// login past it fails. 32 when zero.
+	// login past it waits (StartupWait), then fails. 32 when zero.
 	MaxConnsPerKey int
 	// MaxConnsPerOrg bounds the authenticated connections of all of one
 	// organization's SSH keys together, so that registering more keys
-	// does not multiply MaxConnsPerKey; a login past it fails. 256 when
-	// zero.
+	// does not multiply MaxConnsPerKey; a login past it waits
+	// (StartupWait), then fails. 256 when zero.
 	MaxConnsPerOrg int
 	// MaxChannelsPerConn bounds the channels open at once on one
 	// authenticated connection, sessions and -L channels together, as
@@ -82,6 +102,8 @@ type Options struct {
 	// Metrics records refused keys, connections refused at a limit and
 	// bytes moved; optional.
 	Metrics *metrics.Metrics
+	// Now is the clock of penalties; time.Now when nil.
+	Now func() time.Time
 }
 
 // Gateway is the SSH server.
@@ -90,7 +112,8 @@ type Gateway struct {
 	log *slog.Logger
 	srv *ssh.Server
 	// limits counts the connections held against MaxStartups,
-	// MaxStartupsPerSource and MaxConnsPerKey.
+	// MaxStartupsPerSource, MaxConnsPerKey and MaxConnsPerOrg, and the
+	// penalties of source addresses.
 	limits limits
 	// upstreams holds each client connection's upstream to its sandbox's
 	// session helper.
@@ -126,11 +149,26 @@ func New(o Options) (*Gateway, error) {
 	if o.LoginGrace == 0 {
 		o.LoginGrace = defaultLoginGrace
 	}
-	if o.MaxStartups == 0 {
-		o.MaxStartups = defaultMaxStartups
+	if o.MaxStartups == (Startups{}) {
+		o.MaxStartups = defaultStartups()
+	}
+	if err := o.MaxStartups.valid(); err != nil {
+		return nil, fmt.Errorf("sshd: max startups: %w", err)
 	}
 	if o.MaxStartupsPerSource == 0 {
 		o.MaxStartupsPerSource = defaultMaxStartupsPerSource
+	}
+	if o.StartupQueue == 0 {
+		o.StartupQueue = defaultStartupQueue
+	}
+	if o.StartupWait == 0 {
+		o.StartupWait = defaultStartupWait
+	}
+	if o.Penalties == (Penalties{}) {
+		o.Penalties = defaultPenalties()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	if o.MaxConnsPerKey == 0 {
 		o.MaxConnsPerKey = defaultMaxConnsPerKey
@@ -148,6 +186,7 @@ func New(o Options) (*Gateway, error) {
 		o.HelperDialTimeout = defaultHelperDialTimeout
 	}
 	g := &Gateway{o: o, log: o.Log.With("component", "sshd")}
+	g.limits.met = o.Metrics
 	g.srv = &ssh.Server{
 		Version:     "hiloop",
 		HostSigners: []ssh.Signer{o.HostKey},
@@ -159,7 +198,7 @@ func New(o Options) (*Gateway, error) {
 		ConnCallback: func(ctx ssh.Context, nc net.Conn) net.Conn {
 			qc := &quickAckConn{Conn: nc}
 			ctx.SetValue(quickAckKey{}, qc)
-			return g.accept(ctx, qc)
+			return g.accept(ctx, qc, nc)
 		},
 		// Setting a public-key handler keeps NoClientAuth off; no password
 		// or keyboard-interactive handler means those methods fail.
@@ -178,10 +217,8 @@ func New(o Options) (*Gateway, error) {
 		},
 		// No global request handlers: tcpip-forward (-R) and every other
 		// global request is answered false.
-		RequestHandlers: map[string]ssh.RequestHandler{},
-		ConnectionFailedCallback: func(conn net.Conn, err error) {
-			g.log.Debug("handshake failed", "remote", conn.RemoteAddr().String(), "err", err)
-		},
+		RequestHandlers:          map[string]ssh.RequestHandler{},
+		ConnectionFailedCallback: g.failed,
 	}
 	return g, nil
 }
@@ -213,8 +250,10 @@ func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.P
 	}
 	if err := c.takeOrg(who.OrgID); err != nil {
 		if errors.Is(err, errPerOrg) {
+			c.absolve()
 			g.o.Metrics.SSHRefused(refusedPerOrg)
 			g.log.Info("ssh login refused: too many connections for the organization", "org", who.OrgID, "max", g.o.MaxConnsPerOrg)
+			return nil, &gossh.BannerError{Err: err, Message: fmt.Sprintf("hiloop: too many connections for this organization (--ssh-max-conns-per-org %d); waited %s\r\n", g.o.MaxConnsPerOrg, g.o.StartupWait)}
 		}
 		return nil, err
 	}

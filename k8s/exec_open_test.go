@@ -1,18 +1,17 @@
 package k8s_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
 
+	"github.com/hiloop/hiloop/internal/hungtest"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -86,62 +85,6 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// hungServer stands in for an API server that hangs: it accepts
-// connections (as the kernel does for a process stopped with SIGSTOP) and
-// serves each as answer says, then holds it open unanswered until the test
-// ends. answer gets the connection's number, from 0, and the request's
-// first line; it returns what to write before holding, and whether to
-// close at once instead.
-func hungServer(t *testing.T, answer func(n int, line string) (reply string, drop bool)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var held []net.Conn
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for n := 0; ; n++ {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if answer == nil {
-					return // not even TLS
-				}
-				br := bufio.NewReader(c)
-				line, _ := br.ReadString('\n')
-				reply, drop := answer(n, line)
-				if drop {
-					c.Close()
-					return
-				}
-				c.Write([]byte(reply))
-				io.Copy(io.Discard, br) // whatever comes next goes unanswered
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // TestExecSetUpEndsAtItsDeadline: whatever step of a stream's set-up an
 // API server hangs in, the exec answers once the set-up's deadline passes,
 // with a *ConnectError (no command ran), while the server still hangs;
@@ -175,7 +118,7 @@ func TestExecSetUpEndsAtItsDeadline(t *testing.T) {
 		{"WebSocket handshake dropped", "http", func(n int, _ string) (string, bool) { return "", n == 0 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := tc.scheme + "://" + hungServer(t, tc.answer)
+			base := tc.scheme + "://" + hungtest.Server(t, tc.answer)
 			cfg := &rest.Config{Host: base, TLSClientConfig: rest.TLSClientConfig{Insecure: tc.scheme == "https"}}
 			req := k8s.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: 200 * time.Millisecond}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -1,15 +1,11 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +15,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/hungtest"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -80,49 +77,14 @@ func TestExecTimeoutBeforeTheStreamOpened(t *testing.T) {
 // hungAPIServer is an address that accepts connections and never answers
 // what it reads, as the kernel does for an API server stopped with
 // SIGSTOP; with refuseWebSocket it answers a WebSocket handshake with a
-// refusal first, as an API server that speaks only SPDY does. Its
-// connections are closed when the test ends.
+// refusal first, as an API server that speaks only SPDY does.
 func hungAPIServer(t *testing.T, refuseWebSocket bool) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var held []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
+	return hungtest.Server(t, func(_ int, line string) (string, bool) {
+		if refuseWebSocket && strings.HasPrefix(line, "GET ") {
+			return "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", false
 		}
-		mu.Unlock()
-		wg.Wait()
+		return "", false
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				br := bufio.NewReader(c)
-				if line, _ := br.ReadString('\n'); refuseWebSocket && strings.HasPrefix(line, "GET ") {
-					io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-				}
-				io.Copy(io.Discard, br)
-			}()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // TestExecAnswersWhileTheAPIServerHangs: with the real cluster adapter in

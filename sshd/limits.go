@@ -401,6 +401,24 @@ func pending(nc net.Conn) bool {
 	return waiting
 }
 
+// hungUp reports whether the client closed its side of the connection or
+// reset it, even with bytes it sent still unread.
+func (c *heldConn) hungUp() bool {
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	if err := rc.Control(func(fd uintptr) { gone = hungUp(fd) }); err != nil {
+		return false
+	}
+	return gone
+}
+
 // accept is the server's ConnCallback. It refuses a connection from a
 // penalised source, and otherwise holds it against the caps on
 // connections not yet authenticated: it starts its handshake at once, or
@@ -604,7 +622,9 @@ const silentAge = 2 * time.Second
 // first; false when the connection closed while it waited (the login
 // grace, shutdown). While it waits, once its client has spoken, it takes
 // the place of a connection that has sent nothing for silentAge, so that
-// silent connections cannot keep a client that speaks waiting.
+// silent connections cannot keep a client that speaks waiting; and once
+// its client hung up, it is closed, so that connections their sender
+// already forgot cannot fill the queue.
 func (c *heldConn) await() (string, bool) {
 	l := &c.g.limits
 	l.mu.Lock()
@@ -624,6 +644,15 @@ wait:
 		case <-t.C:
 			break wait
 		case <-tick.C:
+			if c.hungUp() {
+				// Its client gave up or was never there: it would hold
+				// a place in the queue it cannot use until its wait
+				// ends. The wait was the gateway's doing: no charge.
+				c.g.log.Debug("ssh connection closed: its client hung up while it waited for a place", "remote", c.source)
+				c.absolve()
+				c.Close()
+				break wait
+			}
 			if victim := l.jump(c); victim != nil {
 				c.g.o.Metrics.SSHRefused(refusedSilent)
 				c.g.log.Debug("ssh connection closed: it sent nothing, and its place went to a waiting one", "remote", victim.source)

@@ -1,6 +1,9 @@
 package control
 
-import "net"
+import (
+	"net"
+	"strings"
+)
 
 // Source is the client a network address (host:port, or a bare host) is
 // counted under by the limits on what strangers can open, the HTTP API's
@@ -12,6 +15,10 @@ func Source(addr string) string {
 	if h, _, err := net.SplitHostPort(addr); err == nil {
 		host = h
 	}
+	// A link-local address comes with its zone (fe80::1%eth0), which
+	// ParseIP refuses: without it, each address of the /64 would be a
+	// source of its own.
+	host, _, _ = strings.Cut(host, "%")
 	ip := net.ParseIP(host)
 	switch {
 	case ip == nil:

@@ -17,6 +17,8 @@ func TestSource(t *testing.T) {
 		{"[2001:db8:1:2:ffff:ffff:ffff:ffff]:40000", "2001:db8:1:2::/64"},
 		{"[2001:db8:1:3::1]:2222", "2001:db8:1:3::/64"},
 		{"2001:db8:1:3::1", "2001:db8:1:3::/64"},
+		{"[fe80::1%eth0]:2222", "fe80::/64"},
+		{"[fe80::aaaa:bbbb:cccc:dddd%eth0]:2222", "fe80::/64"},
 	} {
 		if got := control.Source(tc.addr); got != tc.want {
 			t.Errorf("Source(%s) = %q, want %q", tc.addr, got, tc.want)

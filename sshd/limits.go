@@ -330,8 +330,6 @@ type heldConn struct {
 	raw    net.Conn
 	g      *Gateway
 	source string
-	// accepted is when the connection was accepted.
-	accepted time.Time
 	// spoke is set once the handshake read a byte from the client.
 	spoke atomic.Bool
 	// authFailed is set once the client tried a key or method that
@@ -346,6 +344,10 @@ type heldConn struct {
 	place    place
 	elem     *list.Element
 	admitted chan struct{}
+	// started is when it took its place among the handshakes, and the
+	// gateway sent its version: a client may wait for that before it
+	// speaks, so its silence counts from then, not from its wait.
+	started time.Time
 
 	mu sync.Mutex
 	// grace closes the connection unless it authenticates first; nil once
@@ -401,6 +403,24 @@ func pending(nc net.Conn) bool {
 	return waiting
 }
 
+// hungUp reports whether the client closed its side of the connection or
+// reset it, even with bytes it sent still unread.
+func (c *heldConn) hungUp() bool {
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	if err := rc.Control(func(fd uintptr) { gone = hungUp(fd) }); err != nil {
+		return false
+	}
+	return gone
+}
+
 // accept is the server's ConnCallback. It refuses a connection from a
 // penalised source, and otherwise holds it against the caps on
 // connections not yet authenticated: it starts its handshake at once, or
@@ -414,7 +434,7 @@ func (g *Gateway) accept(ctx ssh.Context, nc, raw net.Conn) net.Conn {
 		g.refuse(raw, refusedPenalty, fmt.Sprintf("this address is refused for another %s after failed or stalled logins (--ssh-penalties)", left.Round(time.Second)))
 		return nil
 	}
-	c := &heldConn{Conn: nc, raw: raw, g: g, source: source, accepted: time.Now(), done: make(chan struct{})}
+	c := &heldConn{Conn: nc, raw: raw, g: g, source: source, done: make(chan struct{})}
 	// c is kept for Shutdown before its grace can close it: a grace
 	// that passed first would have Close forget c before it was kept, and
 	// c kept, closed, for ever.
@@ -520,6 +540,7 @@ func (l *limits) enter(c *heldConn, o *Options) (victim *heldConn, _ place, reas
 func (l *limits) add(c *heldConn, p place) {
 	c.place = p
 	if p == placeStarting {
+		c.started = time.Now()
 		c.elem = l.starting.PushBack(c)
 		if l.bySource == nil {
 			l.bySource = map[string]int{}
@@ -533,12 +554,12 @@ func (l *limits) add(c *heldConn, p place) {
 }
 
 // oldestSilent is the connection under way in its handshake the longest
-// that has sent nothing, from source if it is not empty, and accepted
+// that has sent nothing, from source if it is not empty, and started
 // before before if it is not zero; nil if there is none.
 func (l *limits) oldestSilent(source string, before time.Time) *heldConn {
 	for e := l.starting.Front(); e != nil; e = e.Next() {
 		v := e.Value.(*heldConn)
-		if (source == "" || v.source == source) && (before.IsZero() || v.accepted.Before(before)) && v.silent() {
+		if (source == "" || v.source == source) && (before.IsZero() || v.started.Before(before)) && v.silent() {
 			return v
 		}
 	}
@@ -575,7 +596,7 @@ func (l *limits) promote(o *Options) {
 		w, next := e.Value.(*heldConn), e.Next()
 		if l.bySource[w.source] < o.MaxStartupsPerSource {
 			l.queue.Remove(e)
-			w.place, w.elem = placeStarting, l.starting.PushBack(w)
+			w.place, w.elem, w.started = placeStarting, l.starting.PushBack(w), time.Now()
 			l.bySource[w.source]++ // not nil: a connection waits only once others started
 			close(w.admitted)
 			l.met.SSHStartups(l.starting.Len(), l.queue.Len())
@@ -604,7 +625,9 @@ const silentAge = 2 * time.Second
 // first; false when the connection closed while it waited (the login
 // grace, shutdown). While it waits, once its client has spoken, it takes
 // the place of a connection that has sent nothing for silentAge, so that
-// silent connections cannot keep a client that speaks waiting.
+// silent connections cannot keep a client that speaks waiting; and once
+// its client hung up, it is closed, so that connections their sender
+// already forgot cannot fill the queue.
 func (c *heldConn) await() (string, bool) {
 	l := &c.g.limits
 	l.mu.Lock()
@@ -624,6 +647,15 @@ wait:
 		case <-t.C:
 			break wait
 		case <-tick.C:
+			if c.hungUp() {
+				// Its client gave up or was never there: it would hold
+				// a place in the queue it cannot use until its wait
+				// ends. The wait was the gateway's doing: no charge.
+				c.g.log.Debug("ssh connection closed: its client hung up while it waited for a place", "remote", c.source)
+				c.absolve()
+				c.Close()
+				break wait
+			}
 			if victim := l.jump(c); victim != nil {
 				c.g.o.Metrics.SSHRefused(refusedSilent)
 				c.g.log.Debug("ssh connection closed: it sent nothing, and its place went to a waiting one", "remote", victim.source)

@@ -173,13 +173,17 @@ func (c *Control) wake(id, trigger string) error {
 	return nil
 }
 
-// timedOut is err, or, when wake's deadline passed in the middle of a
-// step (a write of the record or to the cluster, a read, which fail each
-// in their own words), the *WakeTimeoutError that means, with the state
-// the record holds: a wake that ran out of time says so whichever step it
-// was in.
+// timedOut is err, or ErrShuttingDown once hiloop began to shut down
+// (which cancels the step under way), or, when wake's deadline passed in
+// the middle of a step (a write of the record or to the cluster, a read,
+// which fail each in their own words), the *WakeTimeoutError that means,
+// with the state the record holds: a wake that ran out of time says so
+// whichever step it was in.
 func (c *Control) timedOut(ctx context.Context, id string, err error) error {
 	var we *WakeTimeoutError
+	if c.base.Err() != nil {
+		return ErrShuttingDown
+	}
 	if ctx.Err() != context.DeadlineExceeded || errors.As(err, &we) {
 		return err
 	}

@@ -268,3 +268,46 @@ func TestWakeWaitLimit(t *testing.T) {
 		t.Fatalf("exec with wake=true once the sandbox runs: %d %s", rec.Code, rec.Body.String())
 	}
 }
+
+// TestWakeAtShutdown: a call with ?wake=true that waits for a wake when
+// hiloop begins to shut down, and one that asks for a wake after, are
+// answered 503 with a Retry-After, never 500: nothing broke, and the
+// client may try again against the next hiloop.
+func TestWakeAtShutdown(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
+	})
+	ctx := context.Background()
+	stopped := func() string {
+		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
+			t.Fatal(err)
+		}
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
+		return id
+	}
+	waiting, after := stopped(), stopped()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		done <- ts.do("POST", "/v1/sandboxes/"+waiting+"/exec/run?wake=true", `{"command":["true"]}`)
+	}()
+	for ts.db.Waiting() == 0 {
+		select {
+		case rec := <-done:
+			t.Fatalf("a wake that should wait answered %d %s", rec.Code, rec.Body.String())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if err := ts.ctl.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, rec *httptest.ResponseRecorder) {
+		t.Helper()
+		if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "shutting down") {
+			t.Errorf("%s: %d, Retry-After %q, %s; want 503 saying hiloop is shutting down", what, rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
+		}
+	}
+	check("a wake waiting at shutdown", <-done)
+	check("a wake asked for after shutdown began", ts.do("POST", "/v1/sandboxes/"+after+"/exec/run?wake=true", `{"command":["true"]}`))
+}

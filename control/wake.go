@@ -17,8 +17,10 @@ type WakeOptions struct {
 	// Trigger names the way in for the metrics (ssh, forward, exec,
 	// files); the transport's name when empty.
 	Trigger string
-	// Waking, when set, is called once before the caller waits for a
-	// sandbox that is not running yet (the gateway prints a line).
+	// Waking, when set, is called once when the caller begins to wait
+	// for a sandbox that is not running yet (the gateway prints a line),
+	// beside the wait: Wake returns after it returned, or once the
+	// caller's context ended.
 	Waking func()
 }
 
@@ -34,7 +36,7 @@ type WakeOptions struct {
 // every call; the caller admits its session afterwards (AdmitWaking).
 //
 // A call that waits holds one of its key's Limits.WakeWaitsPerKey places
-// and one of its organization's Limits.WakeWaitsPerOrg until it returns;
+// and one of its organization's Limits.WakeWaitsPerOrg until its wait ends;
 // past either it is refused at once with a *WaitLimitError and starts
 // nothing. A call that finds the sandbox running holds none.
 func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions) error {
@@ -63,22 +65,37 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 		trigger = string(o.Transport)
 	}
 	// From here on the call waits: it holds one of its key's and its
-	// organization's places until it returns, however it returns.
+	// organization's places until the wait ends, however it ends.
 	release, refused := c.waits.take(who, c.o.Limits)
 	if refused != nil {
 		c.o.Metrics.WakeWaitRefused(trigger, refused.limit())
 		return refused
 	}
-	c.o.Metrics.WakeWaiting(1)
+	// Waking is the caller's own output, which its client may never take
+	// (an SSH channel whose window stays shut): it runs beside the wait,
+	// neither holding the place nor holding the wake back, and the call
+	// returns once it did, or once the caller went away, so the caller's
+	// next output comes after it. A wake begun during the read, maybe of
+	// another sandbox, is asked (startIdle reads the record again) but not
+	// announced.
+	announced := make(chan struct{})
+	if joins && o.Waking != nil {
+		go func() {
+			defer close(announced)
+			o.Waking()
+		}()
+	} else {
+		close(announced)
+	}
 	defer func() {
 		release()
 		c.o.Metrics.WakeWaiting(-1)
+		select {
+		case <-announced:
+		case <-ctx.Done():
+		}
 	}()
-	// A wake begun during the read, maybe of another sandbox, is asked
-	// (startIdle reads the record again) but not announced.
-	if joins && o.Waking != nil {
-		o.Waking()
-	}
+	c.o.Metrics.WakeWaiting(1)
 	ch := c.wakes.DoChan(id, func() (any, error) { return nil, c.wake(id, trigger) })
 	select {
 	case r := <-ch:
@@ -173,13 +190,17 @@ func (c *Control) wake(id, trigger string) error {
 	return nil
 }
 
-// timedOut is err, or, when wake's deadline passed in the middle of a
-// step (a write of the record or to the cluster, a read, which fail each
-// in their own words), the *WakeTimeoutError that means, with the state
-// the record holds: a wake that ran out of time says so whichever step it
-// was in.
+// timedOut is err, or ErrShuttingDown once hiloop began to shut down
+// (which cancels the step under way), or, when wake's deadline passed in
+// the middle of a step (a write of the record or to the cluster, a read,
+// which fail each in their own words), the *WakeTimeoutError that means,
+// with the state the record holds: a wake that ran out of time says so
+// whichever step it was in.
 func (c *Control) timedOut(ctx context.Context, id string, err error) error {
 	var we *WakeTimeoutError
+	if c.base.Err() != nil {
+		return ErrShuttingDown
+	}
 	if ctx.Err() != context.DeadlineExceeded || errors.As(err, &we) {
 		return err
 	}

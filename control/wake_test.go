@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -189,4 +190,49 @@ func TestWakeWaitBound(t *testing.T) {
 		}
 		short.checkWaits(t, short.who, 0, 0, 0, 0)
 	}
+}
+
+// TestWakeWakingHoldsNoPlace: Waking is the caller's own output (the
+// gateway's "waking" line on a channel whose client may never open its
+// window), and a caller stuck in it neither holds a waiting place once the
+// sandbox runs nor keeps the wake from starting.
+func TestWakeWakingHoldsNoPlace(t *testing.T) {
+	ic := newIdleCore(t, func(o *Options) { o.Limits.WakeWaitsPerKey, o.Limits.WakeWaitsPerOrg = 1, 2 })
+	ctx := context.Background()
+	sb := ic.stoppedIdleOf(t, ic.who)
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(unblock) })
+	done := make(chan error, 1)
+	go func() {
+		done <- ic.Wake(ctx, ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec, Waking: func() {
+			close(entered)
+			<-unblock
+		}})
+	}()
+	<-entered
+	// The stuck caller's wake starts the sandbox all the same.
+	deadline := time.After(10 * time.Second)
+	for !slices.Contains(ic.fc.Calls(), "mode "+sb.ID+" running") {
+		select {
+		case err := <-done:
+			t.Fatalf("the wake returned while its Waking blocks: %v", err)
+		case <-deadline:
+			t.Fatal("a caller stuck in Waking keeps its wake from starting the sandbox")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	ic.observe(t, sb.ID, store.StateRunning)
+	for {
+		if k, o, _, _ := ic.waits.counts(ic.who.KeyID, ic.who.OrgID); k == 0 && o == 0 {
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatal("a caller stuck in Waking still holds its waiting place while the sandbox runs")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	// And its key may wait for another wake.
+	other := ic.stoppedIdleOf(t, ic.who)
+	ic.park(t, ic.who, other.ID)
 }

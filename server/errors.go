@@ -89,6 +89,10 @@ func toAPIError(err error) *apiError {
 		return &apiError{status: http.StatusTooManyRequests, detail: api.ErrorDetail{Code: api.CodeTooManyWaits, Message: err.Error()}, retryAfter: waitRetryAfter}
 	case errors.Is(err, control.ErrSessionLimit):
 		return newError(http.StatusTooManyRequests, api.CodeExecLimit, err.Error())
+	case errors.Is(err, control.ErrShuttingDown):
+		// A wake waiting when hiloop began to shut down, or asked for
+		// after: nothing broke, and the next hiloop may answer.
+		return newError(http.StatusServiceUnavailable, api.CodeNotReady, "hiloop is shutting down; try again")
 	case errors.Is(err, control.ErrNoExec):
 		return newError(http.StatusServiceUnavailable, api.CodeExecUnavailable, "this deployment has no exec backend")
 	case errors.As(err, &nh):

@@ -173,7 +173,12 @@ func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id, trigger s
 	} else {
 		sess, err = s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
 	}
-	if err != nil {
+	switch {
+	case err != nil && r.Context().Err() != nil:
+		// The client went away, as a client stops waiting for a wake:
+		// nobody is there to answer, and it is no server error.
+		return nil, false
+	case err != nil:
 		s.writeError(w, r, err)
 		return nil, false
 	}

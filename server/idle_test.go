@@ -2,9 +2,12 @@ package server
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,4 +270,113 @@ func TestWakeWaitLimit(t *testing.T) {
 	if rec := <-done; rec.Code != 200 {
 		t.Fatalf("exec with wake=true once the sandbox runs: %d %s", rec.Code, rec.Body.String())
 	}
+}
+
+// TestWakeAtShutdown: a call with ?wake=true that waits for a wake when
+// hiloop begins to shut down, and one that asks for a wake after, are
+// answered 503 with a Retry-After, never 500: nothing broke, and the
+// client may try again against the next hiloop.
+func TestWakeAtShutdown(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
+	})
+	ctx := context.Background()
+	stopped := func() string {
+		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
+			t.Fatal(err)
+		}
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
+		return id
+	}
+	waiting, after := stopped(), stopped()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		done <- ts.do("POST", "/v1/sandboxes/"+waiting+"/exec/run?wake=true", `{"command":["true"]}`)
+	}()
+	for ts.db.Waiting() == 0 {
+		select {
+		case rec := <-done:
+			t.Fatalf("a wake that should wait answered %d %s", rec.Code, rec.Body.String())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if err := ts.ctl.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, rec *httptest.ResponseRecorder) {
+		t.Helper()
+		if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "shutting down") {
+			t.Errorf("%s: %d, Retry-After %q, %s; want 503 saying hiloop is shutting down", what, rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
+		}
+	}
+	check("a wake waiting at shutdown", <-done)
+	check("a wake asked for after shutdown began", ts.do("POST", "/v1/sandboxes/"+after+"/exec/run?wake=true", `{"command":["true"]}`))
+}
+
+// TestWakeCallerGone: a caller that goes away while its call with
+// ?wake=true waits for the wake is not answered at all, as a caller gone
+// while waiting its turn: leaving is how a client stops waiting, not a
+// server error, and must not count or log as one.
+func TestWakeCallerGone(t *testing.T) {
+	var logs strings.Builder
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, _ *control.Options) {
+		so.Log = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, &slog.HandlerOptions{Level: slog.LevelError}))
+	})
+	ctx := context.Background()
+	stopped := func() string {
+		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
+		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
+			t.Fatal(err)
+		}
+		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
+		return id
+	}
+	for _, path := range []string{"/v1/sandboxes/" + stopped() + "/exec/run?wake=true", "/v1/sandboxes/" + stopped() + "/files?path=/etc/hostname&wake=true"} {
+		method, body := "POST", `{"command":["true"]}`
+		if strings.Contains(path, "/files") {
+			method, body = "GET", ""
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan *httptest.ResponseRecorder, 1)
+		waiting := ts.db.Waiting()
+		go func() {
+			req := httptest.NewRequest(method, path, strings.NewReader(body)).WithContext(rctx)
+			req.Header.Set("Authorization", "Bearer "+ts.token)
+			rec := httptest.NewRecorder()
+			ts.srv.ServeHTTP(rec, req)
+			done <- rec
+		}()
+		// Each call wakes a sandbox of its own: the store has one more
+		// waiter once it waits.
+		for ts.db.Waiting() == waiting {
+			select {
+			case rec := <-done:
+				t.Fatalf("%s %s answered %d %s before it waited", method, path, rec.Code, rec.Body.String())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		cancel()
+		if rec := <-done; rec.Body.Len() != 0 {
+			t.Errorf("%s %s whose caller went away was answered %d %s", method, path, rec.Code, rec.Body.String())
+		}
+	}
+	if strings.Contains(logs.String(), "request failed") {
+		t.Errorf("a caller gone while it waited for a wake is logged as a failure:\n%s", logs.String())
+	}
+}
+
+// lockedWriter is a writer for a log that handlers write from several
+// goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }

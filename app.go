@@ -127,7 +127,7 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 	// and starts are refused (and /readyz says why).
 	a.core.CheckBoundary(ctx)
 	if a.mirror, err = mirror.New(mirror.Options{Clients: clients, Store: a.db, Namespace: cfg.Namespace, Log: a.log, Control: a.core, Metrics: met,
-		Written: writer.Written}); err != nil {
+		Written: writer.Written, Writing: a.core.ModeWriting}); err != nil {
 		return nil, err
 	}
 

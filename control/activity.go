@@ -270,11 +270,7 @@ func (c *Control) idleStop(ctx context.Context, id string) {
 		return
 	}
 	defer c.activity.unclaim(id)
-	ch, err := c.o.Store.SetDesiredMode(ctx, rec.OrgID, id, store.ModeStopped, store.StopIdle)
-	if err == nil {
-		_, err = c.applyMode(ch)
-	}
-	if err != nil {
+	if _, err := c.setMode(ctx, rec.OrgID, id, store.ModeStopped, store.StopIdle); err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("idle stop", "sandbox", id, "err", err)
 		}

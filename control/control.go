@@ -176,6 +176,11 @@ type Control struct {
 	changedMu sync.Mutex
 	changed   map[string]bool
 	notify    chan struct{}
+
+	// modeWrites counts, per sandbox, the desired-mode changes under way
+	// (see ModeWriting).
+	modeWritesMu sync.Mutex
+	modeWrites   map[string]int
 }
 
 // New builds the core.
@@ -233,7 +238,7 @@ func New(o Options) (*Control, error) {
 	}
 	base, cancel := context.WithCancelCause(context.Background())
 	c := &Control{o: o, log: o.Log.With("component", "control"), base: base, cancel: cancel,
-		changed: map[string]bool{}, notify: make(chan struct{}, 1)}
+		changed: map[string]bool{}, notify: make(chan struct{}, 1), modeWrites: map[string]int{}}
 	c.sessions.init()
 	// Before anything is admitted: a use the previous process left open
 	// is taken to have lasted until now (see activity.go).
@@ -267,6 +272,43 @@ func (c *Control) touch(id string) {
 	case c.notify <- struct{}{}:
 	default:
 	}
+}
+
+// ModeWriting reports whether a desired-mode change of sandbox id is under
+// way: from before the record takes it until the cluster answered its
+// write (or the record was restored after the write failed). Meanwhile the
+// record and the cluster disagree on the mode by hiloop's own doing, so the
+// mirror decides nothing about the sandbox (a start's pod is seen before
+// the patch's answer is; a record asking to run beside an object still
+// suspended): it would record hiloop's own change as a mode changed outside
+// hiloop. The end of the change queues the sandbox for the mirror again.
+func (c *Control) ModeWriting(id string) bool {
+	c.modeWritesMu.Lock()
+	defer c.modeWritesMu.Unlock()
+	return c.modeWrites[id] > 0
+}
+
+// setMode records a desired-mode change of sandbox id and has the cluster
+// carry it out (applyMode), with the sandbox's lock held, as one change
+// that ModeWriting reports from before the record takes it until the
+// cluster answered.
+func (c *Control) setMode(ctx context.Context, orgID, id string, mode store.Mode, cause store.StopCause) (store.Sandbox, error) {
+	c.modeWritesMu.Lock()
+	c.modeWrites[id]++
+	c.modeWritesMu.Unlock()
+	defer func() {
+		c.modeWritesMu.Lock()
+		if c.modeWrites[id]--; c.modeWrites[id] <= 0 {
+			delete(c.modeWrites, id)
+		}
+		c.modeWritesMu.Unlock()
+		c.touch(id)
+	}()
+	ch, err := c.o.Store.SetDesiredMode(ctx, orgID, id, mode, cause)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	return c.applyMode(ch)
 }
 
 // Changed is signalled after records changed that the mirror should

@@ -41,11 +41,7 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 		return store.Sandbox{}, err
 	}
 	defer unlock()
-	ch, err := c.o.Store.SetDesiredMode(ctx, who.OrgID, id, mode, store.StopUser)
-	if err != nil {
-		return store.Sandbox{}, err
-	}
-	return c.applyMode(ch)
+	return c.setMode(ctx, who.OrgID, id, mode, store.StopUser)
 }
 
 // applyMode makes the cluster carry out a desired-mode change the record

@@ -232,11 +232,7 @@ func (c *Control) startIdle(ctx context.Context, id string) (bool, error) {
 	if err := c.Hardened(); err != nil {
 		return false, err
 	}
-	ch, err := c.o.Store.SetDesiredMode(ctx, rec.OrgID, id, store.ModeRunning, "")
-	if err != nil {
-		return false, err
-	}
-	if _, err := c.applyMode(ch); err != nil {
+	if _, err := c.setMode(ctx, rec.OrgID, id, store.ModeRunning, ""); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -246,9 +242,11 @@ func (c *Control) startIdle(ctx context.Context, id string) (bool, error) {
 // a state it will not run from, or until ctx ends: a *WakeTimeoutError
 // with the state it is in when ctx's deadline passed, ErrShuttingDown when
 // hiloop began to shut down. While it is asked to run, stopped or stopping
-// is a state it is on its way from: the mirror can decide on an object
-// its watch has not seen the start of yet, and marks the sandbox stopped
-// outside hiloop until the next event says otherwise.
+// is a state it is on its way from: the mirror holds its decisions during
+// the start's write and until its watch shows it (ModeWriting, Writer.Written),
+// but past the hold's bound it can still decide on an object its watch has
+// not seen the start of yet, and mark the sandbox stopped outside hiloop
+// until the next event says otherwise.
 func (c *Control) waitRunning(ctx context.Context, id string) error {
 	for {
 		// Taken before the read, so a change between the two is not missed.

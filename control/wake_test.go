@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -235,4 +236,63 @@ func TestWakeWakingHoldsNoPlace(t *testing.T) {
 	// And its key may wait for another wake.
 	other := ic.stoppedIdleOf(t, ic.who)
 	ic.park(t, ic.who, other.ID)
+}
+
+// TestModeWritingCoversTheClusterWrite: a desired-mode change (a wake, an
+// idle stop, a user's stop, a failed start) is reported by ModeWriting
+// while the record already holds it and the cluster has not answered its
+// write, so the mirror does not take hiloop's own change for one made
+// outside hiloop; once the write is answered or failed it is reported no
+// more and the sandbox is queued for the mirror again.
+func TestModeWritingCoversTheClusterWrite(t *testing.T) {
+	ic := newIdleCore(t, nil)
+	sb := ic.stoppedIdle(t)
+	other := ic.running(t, time.Minute)
+	ic.TakeChanged()
+	type seen struct {
+		mode                  store.Mode
+		writing, otherWriting bool
+		desired               store.Mode
+	}
+	var got []seen
+	ic.fc.Set(func(f *controltest.Cluster) {
+		f.OnMode = func(id string, mode store.Mode) {
+			got = append(got, seen{mode, ic.ModeWriting(id), ic.ModeWriting(other.ID), ic.get(t, id).DesiredMode})
+		}
+	})
+	check := func(what string, want store.Mode) {
+		t.Helper()
+		if len(got) != 1 || got[0] != (seen{want, true, false, want}) {
+			t.Fatalf("%s: during the cluster write %+v, want the record at %s and the change reported for it alone", what, got, want)
+		}
+		got = nil
+		if ic.ModeWriting(sb.ID) {
+			t.Fatalf("%s: still reported once the write was answered", what)
+		}
+		if !slices.Contains(ic.TakeChanged(), sb.ID) {
+			t.Fatalf("%s: the sandbox was not queued for the mirror again", what)
+		}
+	}
+
+	stop := ic.mirrorStarts(t, sb.ID)
+	err := ic.Wake(context.Background(), ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec})
+	stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a wake", store.ModeRunning)
+
+	if _, err := ic.SetMode(context.Background(), ic.who, sb.ID, store.ModeStopped); err != nil {
+		t.Fatal(err)
+	}
+	check("a user's stop", store.ModeStopped)
+
+	ic.fc.Set(func(f *controltest.Cluster) { f.ModeErr = errors.New("the API server is down") })
+	if _, err := ic.SetMode(context.Background(), ic.who, sb.ID, store.ModeRunning); err == nil {
+		t.Fatal("a start whose cluster write failed succeeded")
+	}
+	check("a failed start", store.ModeRunning)
+	if rec := ic.get(t, sb.ID); rec.DesiredMode != store.ModeStopped {
+		t.Fatalf("after the failed start the record asks for %s", rec.DesiredMode)
+	}
 }

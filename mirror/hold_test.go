@@ -180,3 +180,56 @@ func TestHoldBounded(t *testing.T) {
 		t.Fatalf("a new write ahead after catching up: %v, want the hold", err)
 	}
 }
+
+// TestDecideWaitsForOwnModeChange: while hiloop changes a sandbox's mode
+// (the record already asks to run, the cluster's answer to the start's
+// patch has not come, so Written still names the stop's generation), the
+// start's pod seen beside the Sandbox still suspended is not recorded as a
+// mode changed outside hiloop, however long the patch takes; once it is
+// answered, the decision waits for the watch to show the patch, for
+// maxHold from then, and is made once it does.
+func TestDecideWaitsForOwnModeChange(t *testing.T) {
+	uid, gen, clock := types.UID("uid-1"), int64(2), now
+	m := holdMirror(t, &uid, &gen, &clock)
+	writing := true
+	m.o.Writing = func(id string) bool { return writing && id == record().ID }
+	rec := record(func(s *store.Sandbox) { s.State = store.StateStopped })
+	cache := func(g int64) {
+		t.Helper()
+		obj := object(func(o *v1beta1.Sandbox) {
+			o.UID, o.Generation, o.ResourceVersion = uid, g, fmt.Sprint(g)
+			o.Spec.OperatingMode = v1beta1.SandboxOperatingModeSuspended
+			if g >= 3 {
+				o.Spec.OperatingMode = v1beta1.SandboxOperatingModeRunning
+			}
+		})
+		if err := m.objects.Update(compactSandbox(obj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache(2)
+	p := pod(func(p *corev1.Pod) { p.Namespace, p.UID = "ns", "pod-2" })
+	if err := m.pods.Add(compactPod(p)); err != nil {
+		t.Fatal(err)
+	}
+	for ; clock.Sub(now) <= 2*maxHold; clock = clock.Add(maxHold / 2) {
+		if obs, _, err := m.decide(rec); !errors.Is(err, errBehindWrite) {
+			t.Fatalf("%v into the change, its patch unanswered: decided %+v, %v; want the hold", clock.Sub(now), obs, err)
+		}
+	}
+	// The patch is answered; the watch has not shown it yet.
+	writing, gen = false, 3
+	if obs, _, err := m.decide(rec); !errors.Is(err, errBehindWrite) {
+		t.Fatalf("the patch answered, the watch behind it: decided %+v, %v; want the hold", obs, err)
+	}
+	cache(3)
+	obs, changed, err := m.decide(rec)
+	if err != nil || !changed || obs.State != store.StateRunning || obs.Reason == ReasonModeOutside {
+		t.Fatalf("the watch at the patch: %+v changed %v, %v; want running", obs, changed, err)
+	}
+	// A sandbox no change is under way for is decided as before.
+	other := record(func(s *store.Sandbox) { s.ID, s.State = "sbx_other", store.StateStopped })
+	if _, _, err := m.decide(other); errors.Is(err, errBehindWrite) {
+		t.Fatalf("another sandbox is held: %v", err)
+	}
+}

@@ -51,6 +51,13 @@ type Options struct {
 	// waits until the Sandbox watch shows it, for at most maxHold.
 	// Optional.
 	Written func(id string) (uid string, generation int64)
+	// Writing reports whether hiloop is changing a sandbox's mode: the
+	// record may already ask for the new mode while the cluster's answer
+	// to the write has not come (control.Control.ModeWriting). Meanwhile
+	// nothing is decided about the sandbox, however long the change's own
+	// cluster call takes; its end queues the sandbox again through
+	// Control, and the decision then waits on Written as above. Optional.
+	Writing func(id string) bool
 }
 
 // Control is what the mirror needs of the control plane's core
@@ -420,12 +427,24 @@ func (m *Mirror) reconcile(ctx context.Context, id string, since time.Time) (boo
 	return changed, nil
 }
 
-// behind reports whether the decisions about sandbox id wait: its cached
-// object obj is older (by generation, the same uid) than hiloop's own latest
-// write of it, and has been for less than maxHold. The watch event of the
-// write queues the sandbox again; so does the end of the wait, in case the
-// event never comes.
+// behind reports whether the decisions about sandbox id wait: hiloop is
+// changing its mode (Options.Writing), or its cached object obj is older
+// (by generation, the same uid) than hiloop's own latest write of it, and
+// has been for less than maxHold. The watch event of the write queues the
+// sandbox again; so does the end of the wait, in case the event never
+// comes.
 func (m *Mirror) behind(id string, obj *v1beta1.Sandbox, now time.Time) bool {
+	if m.o.Writing != nil && m.o.Writing(id) {
+		// The hold on Written is timed from its own first wait, once the
+		// change's write has been answered.
+		m.mu.Lock()
+		delete(m.held, id)
+		m.mu.Unlock()
+		// The change's end queues the sandbox again; this is in case
+		// nothing tells the mirror of it.
+		m.queue.AddAfter(id, maxHold)
+		return true
+	}
 	if m.o.Written == nil {
 		return false
 	}

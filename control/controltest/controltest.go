@@ -38,6 +38,10 @@ type Cluster struct {
 	// Transports are the deployment's transports that receipts are made
 	// for; exec alone when nil.
 	Transports []sandbox.Transport
+	// OnMode, when set, is called (without the fake's lock) by SetMode
+	// before it answers: the moment the API server has the patch and
+	// hiloop has not its answer.
+	OnMode func(id string, mode store.Mode)
 }
 
 // hang waits for ctx when Hang is set, with the lock released.
@@ -121,8 +125,14 @@ func (f *Cluster) Exists(ctx context.Context, id string) (bool, error) {
 	return f.objects[id], nil
 }
 
-// SetMode fails with ModeErr.
+// SetMode fails with ModeErr, once OnMode returned.
 func (f *Cluster) SetMode(_ context.Context, id string, mode store.Mode) error {
+	f.mu.Lock()
+	on := f.OnMode
+	f.mu.Unlock()
+	if on != nil {
+		on(id, mode)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("mode " + id + " " + string(mode))

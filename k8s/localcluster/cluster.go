@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,8 +59,13 @@ const (
 	NodeName = "kwok-node-0"
 	// RuntimeClass is the gVisor runtime class the cluster defines.
 	RuntimeClass = k8s.DefaultRuntimeClass
-	// PodCIDR gives pods loopback addresses, which a test may listen on.
-	PodCIDR = "127.0.100.0/24"
+	// PodCIDRs is where pods get loopback addresses, which a test may
+	// listen on: each running cluster on the machine leases one /24 of it
+	// (Cluster.PodCIDR), since its helpers (RunHelpers) bind its pods'
+	// addresses on the host's one loopback, and two clusters handing out
+	// the same address would put one cluster's helper where the other's
+	// gateway dials.
+	PodCIDRs = "127.0.96.0/20"
 )
 
 // SandboxCRD is the agent-sandbox Sandbox CRD at v1beta1 only, without its
@@ -93,6 +99,13 @@ type Cluster struct {
 	Namespace string
 	// Workdir holds the cluster's state and logs (KWOK_WORKDIR).
 	Workdir string
+	// PodCIDR is the /24 of PodCIDRs this cluster's pods get their
+	// addresses from, leased for the cluster's life: no other cluster on
+	// the machine hands them out until Stop.
+	PodCIDR string
+
+	// podLease holds the lock on PodCIDR until Stop.
+	podLease *os.File
 
 	name       string
 	bin        string
@@ -149,6 +162,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return c, err
 	}
+	if c.PodCIDR, c.podLease, err = leasePodCIDR(os.TempDir()); err != nil {
+		unlock()
+		return c, err
+	}
 	err = step("create control plane", func() error { return c.createControlPlane(ctx) })
 	if err == nil {
 		err = step("prepare cluster", func() error { return c.prepare(ctx) })
@@ -175,6 +192,30 @@ func lockPorts() (unlock func(), err error) {
 		return nil, fmt.Errorf("lock cluster creation: %w", err)
 	}
 	return func() { f.Close() }, nil // closing releases the lock
+}
+
+// leasePodCIDR takes the first /24 of PodCIDRs no other cluster on the
+// machine holds: a lock file per block in dir, held until the returned
+// file is closed (or the process ends, so a crashed test frees its block).
+func leasePodCIDR(dir string) (string, *os.File, error) {
+	all := netip.MustParsePrefix(PodCIDRs)
+	base := all.Addr().As4()
+	for i := range 1 << (24 - all.Bits()) {
+		block := netip.PrefixFrom(netip.AddrFrom4([4]byte{base[0], base[1], base[2] + byte(i), 0}), 24)
+		f, err := os.OpenFile(filepath.Join(dir, "hiloop-localcluster-pods-"+block.Addr().String()+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return "", nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				continue
+			}
+			return "", nil, fmt.Errorf("lease pod addresses %s: %w", block, err)
+		}
+		return block.String(), f, nil
+	}
+	return "", nil, fmt.Errorf("every /24 of %s is leased by another local cluster on this machine", PodCIDRs)
 }
 
 func (c *Cluster) env() []string {
@@ -329,7 +370,7 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		ObjectMeta: metav1.ObjectMeta{Name: NodeName,
 			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
 			Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": NodeName}},
-		Spec: corev1.NodeSpec{PodCIDR: PodCIDR, PodCIDRs: []string{PodCIDR}},
+		Spec: corev1.NodeSpec{PodCIDR: c.PodCIDR, PodCIDRs: []string{c.PodCIDR}},
 		Status: corev1.NodeStatus{
 			Allocatable: nodeResources,
 			Capacity:    nodeResources,
@@ -536,6 +577,11 @@ func (c *Cluster) Stop() error {
 		case <-time.After(2 * time.Minute):
 			c.reaper.Process.Kill()
 			c.stopErr = errors.New("reaper did not finish in 2m")
+		}
+		// The pods' addresses are free for another cluster once this one's
+		// pods are gone with it.
+		if c.podLease != nil {
+			c.podLease.Close()
 		}
 	})
 	return c.stopErr

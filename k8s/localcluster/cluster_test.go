@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,8 +76,8 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 	if err != nil || len(list.Items) != 1 {
 		t.Fatalf("want exactly one pod, got %d (%v)", len(list.Items), err)
 	}
-	if ip := list.Items[0].Status.PodIP; len(ip) < 10 || ip[:10] != "127.0.100." {
-		t.Fatalf("pod IP %q is not in %s", ip, localcluster.PodCIDR)
+	if ip, err := netip.ParseAddr(list.Items[0].Status.PodIP); err != nil || !netip.MustParsePrefix(c.PodCIDR).Contains(ip) {
+		t.Fatalf("pod IP %q is not in %s", list.Items[0].Status.PodIP, c.PodCIDR)
 	}
 
 	patch := func(mode v1beta1.SandboxOperatingMode) {

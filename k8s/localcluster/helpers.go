@@ -36,7 +36,7 @@ type HelperOptions struct {
 // RunHelpers stands in for the kubelet of session helpers, since the local
 // cluster's pods run no containers: for every hiloop pod that has the
 // helper container and an address, it runs `hiloop agent` as a local
-// process bound to the pod's 127.0.100.x address and the helper's port,
+// process bound to the pod's loopback address and the helper's port,
 // with the gateway-key annotation written to a file as the kubelet's
 // downwardAPI volume would (and rewritten when the annotation changes) and
 // the container's environment resolved from the pod as the kubelet's

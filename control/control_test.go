@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -327,5 +328,55 @@ func TestWaitWhileEndsAtShutdown(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the long poll held on past shutdown")
+	}
+}
+
+// TestStopThatKillsTheCommandReportsTheStop: a command that the stop or
+// delete of its sandbox kills (kwok and the kubelet SIGTERM it, 143) ends
+// its session with ErrSandboxChanged, not with its exit status, even when
+// that status arrives before the cluster write has answered.
+func TestStopThatKillsTheCommandReportsTheStop(t *testing.T) {
+	for _, mode := range []store.Mode{store.ModeStopped, store.ModeDeleted} {
+		t.Run(string(mode), func(t *testing.T) {
+			killed, exited := make(chan struct{}), make(chan struct{})
+			fc := &controltest.Cluster{}
+			c, db, org := newControl(t, fc)
+			ctx := context.Background()
+			who := liveCaller(t, db, org.ID)
+			sb, _, _ := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+			db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+			// The write kills the command and answers only once its
+			// exit status has reached the session.
+			fc.Set(func(f *controltest.Cluster) {
+				f.OnMode = func(string, store.Mode) { close(killed); <-exited }
+			})
+			c.o.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+				<-killed
+				return k8s.ExitStatus{Code: 143, Signal: "terminated"}, nil
+			}}
+			s, err := c.Admit(ctx, who, sb.ID, "exec")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.End()
+			type result struct {
+				st  k8s.ExitStatus
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				st, err := s.Exec(s.Context(), k8s.ExecRequest{Command: []string{"sleep", "300"}})
+				res <- result{st, err}
+				close(exited)
+			}()
+			if _, err := c.SetMode(ctx, who, sb.ID, mode); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			var ee *EndedError
+			if !errors.As(r.err, &ee) || !errors.Is(ee.Cause, ErrSandboxChanged) {
+				t.Fatalf("exec ended with %+v, %v; want the session ended with %v", r.st, r.err, ErrSandboxChanged)
+			}
+		})
 	}
 }

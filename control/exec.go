@@ -47,7 +47,9 @@ func (s *Session) Context() context.Context { return s.ctx }
 //   - an *ArgvError for a command line past the limits (CheckArgv), with
 //     nothing run;
 //   - an *EndedError when the session was ended from outside (its key
-//     revoked, its sandbox stopped, deleted or quarantined, shutdown);
+//     revoked, its sandbox stopped, deleted or quarantined, shutdown) by
+//     the time the command ended, even with an exit status: a command the
+//     stop of its sandbox killed ends with the stop, not its signal;
 //   - ErrCallerGone when ctx was cancelled by the caller;
 //   - a *ClusterError (ErrClusterUnavailable) when the stream to the
 //     sandbox never opened, even when ctx's deadline passed while it was
@@ -65,14 +67,21 @@ func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus
 		return k8s.ExitStatus{}, err
 	}
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
+	// The cause first, even over an exit status: a stop or delete ends
+	// the session before it reaches the pod (applyMode), so a command that
+	// the stop killed (143 for SIGTERM) reports the stop.
+	if cause := s.Ended(); cause != nil {
+		if err == nil {
+			err = fmt.Errorf("the command ended with exit status %d", st.Code)
+		}
+		return st, &EndedError{Cause: cause, Err: err}
+	}
 	if err == nil {
 		return st, nil
 	}
 	var ce *k8s.ConnectError
 	connect := errors.As(err, &ce)
-	switch cause := s.Ended(); {
-	case cause != nil:
-		return st, &EndedError{Cause: cause, Err: err}
+	switch {
 	case errors.Is(ctx.Err(), context.Canceled):
 		return st, ErrCallerGone
 	case connect:

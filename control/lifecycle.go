@@ -48,9 +48,23 @@ func (c *Control) SetMode(ctx context.Context, who Caller, id string, mode store
 // took, with the sandbox's lock held: it restores the record when the
 // cluster write fails. A stop for idleness ends the sandbox's sessions and
 // leaves its connections open, so that their next session wakes it; any
-// other stop or delete closes them too.
+// other stop or delete closes them too. Both happen before the cluster
+// write, so that they precede whatever the write does to the pod.
 func (c *Control) applyMode(ch store.ModeChange) (store.Sandbox, error) {
 	id, mode := ch.After.ID, ch.After.DesiredMode
+	// The sessions end before the cluster is asked: once it is, the pod's
+	// processes may be killed at any moment, and a command killed by the
+	// stop must report the stop, not the signal that killed it (Exec
+	// looks at the session's cause first). The record already refuses new
+	// sessions; a stop whose cluster write fails has ended them all the
+	// same, and the restored record admits new ones.
+	this := func(_, sb string) bool { return sb == id }
+	switch {
+	case ch.After.IdleStopped():
+		c.endSessions(ErrIdleStopped, this)
+	case mode != store.ModeRunning:
+		c.end(ErrSandboxChanged, this)
+	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
 	var err error
@@ -71,13 +85,6 @@ func (c *Control) applyMode(ch store.ModeChange) (store.Sandbox, error) {
 	}
 	// A pending record's object may not exist yet (NotFound above): its
 	// create renders the mode now recorded.
-	this := func(_, sb string) bool { return sb == id }
-	switch {
-	case ch.After.IdleStopped():
-		c.endSessions(ErrIdleStopped, this)
-	case mode != store.ModeRunning:
-		c.end(ErrSandboxChanged, this)
-	}
 	c.touch(id)
 	return ch.After, nil
 }

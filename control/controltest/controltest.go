@@ -39,9 +39,20 @@ type Cluster struct {
 	// for; exec alone when nil.
 	Transports []sandbox.Transport
 	// OnMode, when set, is called (without the fake's lock) by SetMode
-	// before it answers: the moment the API server has the patch and
-	// hiloop has not its answer.
+	// and Delete (with store.ModeDeleted) before they answer: the moment
+	// the API server has the write and hiloop has not its answer, when
+	// what the write does to the pod (its processes killed) happens.
 	OnMode func(id string, mode store.Mode)
+}
+
+// onMode calls OnMode, when set.
+func (f *Cluster) onMode(id string, mode store.Mode) {
+	f.mu.Lock()
+	on := f.OnMode
+	f.mu.Unlock()
+	if on != nil {
+		on(id, mode)
+	}
 }
 
 // hang waits for ctx when Hang is set, with the lock released.
@@ -125,14 +136,9 @@ func (f *Cluster) Exists(ctx context.Context, id string) (bool, error) {
 	return f.objects[id], nil
 }
 
-// SetMode fails with ModeErr, once OnMode returned.
+// SetMode calls OnMode and fails with ModeErr.
 func (f *Cluster) SetMode(_ context.Context, id string, mode store.Mode) error {
-	f.mu.Lock()
-	on := f.OnMode
-	f.mu.Unlock()
-	if on != nil {
-		on(id, mode)
-	}
+	f.onMode(id, mode)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("mode " + id + " " + string(mode))
@@ -147,8 +153,9 @@ func (f *Cluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
 	return f.ExpiryErr
 }
 
-// Delete removes the object unless DeleteErr is set.
+// Delete calls OnMode and removes the object unless DeleteErr is set.
 func (f *Cluster) Delete(_ context.Context, id string) error {
+	f.onMode(id, store.ModeDeleted)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("delete " + id)

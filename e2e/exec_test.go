@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -343,7 +344,7 @@ func TestExecTTYInTerminal(t *testing.T) {
 	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 		" sandbox exec -t " + sb.ID + ` -- sh -c 'while :; do stty size; sleep 0.2; done'`
 	// kwok's exec does not end a command whose stream closed.
-	t.Cleanup(func() { exec.Command("pkill", "-f", "while :; do stty size").Run() })
+	t.Cleanup(func() { e2e.KillExecProcs(t, regexp.MustCompile("while :; do stty size")) })
 	term := e2e.Tmux(t, 100, 30, shell)
 	e2e.Eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
 		return strings.Contains(term.Screen(), "30 100"), nil

@@ -221,7 +221,8 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 // execInBackground starts `hiloop sandbox exec ID -- sleep SECS`, waits
 // until the command runs, and returns a channel that yields its exit status
 // and stderr. Each call should use other SECS, which tells its command
-// apart on the host (kwok runs exec commands as local processes).
+// apart on the host (kwok runs exec commands as local processes; those
+// of another test process's cluster are not this one's: e2e.ExecProcs).
 func execInBackground(t *testing.T, in *e2e.Instance, token, id string, secs int) <-chan [2]string {
 	t.Helper()
 	arg := strconv.Itoa(secs)
@@ -239,7 +240,7 @@ func execInBackground(t *testing.T, in *e2e.Instance, token, id string, secs int
 		out <- [2]string{strings.TrimSpace(cmd.ProcessState.String()), errOut.String()}
 	}()
 	e2e.Eventually(t, "exec running", 30*time.Second, func() (bool, error) {
-		return exec.Command("pgrep", "-f", "^sleep "+arg+"$").Run() == nil, nil
+		return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep "+arg+"$"))) > 0, nil
 	})
 	return out
 }
@@ -264,8 +265,10 @@ func ended(t *testing.T, ch <-chan [2]string, why string) {
 func TestSessionsEnd(t *testing.T) {
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	// kwok's exec does not signal a command whose stream closed, so the
-	// commands of an earlier run may still be there.
-	reap := func() { exec.Command("pkill", "-f", "^sleep 30[1-4]$").Run() }
+	// commands of an earlier run may still be there. Only this cluster's
+	// are reaped: a SIGTERM to another test process's command ends its
+	// session with 143 and no reason.
+	reap := func() { e2e.KillExecProcs(t, regexp.MustCompile("^sleep 30[1-4]$")) }
 	reap()
 	t.Cleanup(reap)
 	sb := in.Create(in.Token, "busybox", "--wait")

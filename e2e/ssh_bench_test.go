@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"syscall"
 	"testing"
@@ -224,7 +225,7 @@ func BenchmarkSSHSessions200(b *testing.B) {
 		b.ReportMetric(float64(percentile(ttfb, 99).Microseconds())/1000, "ttfb-p99-ms")
 		b.ReportMetric(float64(after-before)/n, "rss-KB/session")
 	}
-	exec.Command("pkill", "-f", "^sleep 60$").Run()
+	e2e.KillExecProcs(b, regexp.MustCompile("^sleep 60$"))
 }
 
 // BenchmarkSSHBurst: 200 stock ssh clients at once from one address, each

@@ -383,7 +383,7 @@ func TestSSHTerminal(t *testing.T) {
 func TestSSHSessionsEnd(t *testing.T) {
 	requireSSH(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
-	reap := func() { exec.Command("pkill", "-f", "^sleep 31[1-5]$").Run() }
+	reap := func() { e2e.KillExecProcs(t, regexp.MustCompile("^sleep 31[1-5]$")) }
 	reap()
 	t.Cleanup(reap)
 	sb := in.Create(in.Token, "busybox", "--wait")
@@ -401,7 +401,7 @@ func TestSSHSessionsEnd(t *testing.T) {
 			ch <- [2]string{strconv.Itoa(cmd.ProcessState.ExitCode()), e.String()}
 		}()
 		e2e.Eventually(t, "session running", 30*time.Second, func() (bool, error) {
-			return exec.Command("pgrep", "-f", "^sleep "+strconv.Itoa(secs)+"$").Run() == nil, nil
+			return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep "+strconv.Itoa(secs)+"$"))) > 0, nil
 		})
 		return ch
 	}
@@ -509,7 +509,7 @@ func k8sName(id string) string { return strings.ReplaceAll(id, "_", "-") }
 func TestSSHKeepAlive(t *testing.T) {
 	requireSSH(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-keepalive", "1s")
-	t.Cleanup(func() { exec.Command("pkill", "-f", "^sleep 315$").Run() })
+	t.Cleanup(func() { e2e.KillExecProcs(t, regexp.MustCompile("^sleep 315$")) })
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	cmd := exec.Command("ssh", u.args("-o", "ServerAliveInterval=0", sb.ID+"@127.0.0.1", "sleep 315")...)
@@ -518,7 +518,7 @@ func TestSSHKeepAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	e2e.Eventually(t, "session running", 30*time.Second, func() (bool, error) {
-		return exec.Command("pgrep", "-f", "^sleep 315$").Run() == nil, nil
+		return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep 315$"))) > 0, nil
 	})
 	cmd.Process.Signal(syscall.SIGSTOP)
 	e2e.Eventually(t, "the gateway drops the silent client", 30*time.Second, func() (bool, error) {

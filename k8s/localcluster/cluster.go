@@ -591,18 +591,30 @@ func (c *Cluster) Stop() error {
 // with SIGSTOP, as a hung process; resume sends SIGCONT. It is how the tests
 // and the outage soak stall the cluster.
 func (c *Cluster) Pause(component string) (resume func() error, err error) {
-	raw, err := os.ReadFile(filepath.Join(c.Workdir, "clusters", c.name, "pids", component+".pid"))
+	pid, err := c.PID(component)
 	if err != nil {
 		return nil, fmt.Errorf("pause %s: %w", component, err)
-	}
-	var pid int
-	if _, err := fmt.Sscan(strings.TrimSpace(string(raw)), &pid); err != nil || pid <= 0 {
-		return nil, fmt.Errorf("pause %s: bad pid file %q", component, raw)
 	}
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return nil, fmt.Errorf("pause %s: %w", component, err)
 	}
 	return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
+}
+
+// PID is the process id of one control-plane component ("etcd",
+// "kube-apiserver", "kwok-controller", ...), from kwokctl's pid file.
+// Exec commands run as children of kwok-controller: a test tells its own
+// cluster's commands from another's on the same machine by that parent.
+func (c *Cluster) PID(component string) (int, error) {
+	raw, err := os.ReadFile(filepath.Join(c.Workdir, "clusters", c.name, "pids", component+".pid"))
+	if err != nil {
+		return 0, err
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(raw)), &pid); err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid file %q", raw)
+	}
+	return pid, nil
 }
 
 // Kubectl runs kubectl against the cluster and returns its combined output.

@@ -116,16 +116,8 @@ func TestStoppedByAndWake(t *testing.T) {
 		t.Helper()
 		return decodeSandbox(t, ts.do("GET", "/v1/sandboxes/"+id, "")).StoppedBy
 	}
-	running := func() string {
-		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
-		return id
-	}
-	idle := running()
-	if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, idle, store.ModeStopped, store.StopIdle); err != nil {
-		t.Fatal(err)
-	}
-	ts.db.Observe(ctx, idle, store.Observation{State: store.StateStopped})
+	running := ts.runningIdle
+	idle := ts.stopIdle(running())
 	user := running()
 	if rec := ts.do("POST", "/v1/sandboxes/"+user+"/stop", ""); rec.Code != 200 {
 		t.Fatal(rec.Body.String())
@@ -163,11 +155,7 @@ func TestStoppedByAndWake(t *testing.T) {
 	}
 
 	// Once the record shows the start, a wake goes on to run the command.
-	again := running()
-	if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, again, store.ModeStopped, store.StopIdle); err != nil {
-		t.Fatal(err)
-	}
-	ts.db.Observe(ctx, again, store.Observation{State: store.StateStopped})
+	again := ts.stopIdle(running())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -201,19 +189,8 @@ func TestWakeWaitLimit(t *testing.T) {
 		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
 	})
 	ctx := context.Background()
-	running := func() string {
-		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
-		return id
-	}
-	stopped := func() string {
-		id := running()
-		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
-			t.Fatal(err)
-		}
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
-		return id
-	}
+	running := ts.runningIdle
+	stopped := func() string { return ts.stopIdle(running()) }
 	idle, idle2, up := stopped(), stopped(), running()
 
 	// park makes a call with ?wake=true into sandbox id, which waits until
@@ -281,15 +258,7 @@ func TestWakeAtShutdown(t *testing.T) {
 		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
 	})
 	ctx := context.Background()
-	stopped := func() string {
-		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
-		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
-			t.Fatal(err)
-		}
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
-		return id
-	}
+	stopped := func() string { return ts.stopIdle(ts.runningIdle()) }
 	waiting, after := stopped(), stopped()
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() {
@@ -325,15 +294,7 @@ func TestWakeCallerGone(t *testing.T) {
 		so.Log = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, &slog.HandlerOptions{Level: slog.LevelError}))
 	})
 	ctx := context.Background()
-	stopped := func() string {
-		id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateRunning})
-		if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
-			t.Fatal(err)
-		}
-		ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
-		return id
-	}
+	stopped := func() string { return ts.stopIdle(ts.runningIdle()) }
 	for _, path := range []string{"/v1/sandboxes/" + stopped() + "/exec/run?wake=true", "/v1/sandboxes/" + stopped() + "/files?path=/etc/hostname&wake=true"} {
 		method, body := "POST", `{"command":["true"]}`
 		if strings.Contains(path, "/files") {
@@ -379,4 +340,25 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
+}
+
+// runningIdle creates a sandbox with an idle timeout and observes it
+// running.
+func (ts *testServer) runningIdle() string {
+	ts.t.Helper()
+	id := ts.create(`{"image":"busybox","idle_timeout":"1m"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	return id
+}
+
+// stopIdle stops sandbox id for idleness in the record, observes it
+// stopped, and returns id.
+func (ts *testServer) stopIdle(id string) string {
+	ts.t.Helper()
+	ctx := context.Background()
+	if _, err := ts.db.SetDesiredMode(ctx, ts.org.ID, id, store.ModeStopped, store.StopIdle); err != nil {
+		ts.t.Fatal(err)
+	}
+	ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
+	return id
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -93,6 +94,9 @@ type StartFrame struct {
 type ChannelConn struct {
 	mu   sync.Mutex
 	conn *websocket.Conn
+	// since is when the message being written began (Unix nanoseconds),
+	// or 0 between messages.
+	since atomic.Int64
 }
 
 // NewChannelConn wraps a WebSocket connection.
@@ -103,6 +107,8 @@ func NewChannelConn(conn *websocket.Conn) *ChannelConn { return &ChannelConn{con
 func (c *ChannelConn) Send(ch byte, p []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.since.Store(time.Now().UnixNano())
+	defer c.since.Store(0)
 	w, err := c.conn.NextWriter(websocket.BinaryMessage)
 	if err != nil {
 		return err
@@ -114,6 +120,13 @@ func (c *ChannelConn) Send(ch byte, p []byte) error {
 		return err
 	}
 	return w.Close()
+}
+
+// Stalled reports whether the message being written has been blocked for
+// longer than d: the peer has stopped reading.
+func (c *ChannelConn) Stalled(d time.Duration) bool {
+	since := c.since.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) > d
 }
 
 // Writer returns an io.Writer whose every Write is one message on ch.

@@ -20,12 +20,12 @@ import (
 	"github.com/hiloop/hiloop/sandbox"
 )
 
-// finalFrameGrace is how long a stream whose session was ended from
-// outside has to deliver its final frame before its connection is closed.
-// One second was too short on a loaded machine: the handler, woken by the
-// ended read, did not get to write the frame in time (a -race run of the
-// whole suite on two cores).
-const finalFrameGrace = 3 * time.Second
+// stallGrace is how long a message to the client of a stream whose
+// session was ended from outside may stay blocked before the connection is
+// closed under it: the client has stopped reading. Only a blocked write
+// counts, never the handler's own pace, so a loaded machine that is slow to
+// write the final frame still delivers it.
+const stallGrace = 3 * time.Second
 
 // boolQuery reads a query parameter that is true or false; absent is
 // false.
@@ -246,17 +246,22 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	defer conn.Close()
 	conn.SetReadLimit(api.MaxFrameSize)
 	log := s.log.With("sandbox", id, "org", sess.OrgID)
+	// Output is one message per chunk and blocks on the client: a slow
+	// reader slows the command down instead of growing a buffer.
+	cc := api.NewChannelConn(conn)
 	// A session ended from outside (its key revoked, its sandbox stopped,
 	// deleted or quarantined, shutdown) ends the stream even while it waits
 	// for its first message or on a client that stopped reading: the read
-	// is cut short at once, and the connection is closed after
-	// finalFrameGrace whether or not the final frame got through.
+	// is cut short at once, and from then on a message the client leaves
+	// blocked for stallGrace closes the connection under it.
+	handlerDone := make(chan struct{})
+	defer close(handlerDone)
 	stop := context.AfterFunc(sess.Context(), func() {
 		if sess.Ended() == nil {
 			return
 		}
 		conn.NetConn().SetReadDeadline(time.Now())
-		time.AfterFunc(finalFrameGrace, func() { conn.NetConn().Close() })
+		go closeWhenStalled(cc, conn, handlerDone)
 	})
 	defer stop()
 
@@ -264,9 +269,6 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	// sandbox, or shutdown; the timeout bounds the command.
 	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
-	// Output is one message per chunk and blocks on the client: a slow
-	// reader slows the command down instead of growing a buffer.
-	cc := api.NewChannelConn(conn)
 	sendExit := func(f api.ExitFrame) {
 		b, _ := json.Marshal(f)
 		cc.Send(api.ChanExit, b)
@@ -344,6 +346,24 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.Close()
 	<-readDone
+}
+
+// closeWhenStalled closes conn once a message to it has been blocked for
+// stallGrace, or returns when the handler is done.
+func closeWhenStalled(cc *api.ChannelConn, conn *websocket.Conn, done <-chan struct{}) {
+	t := time.NewTicker(stallGrace / 8)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			if cc.Stalled(stallGrace) {
+				conn.NetConn().Close()
+				return
+			}
+		}
+	}
 }
 
 // readStart reads the StartFrame of a stream opened without a command.

@@ -133,11 +133,15 @@ func (c *stmts) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
-	for _, m := range []map[string]*sql.Stmt{c.m, c.w} {
-		for q, st := range m {
-			errs = append(errs, st.Close())
-			delete(m, q)
-		}
+	for q, st := range c.m {
+		errs = append(errs, st.Close())
+		delete(c.m, q)
+	}
+	// Transactions read w without the lock (it is filled once, at Open),
+	// and one may still run as the store closes: its statements are closed,
+	// which such a transaction is told, and the map is left as it is.
+	for _, st := range c.w {
+		errs = append(errs, st.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -1248,3 +1248,36 @@ func TestPinHelperKey(t *testing.T) {
 		t.Fatalf("pin of an unknown sandbox: %v, want not found", err)
 	}
 }
+
+// TestCloseWhileWriting: a write that still runs as the store closes (a
+// wake a caller gave up on, at shutdown) is told the store closed; the
+// close races with nothing (go test -race).
+func TestCloseWhileWriting(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(ctx, store.Options{Path: filepath.Join(t.TempDir(), "h.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	org, err := s.CreateOrg(ctx, "acme", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			if _, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}}); err != nil {
+				return
+			}
+			if i == 0 {
+				close(started)
+			}
+		}
+	}()
+	<-started
+	if err := s.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	<-done
+}

@@ -110,13 +110,6 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 	}()
 
 	images := map[string]v1.Image{}
-	add := func(ref string, img v1.Image) error {
-		if _, ok := images[ref]; ok {
-			return fmt.Errorf("images: %s is given twice", ref)
-		}
-		images[ref] = img
-		return nil
-	}
 	busybox, err := busyboxLayer(ctx, filepath.Join(o.BinDir, "busybox"))
 	if err != nil {
 		return nil, err
@@ -130,8 +123,7 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("images: pause: %w", err)
 	}
-	add(BusyboxImage, bb)
-	add(PauseImage, pause)
+	images[BusyboxImage], images[PauseImage] = bb, pause
 	if o.HiloopBinary != "" {
 		bin, err := os.ReadFile(o.HiloopBinary)
 		if err != nil {
@@ -144,7 +136,7 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 			return nil, fmt.Errorf("images: hiloop: %w", err)
 		}
 		im.agent = agentRepository + ":" + tag
-		add(im.agent, img)
+		images[im.agent] = img
 	}
 	for i, path := range o.Archives {
 		tagged, err := readArchive(path, filepath.Join(dir, fmt.Sprintf("layout-%d", i)))
@@ -152,9 +144,10 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 			return nil, fmt.Errorf("images: --image-archive %s: %w", path, err)
 		}
 		for ref, img := range tagged {
-			if err := add(ref, img); err != nil {
-				return nil, fmt.Errorf("%w (again in %s)", err, path)
+			if _, ok := images[ref]; ok {
+				return nil, fmt.Errorf("images: --image-archive %s: %s is served already (one of the cluster's own images, or from an earlier archive)", path, ref)
 			}
+			images[ref] = img
 		}
 	}
 

@@ -351,6 +351,14 @@ func TestBadImageArchive(t *testing.T) {
 		tw.Close()
 		return buf.Bytes()
 	}
+	busyboxArchive := filepath.Join(dir, "busybox.tar")
+	img, err := ociimage.Hiloop([]byte("not busybox"), "amd64", "latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.WriteArchive(busyboxArchive, name.MustParseReference("busybox").(name.Tag), img); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, path, want string
 	}{
@@ -360,6 +368,7 @@ func TestBadImageArchive(t *testing.T) {
 		{"bad manifest", write("bad.tar", tarOf(map[string]string{"manifest.json": "{"})), "manifest.json"},
 		{"untagged", write("untagged.tar", tarOf(map[string]string{"manifest.json": `[{"Config":"c.json","Layers":[]}]`})), "has no tag"},
 		{"layout without names", write("layout.tar", tarOf(map[string]string{"oci-layout": `{"imageLayoutVersion":"1.0.0"}`, "index.json": `{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000","size":1,"annotations":{"org.opencontainers.image.ref.name":"latest"}}]}`})), "has no full name"},
+		{"the cluster's own", busyboxArchive, "docker.io/library/busybox:latest is served already"},
 		{"escaping layout", write("escape.tar", tarOf(map[string]string{"oci-layout": "{}", "index.json": "{}", "../evil": "x"})), "outside its root"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

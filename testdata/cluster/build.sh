@@ -63,6 +63,32 @@ gvisor_shim() {
 	LDFLAGS="" FLAGS="-overlay $bin/.overlay/overlay.json" build containerd-shim-runsc-v1 -- gvisor gvisor.dev/gvisor/shim
 }
 
+# busybox_static copies the static busybox of Debian's busybox-static package,
+# unpacked without installing it, to $bin/busybox: the local cluster's
+# busybox and pause images are made from it (k8s/localcluster/images.go).
+busybox_static() {
+	[ -x "$bin/busybox" ] && return 0
+	echo "fetching busybox-static ..." >&2
+	local tmp
+	tmp=$(mktemp -d "$bin/.busybox.XXXXXX")
+	# Run as root, apt hands the download to its _apt user, which cannot
+	# write into a private temporary directory.
+	if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download busybox-static >&2); then
+		echo "build.sh: apt-get download busybox-static failed (run apt-get update first?)" >&2
+		exit 1
+	fi
+	dpkg-deb -x "$tmp"/busybox-static_*.deb "$tmp/root"
+	# ldd fails on a static binary: one that links libc would not run in
+	# an image that has none.
+	if ldd "$tmp/root/bin/busybox" >/dev/null 2>&1; then
+		echo "build.sh: busybox-static's bin/busybox is dynamically linked" >&2
+		exit 1
+	fi
+	mv -f "$tmp/root/bin/busybox" "$bin/busybox"
+	rm -rf "$tmp"
+}
+busybox_static
+
 # The control plane, and the real node's parts in a second lane beside it: a
 # Go build leaves a core idle in its long serial steps (linking), which the
 # other lane fills.

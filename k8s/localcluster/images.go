@@ -1,0 +1,538 @@
+package localcluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/hiloop/hiloop/internal/ociimage"
+)
+
+// The images the cluster's real node pulls. The machine reaches no registry
+// on the internet, so they are built in-process and served by a registry of
+// the cluster's own (StartImages), which containerd uses for every host.
+const (
+	// BusyboxImage is what `busybox` resolves to: a static busybox with its
+	// applets in /bin, whose command keeps a sandbox running.
+	BusyboxImage = "docker.io/library/busybox:latest"
+	// PauseImage is the pod sandbox image containerd starts first in every
+	// pod (its pinned_images "sandbox").
+	PauseImage = "hiloop.local/pause:1"
+	// agentRepository is the repository of the hiloop agent image, tagged
+	// with a short digest of the binary.
+	agentRepository = "hiloop.local/hiloop"
+)
+
+// sleepForever is the command of the busybox and pause images: a sleep
+// that outlives any test, under a shell that ends it on SIGTERM. The sleep
+// alone, run as a PID namespace's init, would ignore SIGTERM (init gets no
+// signal it has no handler for), so every pod deletion would wait out its
+// whole grace period before the SIGKILL.
+var sleepForever = []string{"/bin/sh", "-c", "trap 'kill $!; exit 0' TERM INT; /bin/sleep 2147483647 & wait"}
+
+// busyboxPath is the PATH of the busybox and pause images (Docker's
+// busybox image has the same).
+const busyboxPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// ImageOptions configure StartImages.
+type ImageOptions struct {
+	// BinDir holds busybox (from testdata/cluster/build.sh);
+	// $HILOOP_CLUSTER_BIN when empty.
+	BinDir string
+	// HiloopBinary is the static hiloop binary of the agent image; when
+	// empty there is no agent image.
+	HiloopBinary string
+	// Archives are image tarballs (`hiloop dev --image-archive`): each
+	// image in them is served under every tag it carries. A docker-archive
+	// (what `docker save` and deploy/image write) or an OCI image layout.
+	Archives []string
+}
+
+// Images is a registry on 127.0.0.1 serving the cluster's images: busybox,
+// pause, the hiloop agent image, and those of the archives. An image is
+// stored under its full name (docker.io/library/busybox), and a request
+// that containerd sends to a mirror, which names the image's registry in
+// the query (?ns=docker.io), is read as one for that full name.
+type Images struct {
+	addr   string
+	agent  string
+	names  []string
+	server *http.Server
+	blobs  string // the registry's blobs and unpacked OCI layouts
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartImages builds the images, starts the registry and pushes them into
+// it. On error nothing is left running.
+func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
+	if o.BinDir == "" {
+		o.BinDir = os.Getenv("HILOOP_CLUSTER_BIN")
+	}
+	if o.BinDir == "" {
+		return nil, errors.New("images: HILOOP_CLUSTER_BIN is not set: build the cluster with testdata/cluster/build.sh (make cluster) and point it at the printed directory")
+	}
+	dir, err := os.MkdirTemp("", "hiloop-images-")
+	if err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	im := &Images{blobs: dir}
+	defer func() {
+		if err != nil {
+			im.Close()
+		}
+	}()
+
+	images := map[string]v1.Image{}
+	busybox, err := busyboxLayer(ctx, filepath.Join(o.BinDir, "busybox"))
+	if err != nil {
+		return nil, err
+	}
+	arch := runtime.GOARCH
+	bb, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
+	if err != nil {
+		return nil, fmt.Errorf("images: busybox: %w", err)
+	}
+	pause, err := ociimage.Image(arch, ociimage.Config{Entrypoint: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
+	if err != nil {
+		return nil, fmt.Errorf("images: pause: %w", err)
+	}
+	images[BusyboxImage], images[PauseImage] = bb, pause
+	if o.HiloopBinary != "" {
+		bin, err := os.ReadFile(o.HiloopBinary)
+		if err != nil {
+			return nil, fmt.Errorf("images: the hiloop binary: %w", err)
+		}
+		sum := sha256.Sum256(bin)
+		tag := hex.EncodeToString(sum[:])[:12]
+		img, err := ociimage.Hiloop(bin, arch, tag)
+		if err != nil {
+			return nil, fmt.Errorf("images: hiloop: %w", err)
+		}
+		im.agent = agentRepository + ":" + tag
+		images[im.agent] = img
+	}
+	for i, path := range o.Archives {
+		tagged, err := readArchive(path, filepath.Join(dir, fmt.Sprintf("layout-%d", i)))
+		if err != nil {
+			return nil, fmt.Errorf("images: --image-archive %s: %w", path, err)
+		}
+		for ref, img := range tagged {
+			if _, ok := images[ref]; ok {
+				return nil, fmt.Errorf("images: --image-archive %s: %s is served already (one of the cluster's own images, or from an earlier archive)", path, ref)
+			}
+			images[ref] = img
+		}
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	im.addr = ln.Addr().String()
+	blobDir := filepath.Join(dir, "blobs")
+	if err := os.MkdirAll(blobDir, 0o755); err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	reg := registry.New(
+		registry.Logger(log.New(io.Discard, "", 0)),
+		registry.WithBlobHandler(registry.NewDiskBlobHandler(blobDir)),
+	)
+	im.server = &http.Server{Handler: mirrorNamespaces(reg), ErrorLog: log.New(io.Discard, "", 0)}
+	go im.server.Serve(ln)
+
+	for ref, img := range images {
+		if err := im.push(ctx, ref, img); err != nil {
+			return nil, err
+		}
+		im.names = append(im.names, ref)
+	}
+	slices.Sort(im.names)
+	return im, nil
+}
+
+// Addr is the registry's host:port on 127.0.0.1.
+func (im *Images) Addr() string { return im.addr }
+
+// AgentImage is the name of the hiloop agent image
+// (hiloop.local/hiloop:<12 hex digits of the binary's sha256>), or "" when
+// ImageOptions.HiloopBinary was empty. A changed binary is a new tag.
+func (im *Images) AgentImage() string { return im.agent }
+
+// Names are the full names of every image served, sorted.
+func (im *Images) Names() []string { return slices.Clone(im.names) }
+
+// Close stops the registry and removes its storage.
+func (im *Images) Close() error {
+	im.closeOnce.Do(func() {
+		if im.server != nil {
+			im.closeErr = im.server.Close()
+		}
+		if err := os.RemoveAll(im.blobs); err != nil && im.closeErr == nil {
+			im.closeErr = err
+		}
+	})
+	return im.closeErr
+}
+
+// WriteHostsDir writes containerd's registry host configuration for the
+// registry into dir, which containerd's CRI reads as
+// [plugins.'io.containerd.cri.v1.images'.registry] config_path. Its
+// _default/hosts.toml applies to every registry host (docker.io too:
+// containerd 2.4 looks for <host>/ and then _default/), and names the
+// registry as the server itself, not as a mirror in front of the real
+// one, so no pull falls through to the internet: an image the registry
+// lacks fails with its "not found".
+func (im *Images) WriteHostsDir(dir string) error {
+	d := filepath.Join(dir, "_default")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return fmt.Errorf("images: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "hosts.toml"), HostsTOML(im.addr), 0o644); err != nil {
+		return fmt.Errorf("images: %w", err)
+	}
+	return nil
+}
+
+// HostsTOML is the hosts.toml that points containerd at a registry at
+// addr (host:port) over plain HTTP, for pulls only.
+func HostsTOML(addr string) []byte {
+	return fmt.Appendf(nil, "# The local cluster's registry (k8s/localcluster/images.go).\nserver = \"http://%s\"\ncapabilities = [\"pull\", \"resolve\"]\n", addr)
+}
+
+// push writes img to the registry under ref's full name.
+func (im *Images) push(ctx context.Context, ref string, img v1.Image) error {
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return fmt.Errorf("images: %s: %w", ref, err)
+	}
+	local, err := name.NewTag(im.addr+"/"+mirrorRepository(tag.Context())+":"+tag.TagStr(), name.Insecure)
+	if err != nil {
+		return fmt.Errorf("images: %s: %w", ref, err)
+	}
+	if err := remote.Write(local, img, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("images: push %s: %w", ref, err)
+	}
+	return nil
+}
+
+// mirrorRepository is where the registry keeps a repository: under its
+// registry's host as containerd names it (docker.io, not
+// index.docker.io), with a port's colon as an underscore.
+func mirrorRepository(repo name.Repository) string {
+	host := repo.RegistryStr()
+	if host == name.DefaultRegistry {
+		host = "docker.io"
+	}
+	return strings.ReplaceAll(host, ":", "_") + "/" + repo.RepositoryStr()
+}
+
+// mirrorNamespaces serves containerd's mirror requests: /v2/library/busybox/...
+// with ?ns=docker.io is /v2/docker.io/library/busybox/... in the registry.
+// A request without ns (a client that names the registry itself) is
+// passed on as it is.
+func mirrorNamespaces(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ns := r.URL.Query().Get("ns")
+		rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
+		if ns != "" && ok && rest != "" {
+			host := strings.ReplaceAll(ns, ":", "_")
+			if strings.ContainsAny(host, "/?#") {
+				http.Error(w, "bad ns", http.StatusBadRequest)
+				return
+			}
+			r = r.Clone(r.Context())
+			r.URL.Path = "/v2/" + host + "/" + rest
+			r.URL.RawPath = ""
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// busyboxLayer is the layer of the busybox and pause images: the static
+// busybox at /bin/busybox, a hard link to it in /bin for each applet it
+// lists, /etc/passwd and /etc/group with root and nobody, /root and /tmp.
+func busyboxLayer(ctx context.Context, path string) (v1.Layer, error) {
+	bin, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: no %s: testdata/cluster/build.sh fetches it (Debian's busybox-static)", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	if err := checkStatic(bin); err != nil {
+		return nil, fmt.Errorf("images: %s: %w", path, err)
+	}
+	out, err := exec.CommandContext(ctx, path, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("images: %s --list: %w", path, err)
+	}
+	applets := strings.Fields(string(out))
+	slices.Sort(applets)
+	applets = slices.Compact(applets)
+
+	t := ociimage.NewTar()
+	t.Dir("bin/", 0o755)
+	t.File("bin/busybox", 0o755, bin)
+	for _, a := range applets {
+		if a == "busybox" || !appletName.MatchString(a) {
+			continue
+		}
+		t.Link("bin/"+a, "bin/busybox")
+	}
+	t.Dir("etc/", 0o755)
+	t.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"))
+	t.File("etc/group", 0o644, []byte("root:x:0:\nnobody:x:65534:\n"))
+	t.Dir("root/", 0o700)
+	t.Dir("tmp/", 0o1777)
+	layer, err := t.Layer()
+	if err != nil {
+		return nil, fmt.Errorf("images: busybox: %w", err)
+	}
+	return layer, nil
+}
+
+// appletName is what an applet's name may be: a file name in /bin ("[" and
+// "[[" included).
+var appletName = regexp.MustCompile(`^[][A-Za-z0-9_.+-]+$`)
+
+// checkStatic reports an error unless bin is an ELF executable without an
+// interpreter: the images have no libc.
+func checkStatic(bin []byte) error {
+	f, err := elf.NewFile(bytes.NewReader(bin))
+	if err != nil {
+		return fmt.Errorf("not an ELF executable: %w", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return errors.New("dynamically linked: the images need a static busybox (Debian's busybox-static)")
+		}
+	}
+	return nil
+}
+
+// readArchive reads the images of a tarball and returns them by the full
+// name of each tag they carry. A docker-archive is read in place; an OCI
+// image layout is unpacked into dir first.
+func readArchive(path, dir string) (map[string]v1.Image, error) {
+	names, err := tarNames(path)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case names["manifest.json"]:
+		return readDockerArchive(path)
+	case names["index.json"] && names["oci-layout"]:
+		if err := unpack(path, dir); err != nil {
+			return nil, err
+		}
+		return readLayout(dir)
+	default:
+		return nil, errors.New("neither a docker-archive (no manifest.json) nor an OCI image layout (no index.json and oci-layout)")
+	}
+}
+
+// tarNames are the names of the regular files in a tarball.
+func tarNames(path string) (map[string]bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names := map[string]bool{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("not a tarball: %w", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			names[filepath.Clean(h.Name)] = true
+		}
+	}
+	return names, nil
+}
+
+func readDockerArchive(path string) (map[string]v1.Image, error) {
+	opener := func() (io.ReadCloser, error) { return os.Open(path) }
+	m, err := tarball.LoadManifest(opener)
+	if err != nil {
+		return nil, fmt.Errorf("manifest.json: %w", err)
+	}
+	images := map[string]v1.Image{}
+	for i, d := range m {
+		if len(d.RepoTags) == 0 {
+			return nil, fmt.Errorf("image %d (%s) has no tag: save it by name (docker save NAME:TAG)", i+1, d.Config)
+		}
+		for _, t := range d.RepoTags {
+			tag, err := name.NewTag(t)
+			if err != nil {
+				return nil, fmt.Errorf("tag %q: %w", t, err)
+			}
+			img, err := tarball.Image(opener, &tag)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t, err)
+			}
+			if _, err := img.Digest(); err != nil {
+				return nil, fmt.Errorf("%s: %w", t, err)
+			}
+			images[fullName(tag)] = img
+		}
+	}
+	return images, nil
+}
+
+// readLayout reads the images of an OCI layout's index.json that carry a
+// full name: containerd's io.containerd.image.name, or an
+// org.opencontainers.image.ref.name that is a whole reference, not just a
+// tag. An index entry that is itself an index (several platforms) gives
+// its image for this machine's platform.
+func readLayout(dir string) (map[string]v1.Image, error) {
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("index.json: %w", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("index.json: %w", err)
+	}
+	images := map[string]v1.Image{}
+	for _, d := range im.Manifests {
+		ref := d.Annotations["io.containerd.image.name"]
+		if ref == "" {
+			ref = d.Annotations["org.opencontainers.image.ref.name"]
+		}
+		if ref == "" || !strings.ContainsAny(ref, ":/") {
+			return nil, fmt.Errorf("image %s has no full name (io.containerd.image.name, or org.opencontainers.image.ref.name as NAME:TAG)", d.Digest)
+		}
+		tag, err := name.NewTag(ref)
+		if err != nil {
+			return nil, fmt.Errorf("image name %q: %w", ref, err)
+		}
+		var img v1.Image
+		if d.MediaType.IsIndex() {
+			img, err = platformImage(idx, d.Digest)
+		} else {
+			img, err = idx.Image(d.Digest)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ref, err)
+		}
+		images[fullName(tag)] = img
+	}
+	if len(images) == 0 {
+		return nil, errors.New("index.json lists no image")
+	}
+	return images, nil
+}
+
+// platformImage is the linux image for this machine's architecture in the
+// index h of idx.
+func platformImage(idx v1.ImageIndex, h v1.Hash) (v1.Image, error) {
+	sub, err := idx.ImageIndex(h)
+	if err != nil {
+		return nil, err
+	}
+	m, err := sub.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range m.Manifests {
+		if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == runtime.GOARCH {
+			img, err := sub.Image(d.Digest)
+			if err == nil {
+				// Only the platforms that were saved have their blobs.
+				if _, err = img.Layers(); err == nil {
+					return img, nil
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("no linux/%s image", runtime.GOARCH)
+}
+
+// fullName is a tag's name as containerd normalizes it: busybox is
+// docker.io/library/busybox:latest.
+func fullName(tag name.Tag) string {
+	repo := tag.Context()
+	host := repo.RegistryStr()
+	if host == name.DefaultRegistry {
+		host = "docker.io"
+	}
+	return host + "/" + repo.RepositoryStr() + ":" + tag.TagStr()
+}
+
+// unpack writes the regular files and directories of a tarball under dir,
+// refusing names that leave it.
+func unpack(path, dir string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("not a tarball: %w", err)
+		}
+		if !filepath.IsLocal(h.Name) {
+			return fmt.Errorf("the tarball holds %q, outside its root", h.Name)
+		}
+		target := filepath.Join(dir, h.Name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(out, tr)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -346,24 +346,53 @@ func (s *ServeCmd) Run(ctx context.Context, stdout io.Writer) error {
 	return a.Run(ctx)
 }
 
-// DevCmd runs hiloop against a local simulated cluster.
+// DevCmd runs hiloop against a local cluster: by default one whose node
+// really runs sandboxes under gVisor, where the machine can run it.
 type DevCmd struct {
-	ClusterBin string `required:"" env:"HILOOP_CLUSTER_BIN" help:"Directory of the cluster binaries (printed by testdata/cluster/build.sh)."`
-	ServeCmd   `embed:""`
+	ClusterBin   string   `required:"" env:"HILOOP_CLUSTER_BIN" help:"Directory of the cluster binaries (printed by testdata/cluster/build.sh)."`
+	Node         string   `default:"auto" enum:"auto,real,simulated" env:"HILOOP_DEV_NODE" help:"The node sandboxes run on: real (a kubelet, containerd and gVisor on this machine; needs root), simulated (kwok: sandboxes are simulated and their commands run on this host), or auto (real where this machine can run it)."`
+	ImageArchive []string `name:"image-archive" type:"existingfile" help:"An image tarball (docker save, or an OCI layout) the real node can run, besides busybox; repeatable."`
+	ServeCmd     `embed:""`
 }
 
 // BeforeApply runs before the flags are validated: dev backs the forward
-// transport with its own local helper runner, so --transports may name
-// forward without --agent-image.
+// transport with its own session helpers (in the pod on the real node, as
+// local processes on the simulated one), so --transports may name forward
+// without --agent-image.
 func (d *DevCmd) BeforeApply() error {
 	d.localHelpers = true
 	return nil
 }
 
+// simulatedBanner is what hiloop dev says when its sandboxes are simulated.
+const simulatedBanner = "WARNING: sandboxes are simulated: commands run on this host"
+
 // Run starts the cluster, serves against it, and tears it down on exit.
 func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
-	fmt.Fprintln(stdout, "Starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, kwok, agent-sandbox controller)...")
-	c, err := localcluster.Start(ctx, localcluster.Options{BinDir: d.ClusterBin, Namespace: d.Namespace, Log: os.Stderr})
+	realNode := d.Node == "real"
+	if d.Node == "auto" {
+		err := localcluster.RealNodeSupported(d.ClusterBin)
+		realNode = err == nil
+		if !realNode {
+			fmt.Fprintf(stdout, "%s (no real node: %v).\n", simulatedBanner, err)
+		}
+	} else if !realNode {
+		fmt.Fprintf(stdout, "%s (--node simulated).\n", simulatedBanner)
+	}
+	if !realNode && len(d.ImageArchive) > 0 {
+		return errors.New("--image-archive: images run only on the real node (--node real)")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	node := "kwok's simulated node"
+	if realNode {
+		node = "a real node: kubelet, containerd and gVisor on this machine"
+	}
+	fmt.Fprintf(stdout, "Starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, agent-sandbox controller, %s)...\n", node)
+	c, err := localcluster.Start(ctx, localcluster.Options{BinDir: d.ClusterBin, Namespace: d.Namespace, Log: os.Stderr,
+		RealNode: realNode, HiloopBinary: exe, ImageArchives: d.ImageArchive})
 	if c != nil {
 		defer c.Stop()
 	}
@@ -381,23 +410,25 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if len(d.StorageClasses) == 0 {
 		d.StorageClasses = []string{"kwok-volume"}
 	}
-	// The local cluster runs session helpers as local processes of this
-	// very binary, so -L works end to end.
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	if d.AgentImage == "" {
-		d.AgentImage = "hiloop-agent:local"
-	}
 	if !slices.Contains(d.Transports, sandbox.TransportForward) {
 		d.Transports = append(d.Transports, sandbox.TransportForward)
 	}
+	// On the realNode node the session helper runs in each pod, from the image
+	// of this very binary; on the simulated one, as local processes of it.
+	var helpers func(context.Context, *slog.Logger) error
+	if realNode {
+		d.AgentImage = c.AgentImage()
+	} else {
+		if d.AgentImage == "" {
+			d.AgentImage = "hiloop-agent:local"
+		}
+		helpers = func(ctx context.Context, log *slog.Logger) error {
+			return localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: exe, Dir: c.Workdir, Log: log})
+		}
+	}
 	fmt.Fprintf(stdout, "Local cluster up. Inspect it with:\n\n    kubectl --kubeconfig %s get sandboxes,pods -n %s\n\n", c.Kubeconfig, c.Namespace)
 	tuneGC()
-	a, err := newApp(ctx, &d.ServeCmd, stdout, func(ctx context.Context, log *slog.Logger) error {
-		return localcluster.RunHelpers(ctx, localcluster.HelperOptions{Clients: c.Clients, Binary: exe, Dir: c.Workdir, Log: log})
-	})
+	a, err := newApp(ctx, &d.ServeCmd, stdout, helpers)
 	if err != nil {
 		return err
 	}

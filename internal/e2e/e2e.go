@@ -48,9 +48,11 @@ var (
 func Main(m *testing.M) int {
 	code := m.Run()
 	helpersStop()
-	if shared != nil {
-		if err := shared.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop cluster:", err)
+	for _, c := range []*localcluster.Cluster{shared, realCluster} {
+		if c != nil {
+			if err := c.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "stop cluster:", err)
+			}
 		}
 	}
 	if binDir != "" {
@@ -77,6 +79,47 @@ func SharedCluster(t testing.TB) *localcluster.Cluster {
 	}
 	return shared
 }
+
+var (
+	realOnce sync.Once
+	realCluster *localcluster.Cluster
+	realErr  error
+)
+
+// RealCluster is the package's one local cluster with a real node, whose
+// pods run under gVisor on this machine, started on first use and stopped
+// by Main. One real node runs per machine: it waits for another test
+// process's to stop. A machine where hiloop cannot run one skips the test
+// when not root, and fails it when root (as CI runs): there, a real node is
+// what is under test.
+func RealCluster(t testing.TB) *localcluster.Cluster {
+	t.Helper()
+	bin := Binary(t)
+	realOnce.Do(func() {
+		if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil {
+			realErr = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), realClusterBudget)
+		defer cancel()
+		realCluster, realErr = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, RealNode: true, HiloopBinary: bin})
+		if realErr != nil && realCluster != nil {
+			realCluster.Stop()
+			realCluster = nil
+		}
+	})
+	if realErr != nil {
+		if os.Geteuid() != 0 {
+			t.Skipf("no real node on this machine: %v", realErr)
+		}
+		t.Fatalf("start the real node's cluster: %v", realErr)
+	}
+	return realCluster
+}
+
+// realClusterBudget covers waiting for another test process's real node
+// (its whole package's run) and starting this one.
+const realClusterBudget = 30 * time.Minute
 
 // NewCluster starts a cluster of the test's own and stops it in t.Cleanup.
 func NewCluster(t testing.TB) *localcluster.Cluster {

@@ -50,9 +50,10 @@ func (t *Tar) File(name string, mode int64, data []byte) {
 }
 
 // Link adds a hard link to target, a file added before it (both relative
-// to the root).
-func (t *Tar) Link(name, target string) {
-	t.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, ModTime: epoch})
+// to the root). mode must be the target's: an extractor that applies each
+// header's mode (containerd does) gives the one file the last link's.
+func (t *Tar) Link(name, target string, mode int64) {
+	t.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, Mode: mode, ModTime: epoch})
 }
 
 // Layer closes the tarball and returns it as a gzip-compressed layer. The

@@ -87,7 +87,23 @@ type Options struct {
 	Namespace string
 	// Log receives progress lines; discarded when nil.
 	Log io.Writer
+	// RealNode adds a node that really runs pods under gVisor (a kubelet,
+	// containerd and runsc on this machine) and keeps sandboxes off kwok's
+	// simulated node. It needs root (RealNodeSupported says what else),
+	// and one runs per machine at a time: Start waits for another's to
+	// stop.
+	RealNode bool
+	// HiloopBinary is the static hiloop binary the real node's session
+	// helper image is made of; this process's executable when empty.
+	HiloopBinary string
+	// ImageArchives are image tarballs (docker save, or OCI layout) the
+	// real node can run, besides busybox and hiloop's own.
+	ImageArchives []string
 }
+
+// SimulatedTaint keeps sandboxes off kwok's simulated node when the
+// cluster has a real one.
+const SimulatedTaint = "hiloop.dev/simulated"
 
 // Cluster is a running local cluster.
 type Cluster struct {
@@ -104,8 +120,18 @@ type Cluster struct {
 	// the machine hands them out until Stop.
 	PodCIDR string
 
+	// Real says the cluster has a real node (Options.RealNode): its pods
+	// run under gVisor on this machine.
+	Real bool
+
 	// podLease holds the lock on PodCIDR until Stop.
 	podLease *os.File
+	// nodeLock holds the machine's real node lock; the reaper shares it,
+	// so it outlives this process until the node is torn down.
+	nodeLock *os.File
+	images   *Images
+	// node is the real node's directory (nodeDir).
+	node string
 
 	name       string
 	bin        string
@@ -136,17 +162,28 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 			return nil, fmt.Errorf("cluster binary %s missing in %s: run testdata/cluster/build.sh", b, o.BinDir)
 		}
 	}
+	start := time.Now()
+	var nodeLock *os.File
+	if o.RealNode {
+		if err := RealNodeSupported(o.BinDir); err != nil {
+			return nil, err
+		}
+		var err error
+		if nodeLock, err = lockRealNode(ctx, func(s string) { fmt.Fprintln(o.Log, "localcluster: "+s) }); err != nil {
+			return nil, err
+		}
+		defer nodeLock.Close() // the reaper holds its own copy
+	}
 	workdir, err := os.MkdirTemp("", "hiloop-cluster-")
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{Workdir: workdir, Namespace: o.Namespace, name: "hiloop", bin: o.BinDir,
-		Kubeconfig: filepath.Join(workdir, "kubeconfig")}
+		Kubeconfig: filepath.Join(workdir, "kubeconfig"), Real: o.RealNode, nodeLock: nodeLock}
 	if err := c.startReaper(); err != nil {
 		os.RemoveAll(workdir)
 		return nil, err
 	}
-	start := time.Now()
 	step := func(what string, fn func() error) error {
 		t := time.Now()
 		if err := fn(); err != nil {
@@ -173,6 +210,9 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	unlock()
 	if err == nil {
 		err = step("start agent-sandbox controller", c.startController)
+	}
+	if err == nil && o.RealNode {
+		err = step("start the real node (kubelet, containerd, gVisor)", func() error { return c.startRealNode(ctx, o) })
 	}
 	if err != nil {
 		return c, err
@@ -228,12 +268,17 @@ func (c *Cluster) env() []string {
 func (c *Cluster) startReaper() error {
 	script := `read _ignored
 kill -9 $(cat "$KWOK_WORKDIR/controller.pid" 2>/dev/null) 2>/dev/null
-"$KWOKCTL" delete cluster --name "$CLUSTER" >"$KWOK_WORKDIR/reaper.log" 2>&1
+` + nodeReaper + `"$KWOKCTL" delete cluster --name "$CLUSTER" >"$KWOK_WORKDIR/reaper.log" 2>&1
 # Any component kwokctl could not stop still holds a pid file.
 for f in "$KWOK_WORKDIR"/clusters/*/pids/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
 rm -rf "$KWOK_WORKDIR"
 `
 	cmd := exec.Command("/bin/sh", "-c", script)
+	// The reaper holds the real node's lock (its fd 3) until it has torn
+	// the node down and exits.
+	if c.nodeLock != nil {
+		cmd.ExtraFiles = []*os.File{c.nodeLock}
+	}
 	cmd.Env = append(c.env(), "KWOKCTL="+filepath.Join(c.bin, "kwokctl"), "CLUSTER="+c.name)
 	// Its own session: a Ctrl-C to the test's process group must not kill the
 	// reaper before it has reaped.
@@ -249,7 +294,11 @@ rm -rf "$KWOK_WORKDIR"
 	return nil
 }
 
-// kwokConfig runs the control plane as local processes. The scheduler and
+// kwokConfig runs the control plane as local processes. The API server
+// shows the kubelets its admin certificate (the real node's kubelet takes
+// clients of the cluster's CA) and reaches them at their nodes' addresses
+// (no name of the real node resolves), and kwok simulates only the node made for
+// it, never the real one. The scheduler and
 // the controller manager run without leader election: with it they exit
 // ("leaderelection lost") after an API server stall of about 30 s, and
 // nothing restarts them, so every later sandbox would stay starting.
@@ -259,6 +308,20 @@ options:
   runtime: binary
   disableQPSLimits: true
 componentsPatches:
+- name: kube-apiserver
+  extraArgs:
+  - key: kubelet-client-certificate
+    value: PKI_DIR/admin.crt
+  - key: kubelet-client-key
+    value: PKI_DIR/admin.key
+  - key: kubelet-preferred-address-types
+    value: InternalIP,Hostname
+- name: kwok-controller
+  extraArgs:
+  - key: manage-all-nodes
+    value: "false"
+  - key: manage-nodes-with-annotation-selector
+    value: kwok.x-k8s.io/node=fake
 - name: kube-scheduler
   extraArgs:
   - key: leader-elect
@@ -323,7 +386,7 @@ func (c *Cluster) createControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	config := strings.Replace(kwokConfig, "NO_TAR_PATH", noTar, 1) + "---\n" + string(KwokStages)
+	config := strings.NewReplacer("NO_TAR_PATH", noTar, "PKI_DIR", filepath.Join(c.Workdir, "clusters", c.name, "pki")).Replace(kwokConfig) + "---\n" + string(KwokStages)
 	configPath := filepath.Join(c.Workdir, "kwok.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return err
@@ -376,6 +439,9 @@ func (c *Cluster) prepare(ctx context.Context) error {
 			Capacity:    nodeResources,
 			Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: "localhost"}},
 		},
+	}
+	if c.Real {
+		node.Spec.Taints = []corev1.Taint{{Key: SimulatedTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
 	}
 	if _, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -561,6 +627,9 @@ func (c *Cluster) startController() error {
 // call more than once.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
+		if c.images != nil {
+			defer c.images.Close()
+		}
 		if c.controller != nil {
 			c.controller.Process.Kill()
 			c.controller.Wait()

@@ -129,6 +129,10 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("images: the hiloop binary: %w", err)
 		}
+		// The session helper runs it in an image with nothing else in it.
+		if err := checkStatic(bin); err != nil {
+			return nil, fmt.Errorf("images: %s: %w: build hiloop with CGO_ENABLED=0 (make build does)", o.HiloopBinary, err)
+		}
 		sum := sha256.Sum256(bin)
 		tag := hex.EncodeToString(sum[:])[:12]
 		img, err := ociimage.Hiloop(bin, arch, tag)
@@ -304,7 +308,7 @@ func busyboxLayer(ctx context.Context, path string) (v1.Layer, error) {
 		if a == "busybox" || !appletName.MatchString(a) {
 			continue
 		}
-		t.Link("bin/"+a, "bin/busybox")
+		t.Link("bin/"+a, "bin/busybox", 0o755)
 	}
 	t.Dir("etc/", 0o755)
 	t.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"))

@@ -45,22 +45,26 @@ stamp="$stamp -X $cv.gitVersion=v$KUBE_VERSION -X $cv.gitMajor=$major -X $cv.git
 # gvisor_shim builds gVisor's containerd shim with one change: where the
 # machine denies CAP_SYS_RESOURCE, the shim's lowering of its own
 # oom_score_adj fails with EPERM, and the shim carries on instead of failing
-# every sandbox (as containerd's own runc shim does). The change is a go build
-# -overlay of the module's file, checked to apply.
+# every sandbox (as containerd's own runc shim does). The change is made to
+# a copy of the module, checked to apply, which a go.mod beside it replaces
+# the module with (go build -overlay may not touch the module cache).
 gvisor_shim() {
 	[ -x "$bin/containerd-shim-runsc-v1" ] && return 0
-	local dir src
+	local dir work
 	dir=$(cd "$here/tools/gvisor" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' gvisor.dev/gvisor)
-	src="$dir/pkg/shim/v1/manager.go"
-	mkdir -p "$bin/.overlay"
-	sed 's/if err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil {/if err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil \&\& !os.IsPermission(err) {/' \
-		"$src" > "$bin/.overlay/manager.go"
-	if cmp -s "$src" "$bin/.overlay/manager.go"; then
+	work=$(mktemp -d "$bin/.gvisor-shim.XXXXXX")
+	cp -r "$dir" "$work/gvisor"
+	chmod -R u+w "$work/gvisor"
+	local f="$work/gvisor/pkg/shim/v1/manager.go"
+	sed -i 's/if err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil {/if err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil \&\& !os.IsPermission(err) {/' "$f"
+	if cmp -s "$dir/pkg/shim/v1/manager.go" "$f"; then
 		echo "build.sh: gVisor's shim no longer matches the oom_score_adj change; update gvisor_shim" >&2
 		exit 1
 	fi
-	printf '{"Replace":{"%s":"%s"}}\n' "$src" "$bin/.overlay/manager.go" > "$bin/.overlay/overlay.json"
-	LDFLAGS="" FLAGS="-overlay $bin/.overlay/overlay.json" build containerd-shim-runsc-v1 -- gvisor gvisor.dev/gvisor/shim
+	cp "$here/tools/gvisor/go.sum" "$work/go.sum"
+	{ cat "$here/tools/gvisor/go.mod"; echo "replace gvisor.dev/gvisor => $work/gvisor"; } > "$work/go.mod"
+	LDFLAGS="" FLAGS="-modfile=$work/go.mod" build containerd-shim-runsc-v1 -- gvisor gvisor.dev/gvisor/shim
+	rm -rf "$work"
 }
 
 # busybox_static copies the static busybox of Debian's busybox-static package,

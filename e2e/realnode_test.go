@@ -1,0 +1,154 @@
+package e2e_test
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/store"
+)
+
+// TestRealNode runs hiloop's product paths on pods that really run, under
+// gVisor, on the local cluster's real node (a kubelet, containerd and
+// runsc on this machine): the kernel a command sees, exit codes, stdin EOF
+// and a terminal from a real kubelet, files both ways, a file written in
+// the sandbox that is not on the host, ssh and ssh -L through the session
+// helper container in the pod to a server that listens only inside it,
+// stop, start, idle stop and wake, delete, and the receipt.
+func TestRealNode(t *testing.T) {
+	requireSSH(t)
+	c := e2e.RealCluster(t)
+	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
+		"--transports", "exec,ssh,forward", "--agent-image", c.AgentImage())
+	sb := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait")
+	exec1 := func(stdin string, args ...string) (string, string, int) {
+		return cliExec(in, in.Token, stdin, append([]string{sb.ID, "--"}, args...)...)
+	}
+
+	t.Run("the kernel is gVisor's", func(t *testing.T) {
+		out, errOut, code := exec1("", "uname", "-r")
+		host, _ := exec.Command("uname", "-r").Output()
+		if code != 0 || !strings.Contains(out, "gvisor") || strings.TrimSpace(out) == strings.TrimSpace(string(host)) {
+			t.Fatalf("uname -r in the sandbox: %d %q %q (host %q)", code, out, errOut, host)
+		}
+		if out, _, _ := exec1("", "dmesg"); !strings.Contains(out, "Starting gVisor") {
+			t.Errorf("dmesg in the sandbox: %q", out)
+		}
+	})
+	t.Run("exit codes", func(t *testing.T) {
+		for _, want := range []int{0, 1, 3, 255} {
+			if _, errOut, code := exec1("", "sh", "-c", "exit "+strconv.Itoa(want)); code != want {
+				t.Errorf("exit %d: got %d (%s)", want, code, errOut)
+			}
+		}
+		if _, errOut, code := exec1("", "sh", "-c", "kill -KILL $$"); code != 137 {
+			t.Errorf("signal death: exit %d (%s)", code, errOut)
+		}
+	})
+	t.Run("stdin EOF reaches the command", func(t *testing.T) {
+		out, errOut, code := in.CLIInput(in.Token, "one\ntwo\n", "sandbox", "exec", "-i", sb.ID, "--", "wc", "-l")
+		if code != 0 || strings.TrimSpace(out) != "2" {
+			t.Fatalf("wc -l of two lines: %d %q %q", code, out, errOut)
+		}
+	})
+	t.Run("a file written in the sandbox is not on the host", func(t *testing.T) {
+		name := "/tmp/hiloop-canary-" + strings.ToLower(store.NewID("c")[2:])
+		if _, errOut, code := exec1("", "sh", "-c", "echo inside > "+name+" && cat "+name); code != 0 {
+			t.Fatalf("write in the sandbox: %d %s", code, errOut)
+		}
+		if _, err := os.Stat(name); !os.IsNotExist(err) {
+			t.Fatalf("%s is on the host: %v", name, err)
+		}
+		if out, _, code := exec1("", "cat", name); code != 0 || out != "inside\n" {
+			t.Fatalf("the file in the sandbox: %d %q", code, out)
+		}
+	})
+	t.Run("files both ways", func(t *testing.T) {
+		dir := t.TempDir()
+		src := filepath.Join(dir, "in.txt")
+		if err := os.WriteFile(src, []byte("from the laptop\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		in.MustCLI(in.Token, "sandbox", "cp", src, sb.ID+":/tmp/in.txt")
+		if out, _, code := exec1("", "cat", "/tmp/in.txt"); code != 0 || out != "from the laptop\n" {
+			t.Fatalf("uploaded file in the sandbox: %d %q", code, out)
+		}
+		exec1("", "sh", "-c", "mkdir -p /tmp/out/sub && echo back > /tmp/out/sub/f")
+		in.MustCLI(in.Token, "sandbox", "cp", "-r", sb.ID+":/tmp/out", filepath.Join(dir, "out"))
+		if b, err := os.ReadFile(filepath.Join(dir, "out", "sub", "f")); err != nil || string(b) != "back\n" {
+			t.Fatalf("downloaded tree: %q %v", b, err)
+		}
+	})
+	u := newSSHUser(t, in, in.Token)
+	t.Run("ssh", func(t *testing.T) {
+		if out, errOut, code := u.run(sb.ID, "uname -r; exit 7"); code != 7 || !strings.Contains(out, "gvisor") {
+			t.Fatalf("ssh: %d %q %q", code, out, errOut)
+		}
+	})
+	t.Run("ssh -L reaches a server that listens only in the pod", func(t *testing.T) {
+		if _, errOut, code := exec1("", "sh", "-c", "mkdir -p /www && echo hello from the pod > /www/index.html && httpd -p 127.0.0.1:8080 -h /www"); code != 0 {
+			t.Fatalf("start httpd: %d %s", code, errOut)
+		}
+		local := e2e.FreeAddr(t)
+		cmd := exec.Command("ssh", u.args("-N", "-L", local+":127.0.0.1:8080", sb.ID+"@127.0.0.1")...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		e2e.WaitListening(t, "ssh -L", local)
+		var body string
+		e2e.Eventually(t, "the pod's httpd through ssh -L", 30*time.Second, func() (bool, error) {
+			resp, err := http.Get("http://" + local + "/")
+			if err != nil {
+				return false, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			body = string(b)
+			return resp.StatusCode == 200, nil
+		})
+		if body != "hello from the pod\n" {
+			t.Fatalf("through ssh -L: %q", body)
+		}
+		// Nothing on the host listens there: the server is the pod's.
+		if conn, err := net.DialTimeout("tcp", "127.0.0.1:8080", time.Second); err == nil {
+			conn.Close()
+			t.Log("note: something on the host listens on 127.0.0.1:8080 too")
+		}
+	})
+	t.Run("stop and start", func(t *testing.T) {
+		in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
+		in.WaitState(in.Token, sb.ID, "stopped")
+		in.MustCLI(in.Token, "sandbox", "start", sb.ID, "--wait")
+		if out, errOut, code := exec1("", "cat", "/tmp/in.txt"); code == 0 {
+			t.Fatalf("a new pod kept the old one's /tmp: %q %q", out, errOut)
+		}
+		if out, _, code := exec1("", "uname", "-r"); code != 0 || !strings.Contains(out, "gvisor") {
+			t.Fatalf("after start: %d %q", code, out)
+		}
+	})
+	t.Run("idle stop and wake", func(t *testing.T) {
+		in.MustCLI(in.Token, "sandbox", "idle-timeout", sb.ID, "2s")
+		in.WaitState(in.Token, sb.ID, "stopped")
+		out, errOut, code := u.run(sb.ID, "uname -r")
+		if code != 0 || !strings.Contains(out, "gvisor") {
+			t.Fatalf("ssh woke the sandbox: %d %q %q", code, out, errOut)
+		}
+		in.MustCLI(in.Token, "sandbox", "idle-timeout", sb.ID, "0")
+	})
+	t.Run("delete", func(t *testing.T) {
+		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
+		e2e.Eventually(t, "no pod left", 60*time.Second, func() (bool, error) {
+			out, err := c.Kubectl(t.Context(), "get", "pods", "-n", in.NS, "-o", "name")
+			return err == nil && strings.TrimSpace(out) == "", err
+		})
+	})
+}

@@ -81,9 +81,9 @@ func SharedCluster(t testing.TB) *localcluster.Cluster {
 }
 
 var (
-	realOnce sync.Once
+	realOnce    sync.Once
 	realCluster *localcluster.Cluster
-	realErr  error
+	realErr     error
 )
 
 // RealCluster is the package's one local cluster with a real node, whose

@@ -263,7 +263,9 @@ func TestDecide(t *testing.T) {
 			}),
 			store.Observation{State: store.StateRunning, PodUID: "u2"}},
 		{"pod seen under gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
-			record(func(s *store.Sandbox) { s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeGVisor, "4.19.0-gvisor" }),
+			record(func(s *store.Sandbox) {
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeGVisor, "4.19.0-gvisor"
+			}),
 			store.Observation{State: store.StateRunning, PodUID: "u1"}},
 		{"pod whose runtime is unknown", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
 			record(func(s *store.Sandbox) { s.RuntimePod, s.RuntimeObserved = "u1", sandbox.RuntimeUnknown }),

@@ -3,7 +3,9 @@ package control
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
+	"time"
 
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
@@ -51,6 +53,9 @@ const (
 	// maxProbeOutput is what a probe's output is read up to; a kernel's
 	// line is a few hundred bytes.
 	maxProbeOutput = 4096
+	// attestRetry is how long after an attestation that could not reach
+	// its pod the mirror is asked to decide again (and so to ask again).
+	attestRetry = 5 * time.Second
 )
 
 // attestations are the pods waiting for a probe or being probed.
@@ -135,7 +140,16 @@ func (c *Control) attest(id, pod string) {
 	if _, err := c.o.Cluster.PodAddr(ctx, id, pod); err != nil {
 		return
 	}
-	seen, release := c.probeRuntime(ctx, id, receipt)
+	seen, release, reached := c.probeRuntime(ctx, id, receipt)
+	if !reached {
+		// No probe got as far as the pod (the API server or the node did
+		// not answer): that says nothing of the pod, so nothing is
+		// recorded. The mirror is asked to decide again in a while, and
+		// asks again for the pod it still sees running.
+		c.log.Warn("runtime attestation could not reach the pod; trying again", "sandbox", id, "retry_in", attestRetry)
+		time.AfterFunc(attestRetry, func() { c.touch(id) })
+		return
+	}
 	cctx, ccancel := c.clusterCtx()
 	defer ccancel()
 	if _, err := c.o.Cluster.PodAddr(cctx, id, pod); err != nil {
@@ -156,8 +170,10 @@ func (c *Control) attest(id, pod string) {
 
 // probeRuntime reads /proc/version in the sandbox's pod, trying the
 // session helper first when the pod has one, and classifies the first
-// answer that is a kernel's line; unknown when none is.
-func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.Receipt) (sandbox.Runtime, string) {
+// answer that is a kernel's line; unknown when none is. reached reports
+// whether any probe's stream was set up (a *k8s.ConnectError says it was
+// not): a probe that never reached the pod says nothing of its image.
+func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.Receipt) (seen sandbox.Runtime, release string, reached bool) {
 	probes := workloadProbes
 	if receipt.SessionPort != 0 {
 		probes = append([]probe{helperProbe}, probes...)
@@ -165,16 +181,20 @@ func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.R
 	for _, p := range probes {
 		var out cappedBuffer
 		st, err := c.o.Exec.Exec(ctx, id, k8s.ExecRequest{Container: p.container, Command: p.argv, Stdout: &out})
+		var ce *k8s.ConnectError
+		if !errors.As(err, &ce) {
+			reached = true
+		}
 		if err == nil && st.Code == 0 {
 			if seen, release := sandbox.ClassifyKernel(out.String()); seen != sandbox.RuntimeUnknown {
-				return seen, release
+				return seen, release, true
 			}
 		}
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	return sandbox.RuntimeUnknown, ""
+	return sandbox.RuntimeUnknown, "", reached
 }
 
 // cappedBuffer keeps the first maxProbeOutput bytes written to it and

@@ -198,6 +198,30 @@ func TestAttestOnlyTheObservedPod(t *testing.T) {
 	}
 }
 
+// TestAttestUnreachable: probes that never reach the pod (the API server
+// or the node does not answer) record nothing, and the mirror is asked
+// again later rather than told the runtime is unknown.
+func TestAttestUnreachable(t *testing.T) {
+	unreachable := answer{err: &k8s.ConnectError{Err: errors.New("connection refused")}}
+	c, db, id, probes := attestCore(t, false, map[string]answer{"workload cat": unreachable, "workload sh": unreachable})
+	c.attest(id, controltest.PodUID(id))
+	rec, err := db.SandboxAnyOrg(context.Background(), id)
+	if err != nil || rec.RuntimePod != "" || rec.RuntimeObserved != "" {
+		t.Fatalf("attested %q as %q (%v) without reaching it", rec.RuntimePod, rec.RuntimeObserved, err)
+	}
+	if diff := cmp.Diff([]string{"workload cat", "workload sh"}, probes()); diff != "" {
+		t.Errorf("probes (-want +got):\n%s", diff)
+	}
+	select {
+	case <-c.Changed():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the mirror was never asked again")
+	}
+	if diff := cmp.Diff([]string{id}, c.TakeChanged()); diff != "" {
+		t.Errorf("sandboxes the mirror is asked about (-want +got):\n%s", diff)
+	}
+}
+
 // TestAttestOff: without RuntimeAttestation, Attest probes nothing.
 func TestAttestOff(t *testing.T) {
 	c, _, id, probes := attestCore(t, false, map[string]answer{"workload cat": {out: hostLine}})

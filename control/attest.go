@@ -138,16 +138,20 @@ func (c *Control) attest(id, pod string) {
 	// one probed only when it stood before and still stands after: a
 	// pod's name is not reused while it exists.
 	if _, err := c.o.Cluster.PodAddr(ctx, id, pod); err != nil {
+		// A pod that is not serving changes, and the mirror sees it; a
+		// cluster that did not answer is asked again.
+		var ns *k8s.PodNotServingError
+		if !errors.As(err, &ns) {
+			c.retryAttest(id, err)
+		}
 		return
 	}
 	seen, release, reached := c.probeRuntime(ctx, id, receipt)
 	if !reached {
 		// No probe got as far as the pod (the API server or the node did
 		// not answer): that says nothing of the pod, so nothing is
-		// recorded. The mirror is asked to decide again in a while, and
-		// asks again for the pod it still sees running.
-		c.log.Warn("runtime attestation could not reach the pod; trying again", "sandbox", id, "retry_in", attestRetry)
-		time.AfterFunc(attestRetry, func() { c.touch(id) })
+		// recorded.
+		c.retryAttest(id, errors.New("no probe reached the pod"))
 		return
 	}
 	cctx, ccancel := c.clusterCtx()
@@ -166,6 +170,13 @@ func (c *Control) attest(id, pod string) {
 		c.log.Info("runtime attested", "sandbox", id, "runtime_observed", seen, "kernel_release", release)
 	}
 	c.touch(id)
+}
+
+// retryAttest asks the mirror, in attestRetry, to decide about sandbox id
+// again: it asks again for the pod it still sees running.
+func (c *Control) retryAttest(id string, err error) {
+	c.log.Warn("runtime attestation could not reach the cluster; trying again", "sandbox", id, "err", err, "retry_in", attestRetry)
+	time.AfterFunc(attestRetry, func() { c.touch(id) })
 }
 
 // probeRuntime reads /proc/version in the sandbox's pod, trying the

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/hiloop/hiloop/agent"
 )
@@ -38,4 +41,28 @@ func (c *AgentCmd) Run(ctx context.Context) error {
 	}
 	log.Info("session helper listening", "addr", ln.Addr().String(), "sandbox", c.Sandbox)
 	return a.Serve(ctx, ln)
+}
+
+// ProbeCmd prints what serve's runtime attestation reads (the first line of
+// /proc/version) from inside a sandbox pod: run in the session helper's
+// container, it needs no shell or cat of the tenant's image, and it is
+// hiloop's own binary, which the workload's image cannot replace.
+type ProbeCmd struct{}
+
+// maxProbeLine bounds what the probe reads and prints.
+const maxProbeLine = 4096
+
+// Run prints the line.
+func (ProbeCmd) Run(stdout io.Writer) error {
+	f, err := os.Open("/proc/version")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	line, err := bufio.NewReaderSize(io.LimitReader(f, maxProbeLine), maxProbeLine).ReadString('\n')
+	if err != nil && err != io.EOF {
+		return err
+	}
+	_, err = fmt.Fprintln(stdout, strings.TrimRight(line, "\n"))
+	return err
 }

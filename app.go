@@ -118,6 +118,9 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		EventRetention:     cfg.EventRetention,
 		DefaultIdleTimeout: cfg.DefaultIdleTimeout,
 		WakeTimeout:        cfg.WakeTimeout,
+		// Under --insecure-no-gvisor nothing is promised, so nothing is
+		// attested, and runtime_observed stays absent.
+		RuntimeAttestation: cfg.RuntimeAttestation && !cfg.NoGVisor,
 	})
 	if err != nil {
 		return nil, err

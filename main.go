@@ -38,6 +38,7 @@ type CLI struct {
 	SSHConfig SSHConfigCmd `cmd:"" name:"ssh-config" help:"Print a Host block for ~/.ssh/config and the gateway's pinned host key."`
 	SSHRotate SSHRotateCmd `cmd:"" name:"ssh-rotate-agent-key" help:"Give the gateway a new key for session helpers and hand it to every sandbox (offline admin)."`
 	Agent     AgentCmd     `cmd:"" help:"Run the session helper (inside a sandbox pod)."`
+	Probe     ProbeCmd     `cmd:"" name:"runtime-probe" hidden:"" help:"Print the first line of /proc/version (serve's runtime attestation runs it in the session helper's container)."`
 	Backup    BackupCmd    `cmd:"" help:"Copy the product record online, consistently, and check the copy (offline admin)."`
 	Doctor    DoctorCmd    `cmd:"" help:"Check the cluster's isolation boundary as serve does; print every check and the fix for each failure (exit 1 on any)."`
 	Version   VersionCmd   `cmd:"" help:"Print the version."`

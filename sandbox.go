@@ -227,7 +227,24 @@ type SandboxGetCmd struct{ sandboxArg }
 // Run shows the sandbox.
 func (c *SandboxGetCmd) Run(ctx context.Context, stdout io.Writer) error {
 	sb, err := c.api().Sandbox(ctx, c.ID)
-	return c.show(stdout, sb, err)
+	if err != nil || c.Output == "json" {
+		return c.show(stdout, sb, err)
+	}
+	return c.print(stdout, sb, func(tw *tabwriter.Writer) {
+		sandboxRows(tw, sb)
+		// The promise beside what was seen inside the pod.
+		fmt.Fprintln(tw)
+		if sb.Isolation != "" {
+			fmt.Fprintf(tw, "Isolation:\t%s\n", sb.Isolation)
+		}
+		if sb.RuntimeObserved != "" {
+			observed := sb.RuntimeObserved
+			if sb.KernelRelease != "" {
+				observed += " (kernel " + api.Printable(sb.KernelRelease) + ")"
+			}
+			fmt.Fprintf(tw, "Runtime observed:\t%s\n", observed)
+		}
+	})
 }
 
 // SandboxEventsCmd shows a sandbox's history.

@@ -153,6 +153,7 @@ type ServeCmd struct {
 	WakeTimeout        time.Duration       `name:"wake-timeout" default:"2m" env:"HILOOP_WAKE_TIMEOUT" help:"How long a wake waits for a sandbox stopped for idleness to run again; past it the caller is told it did not, with the sandbox's state."`
 	DefaultCPULimit    string              `name:"default-cpu-limit" default:"2" env:"HILOOP_DEFAULT_CPU_LIMIT" help:"CPU limit of a sandbox whose create sets none (its request is then 10m). Every sandbox states its resources, so the sandbox namespace's quota can count them."`
 	DefaultMemoryLimit string              `name:"default-memory-limit" default:"4Gi" env:"HILOOP_DEFAULT_MEMORY_LIMIT" help:"Memory limit of a sandbox whose create sets none (its request is then 16Mi)."`
+	RuntimeAttestation bool                `name:"runtime-attestation" default:"true" negatable:"" env:"HILOOP_RUNTIME_ATTESTATION" help:"Check from inside each new sandbox pod that it runs under gVisor (a probe reads /proc/version through exec) and quarantine one seen outside it (runtime_not_gvisor). Off with --insecure-no-gvisor, where nothing is promised; hiloop dev turns it off unless set, since its simulated pods run commands on this host."`
 	SelfCheck          time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 
 	// Limits of the SSH gateway on what a stranger can open (docs/ssh.md,
@@ -353,6 +354,18 @@ type DevCmd struct {
 	Node         string   `default:"auto" enum:"auto,real,simulated" env:"HILOOP_DEV_NODE" help:"The node sandboxes run on: real (a kubelet, containerd and gVisor on this machine; needs root), simulated (kwok: sandboxes are simulated and their commands run on this host), or auto (real where this machine can run it)."`
 	ImageArchive []string `name:"image-archive" type:"existingfile" help:"An image tarball (docker save, or an OCI layout) the real node can run, besides busybox; repeatable."`
 	ServeCmd     `embed:""`
+}
+
+// BeforeResolve runs after the defaults and environment are read and before
+// the command line is: in the simulated cluster exec commands run on this
+// machine, so a runtime attestation would see this host's kernel and
+// quarantine every sandbox. dev attests only when asked to, by flag or by
+// HILOOP_RUNTIME_ATTESTATION.
+func (d *DevCmd) BeforeResolve() error {
+	if _, set := os.LookupEnv("HILOOP_RUNTIME_ATTESTATION"); !set {
+		d.RuntimeAttestation = false
+	}
+	return nil
 }
 
 // BeforeApply runs before the flags are validated: dev backs the forward

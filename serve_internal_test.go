@@ -59,3 +59,46 @@ func TestTransportsForward(t *testing.T) {
 		}
 	}
 }
+
+// TestRuntimeAttestationFlag: serve attests by default; dev, whose
+// simulated pods run commands on this host, only when the flag or the
+// environment asks.
+func TestRuntimeAttestationFlag(t *testing.T) {
+	bin := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		env  string // HILOOP_RUNTIME_ATTESTATION; "-" unset
+		want bool
+	}{
+		{[]string{"serve"}, "-", true},
+		{[]string{"serve", "--no-runtime-attestation"}, "-", false},
+		{[]string{"serve"}, "false", false},
+		{[]string{"serve", "--runtime-attestation"}, "false", true},
+		{[]string{"dev", "--cluster-bin", bin}, "-", false},
+		{[]string{"dev", "--cluster-bin", bin, "--runtime-attestation"}, "-", true},
+		{[]string{"dev", "--cluster-bin", bin}, "true", true},
+		{[]string{"dev", "--cluster-bin", bin, "--no-runtime-attestation"}, "true", false},
+	} {
+		if tc.env == "-" {
+			t.Setenv("HILOOP_RUNTIME_ATTESTATION", "")
+			os.Unsetenv("HILOOP_RUNTIME_ATTESTATION")
+		} else {
+			t.Setenv("HILOOP_RUNTIME_ATTESTATION", tc.env)
+		}
+		var cli CLI
+		parser, err := newParser(context.Background(), &cli, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := parser.Parse(tc.args); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		got := cli.Serve.RuntimeAttestation
+		if tc.args[0] == "dev" {
+			got = cli.Dev.RuntimeAttestation
+		}
+		if got != tc.want {
+			t.Errorf("%v with HILOOP_RUNTIME_ATTESTATION %q: attestation %v, want %v", tc.args, tc.env, got, tc.want)
+		}
+	}
+}

@@ -137,6 +137,19 @@ type Sandbox struct {
 	// Isolation is what its receipt promised: the runtime class (gvisor),
 	// or insecure-no-gvisor for a development deployment without gVisor.
 	Isolation string `json:"isolation,omitempty"`
+	// RuntimeObserved is what hiloop saw from inside the sandbox's latest
+	// attested pod (runtime attestation), beside the promise of Isolation:
+	// gvisor, not-gvisor (the sandbox is then quarantined,
+	// runtime_not_gvisor, for as long as that pod lives) or unknown (no
+	// probe could read /proc/version: an image without cat or sh). Absent
+	// before the first pod is attested, and when the deployment does not
+	// attest.
+	RuntimeObserved string `json:"runtime_observed,omitempty"`
+	// KernelRelease is the kernel release that attestation read there
+	// (4.19.0-gvisor under gVisor, the host's under any other runtime), at
+	// most 64 characters; absent when runtime_observed is unknown or
+	// absent.
+	KernelRelease string `json:"kernel_release,omitempty"`
 	// IdleTimeout is how long it may go unused while running before it is
 	// stopped; "0s" when never.
 	IdleTimeout string `json:"idle_timeout"`

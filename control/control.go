@@ -125,6 +125,12 @@ type Options struct {
 	// WakeTimeout bounds how long a wake waits for the sandbox to run; 2m
 	// when zero.
 	WakeTimeout time.Duration
+	// RuntimeAttestation has Attest observe each new pod's runtime from
+	// inside it (attest.go); Attest does nothing without it.
+	RuntimeAttestation bool
+	// AttestTimeout bounds one pod's attestation, every probe together;
+	// 10s when zero.
+	AttestTimeout time.Duration
 	// ActivityFlush is how often, at most, the use of one sandbox is
 	// written to the record beyond the start of a use; 30s when zero.
 	// Run checks for idle sandboxes every SweepInterval.
@@ -176,6 +182,9 @@ type Control struct {
 	changedMu sync.Mutex
 	changed   map[string]bool
 	notify    chan struct{}
+
+	// attests are the pods waiting for a runtime attestation.
+	attests attestations
 
 	// modeWrites counts, per sandbox, the desired-mode changes under way
 	// (see ModeWriting).
@@ -232,6 +241,9 @@ func New(o Options) (*Control, error) {
 	}
 	if o.WakeTimeout == 0 {
 		o.WakeTimeout = 2 * time.Minute
+	}
+	if o.AttestTimeout == 0 {
+		o.AttestTimeout = 10 * time.Second
 	}
 	if o.ActivityFlush == 0 {
 		o.ActivityFlush = 30 * time.Second

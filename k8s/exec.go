@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -49,6 +50,10 @@ type ExecRequest struct {
 	// ConnectTimeout bounds reaching the container (the stream's set-up),
 	// apart from how long the command may run; only ctx bounds it when zero.
 	ConnectTimeout time.Duration
+	// Container is the container to run in: the workload when empty, the
+	// only one a way in ever names. hiloop's own runtime probe may name
+	// the session helper (HelperContainer).
+	Container string
 }
 
 // TerminalSize is a terminal's width and height in characters.
@@ -94,7 +99,7 @@ func (e *RemoteError) Error() string { return "remote: " + e.Message }
 func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
 	return c.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(namespace).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
-			Container: WorkloadContainer,
+			Container: cmp.Or(req.Container, WorkloadContainer),
 			Command:   req.Command,
 			Stdin:     req.Stdin != nil,
 			Stdout:    req.Stdout != nil,

@@ -40,6 +40,7 @@ type Metrics struct {
 	wakeTime       prometheus.Histogram
 	wakeWaits      prometheus.Gauge
 	wakeRefused    *prometheus.CounterVec
+	attestations   *prometheus.CounterVec
 }
 
 // Source answers the gauges that are read at scrape time.
@@ -96,8 +97,10 @@ func New() *Metrics {
 		Help: "Calls waiting now for a sandbox to wake (ssh, ssh -L channels, exec and file calls with wake=true), bounded per key and per organization."})
 	m.wakeRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_wake_waits_refused_total",
 		Help: "Calls that would have waited for a sandbox to wake, refused at a bound (429 too_many_waits, or the gateway's refusal), by trigger (ssh, forward, exec, files) and limit: per_key (too many of one key waiting), per_org (too many of one organization's keys waiting together)."}, []string{"trigger", "limit"})
+	m.attestations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hiloop_runtime_attestations_total",
+		Help: "Runtime attestations (a probe that reads /proc/version inside each new sandbox pod, --runtime-attestation), by result: gvisor, not-gvisor (the pod is quarantined, runtime_not_gvisor), unknown (no probe ran or it printed no kernel's line)."}, []string{"result"})
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.clusterErrors, m.mirrorQueue, m.mirrorLag, m.sessionBytes, m.selfCheck, m.foreign, m.sshRefused, m.sshPenalties, m.sshStartups, m.httpRefused, m.sessionRefused,
-		m.idleStops, m.wakes, m.wakeTime, m.wakeWaits, m.wakeRefused,
+		m.idleStops, m.wakes, m.wakeTime, m.wakeWaits, m.wakeRefused, m.attestations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -283,6 +286,14 @@ func (m *Metrics) IdleStop() {
 		return
 	}
 	m.idleStops.Inc()
+}
+
+// Attestation records a runtime attestation's result (sandbox.Runtime).
+func (m *Metrics) Attestation(result sandbox.Runtime) {
+	if m == nil {
+		return
+	}
+	m.attestations.WithLabelValues(string(result)).Inc()
 }
 
 // Wake records a wake that started a sandbox; trigger is one of a fixed

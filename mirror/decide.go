@@ -51,6 +51,10 @@ const (
 	// come from the downwardAPI volume hiloop rendered (a volume of the same
 	// name replaced it), so the workload may write what the helper trusts.
 	ContradictionHelperKey = "helper_key_not_projected"
+	// ContradictionRuntime: a probe inside the pod read another kernel
+	// than gVisor's (runtime attestation): the pod runs outside the
+	// promised runtime, whatever its spec says.
+	ContradictionRuntime = "runtime_not_gvisor"
 )
 
 // Reasons the mirror gives for transitions, naming the evidence.
@@ -271,6 +275,10 @@ func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Rece
 			contradictions = append(contradictions, ContradictionReceipt)
 			reasons = append(reasons, "the pod's receipt annotation differs from the promise on record")
 		}
+	}
+	if rec.RuntimePod != "" && rec.RuntimePod == string(p.UID) && rec.RuntimeObserved == sandbox.RuntimeNotGVisor && promised.Insecure == "" {
+		contradictions = append(contradictions, ContradictionRuntime)
+		reasons = append(reasons, fmt.Sprintf("the pod was seen running outside gVisor (kernel %q)", rec.RuntimeRelease))
 	}
 	if rc := ptrString(p.Spec.RuntimeClassName); rc != promised.RuntimeClass {
 		contradictions = append(contradictions, ContradictionRuntimeClass)

@@ -252,6 +252,24 @@ func TestDecide(t *testing.T) {
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionHostNamespaces, Reason: "pod shares a host namespace"}},
 		{"token mounted", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })}, record(),
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionTokenMounted, Reason: "a service-account token is mounted"}},
+		{"pod seen outside gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
+			record(func(s *store.Sandbox) {
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeNotGVisor, "6.1.0-28-amd64"
+			}),
+			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionRuntime, Reason: `the pod was seen running outside gVisor (kernel "6.1.0-28-amd64")`}},
+		{"an earlier pod seen outside gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u2" })},
+			record(func(s *store.Sandbox) {
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeNotGVisor, "6.1.0-28-amd64"
+			}),
+			store.Observation{State: store.StateRunning, PodUID: "u2"}},
+		{"pod seen under gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
+			record(func(s *store.Sandbox) {
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeGVisor, "4.19.0-gvisor"
+			}),
+			store.Observation{State: store.StateRunning, PodUID: "u1"}},
+		{"pod whose runtime is unknown", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
+			record(func(s *store.Sandbox) { s.RuntimePod, s.RuntimeObserved = "u1", sandbox.RuntimeUnknown }),
+			store.Observation{State: store.StateRunning, PodUID: "u1"}},
 		{"quarantine outranks running", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.RuntimeClassName = nil
 			p.Spec.HostPID = true

@@ -70,6 +70,11 @@ type Control interface {
 	// show; TakeChanged says which.
 	Changed() <-chan struct{}
 	TakeChanged() []string
+	// Attest asks, without waiting, for the runtime of a sandbox's pod to
+	// be observed from inside it; the record says what was seen
+	// (store.Sandbox.RuntimePod), and the core's own Changed queues the
+	// sandbox again once it does.
+	Attest(id, podUID string)
 }
 
 // Mirror is the status mirror.
@@ -476,7 +481,8 @@ func (m *Mirror) behind(id string, obj *v1beta1.Sandbox, now time.Time) bool {
 
 // decide says what the cache shows of the sandbox of rec, a record not yet
 // terminal, and whether that differs from the record; it queues the sandbox
-// again for its next deadline. It reads only the cache: it runs on the
+// again for its next deadline, and asks for a running pod's runtime to be
+// attested. It reads only the cache: it runs on the
 // store's writer.
 func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 	obj := m.sandbox(rec.ID)
@@ -494,5 +500,10 @@ func (m *Mirror) decide(rec store.Sandbox) (store.Observation, bool, error) {
 	}
 	obs := Decide(obj, pods, rec, now, m.receipts.parse)
 	m.wakeAt(rec.ID, deadline(obj, rec), now)
+	// A pod seen running that nothing was seen inside of yet: every start
+	// and every wake makes a new pod, and each is attested once.
+	if c := m.o.Control; c != nil && obs.State == store.StateRunning && obs.PodUID != "" && rec.RuntimePod != obs.PodUID {
+		c.Attest(rec.ID, obs.PodUID)
+	}
 	return obs, !obs.Unchanged(rec), nil
 }

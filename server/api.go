@@ -40,6 +40,7 @@ func toAPI(sb store.Sandbox) api.Sandbox {
 		Volumes: []api.VolumeRequest{}, Labels: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
 		IdleTimeout: sb.IdleTimeout.String(), LastActivityAt: sb.LastActivityAt, StoppedBy: stoppedBy(sb),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
+		RuntimeObserved: string(sb.RuntimeObserved), KernelRelease: sb.RuntimeRelease,
 	}
 	if r, err := sandbox.ParseReceipt(sb.Receipt); err == nil {
 		out.Isolation = r.Isolation()

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/hiloop/hiloop/sandbox"
 )
 
 // The observed side of the record: the sandboxes the status mirror must
 // reconcile and what it concluded of them from the cluster, the failure of a
-// create that never reached the cluster, and what the SSH gateway saw of a
-// pod's session helper.
+// create that never reached the cluster, what the SSH gateway saw of a
+// pod's session helper, and what a runtime attestation saw inside a pod.
 
 // Observation is what the mirror concluded from the cluster.
 type Observation struct {
@@ -153,6 +155,42 @@ func (s *Store) PinHelperKey(ctx context.Context, id, podUID, fp string) (string
 		return "", fmt.Errorf("pin helper key: %w", err)
 	}
 	return pinned, nil
+}
+
+// RecordRuntime records what a runtime attestation of sandbox id's pod
+// podUID saw: the runtime and the kernel release (capped at
+// sandbox.MaxKernelRelease). Each pod is recorded once: a second record of
+// the same pod writes nothing. Only the record's observed pod is recorded:
+// for any other (a pod replaced while it was probed) it writes nothing and
+// returns ErrStalePod. It reports whether it wrote.
+func (s *Store) RecordRuntime(ctx context.Context, id, podUID string, seen sandbox.Runtime, release string) (bool, error) {
+	if !seen.Known() {
+		return false, fmt.Errorf("record runtime: unknown observation %q", seen)
+	}
+	release = release[:min(len(release), sandbox.MaxKernelRelease)]
+	wrote := false
+	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
+		var current, attested string
+		err := tx.QueryRowContext(ctx, `SELECT pod_uid, runtime_pod FROM sandboxes WHERE id = ?`, id).Scan(&current, &attested)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return ErrNotFound
+		case err != nil:
+			return err
+		case podUID == "" || podUID != current:
+			return ErrStalePod
+		case attested == podUID:
+			return nil
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET runtime_pod = ?, runtime_observed = ?, runtime_release = ? WHERE id = ?`,
+			podUID, seen, release, id)
+		wrote = err == nil
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("record runtime: %w", err)
+	}
+	return wrote, nil
 }
 
 // Fail records that a sandbox's create definitely did not reach the cluster

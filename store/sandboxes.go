@@ -115,6 +115,12 @@ type Sandbox struct {
 	// HelperKeyChangedPod is the pod whose session helper changed its
 	// host key within the pod's life, as the gateway saw it.
 	HelperKeyChangedPod string
+	// RuntimePod is the last pod whose runtime was observed from inside
+	// it (runtime attestation), RuntimeObserved what was seen there and
+	// RuntimeRelease the kernel release read; all "" before the first.
+	RuntimePod      string
+	RuntimeObserved sandbox.Runtime
+	RuntimeRelease  string
 	// IdleTimeout stops the sandbox once it ran this long without use
 	// through hiloop; 0 never does.
 	IdleTimeout time.Duration
@@ -154,7 +160,7 @@ type NewSandbox struct {
 }
 
 const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid, helper_key_changed_pod,
-	idle_timeout, last_activity_at, activity_open, stop_cause`
+	idle_timeout, last_activity_at, activity_open, stop_cause, runtime_pod, runtime_observed, runtime_release`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
@@ -163,7 +169,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var expires sql.NullInt64
 	var created, updated, idle, active int64
 	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID, &sb.HelperKeyChangedPod,
-		&idle, &active, &sb.ActivityOpen, &sb.StopCause); err != nil {
+		&idle, &active, &sb.ActivityOpen, &sb.StopCause, &sb.RuntimePod, &sb.RuntimeObserved, &sb.RuntimeRelease); err != nil {
 		return Sandbox{}, err
 	}
 	sb.IdleTimeout, sb.LastActivityAt = time.Duration(idle)*time.Second, fromMS(active)
@@ -250,7 +256,7 @@ const (
 	anySandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`
 	orgSandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ? AND org_id = ?`
 	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxColumns + `, idempotency_key, request_hash)
-		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?, 0, '', ?, ?)`
+		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?, 0, '', '', '', '', ?, ?)`
 )
 
 // checkQuota returns ErrQuota when the organization has no room for one more

@@ -20,6 +20,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/migrations"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -1280,4 +1281,63 @@ func TestCloseWhileWriting(t *testing.T) {
 		t.Logf("close: %v", err)
 	}
 	<-done
+}
+
+func TestRecordRuntime(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "h.db"), nil)
+	org, err := s.CreateOrg(ctx, "acme", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, err := s.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		Pod, Release string
+		Runtime      sandbox.Runtime
+	}
+	record := func(pod string, r sandbox.Runtime, release string, wantWrote bool, wantErr error) {
+		t.Helper()
+		wrote, err := s.RecordRuntime(ctx, sb.ID, pod, r, release)
+		if !errors.Is(err, wantErr) || wrote != wantWrote {
+			t.Fatalf("record %s %s: wrote %v, %v; want %v, %v", pod, r, wrote, err, wantWrote, wantErr)
+		}
+	}
+	check := func(want seen) {
+		t.Helper()
+		rec, err := s.SandboxAnyOrg(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, seen{rec.RuntimePod, rec.RuntimeRelease, rec.RuntimeObserved}); diff != "" {
+			t.Fatalf("runtime observed (-want +got):\n%s", diff)
+		}
+	}
+	observe := func(pod string) {
+		t.Helper()
+		if _, err := s.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning, PodUID: pod}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // no pod observed yet
+	check(seen{})
+	observe("u1")
+	record("u1", sandbox.RuntimeNotGVisor, strings.Repeat("6", 1000), true, nil)
+	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
+	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, nil) // once per pod
+	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
+
+	observe("u2")
+	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // a late probe of the pod before
+	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
+	record("u2", sandbox.RuntimeGVisor, "4.19.0-gvisor", true, nil)
+	check(seen{"u2", "4.19.0-gvisor", sandbox.RuntimeGVisor})
+	if _, err := s.RecordRuntime(ctx, sb.ID, "u2", "linux", ""); err == nil {
+		t.Fatal("an unknown observation was recorded")
+	}
+	if _, err := s.RecordRuntime(ctx, "sbx_nosuch", "u1", sandbox.RuntimeUnknown, ""); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("record of an unknown sandbox: %v, want not found", err)
+	}
 }

@@ -326,6 +326,12 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--boundary-file") }) {
 		args = append([]string{"--boundary-file", LocalBoundary(t)}, args...)
 	}
+	// kwok's pods run exec commands on this machine, so an attestation
+	// would see its kernel and quarantine every sandbox: it is off unless
+	// a test asks for it.
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "runtime-attestation") }) {
+		args = append([]string{"--no-runtime-attestation"}, args...)
+	}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
 	in.Cmd = exec.Command(Binary(t), full...)
@@ -475,6 +481,10 @@ type Sandbox struct {
 	Expires    *string  `json:"expires_at"`
 	Transports []string `json:"transports"`
 	Isolation  string   `json:"isolation"`
+	// RuntimeObserved and KernelRelease are what runtime attestation
+	// saw inside the sandbox's pod.
+	RuntimeObserved string `json:"runtime_observed"`
+	KernelRelease   string `json:"kernel_release"`
 }
 
 // Create makes a sandbox through the CLI.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/alecthomas/kong"
 	"io"
 	"log/slog"
 	"net"
@@ -354,16 +355,36 @@ type DevCmd struct {
 	Node         string   `default:"auto" enum:"auto,real,simulated" env:"HILOOP_DEV_NODE" help:"The node sandboxes run on: real (a kubelet, containerd and gVisor on this machine; needs root), simulated (kwok: sandboxes are simulated and their commands run on this host), or auto (real where this machine can run it)."`
 	ImageArchive []string `name:"image-archive" type:"existingfile" help:"An image tarball (docker save, or an OCI layout) the real node can run, besides busybox; repeatable."`
 	ServeCmd     `embed:""`
+
+	// attestationSet says the flag or the environment set
+	// --runtime-attestation.
+	attestationSet bool
 }
 
 // BeforeResolve runs after the defaults and environment are read and before
-// the command line is: in the simulated cluster exec commands run on this
-// machine, so a runtime attestation would see this host's kernel and
-// quarantine every sandbox. dev attests only when asked to, by flag or by
-// HILOOP_RUNTIME_ATTESTATION.
+// the command line is. Runtime attestation follows the node unless the
+// flag or HILOOP_RUNTIME_ATTESTATION says otherwise: on for the real node,
+// off for the simulated one, whose exec commands run on this machine, so an
+// attestation would see this host's kernel and quarantine every sandbox.
 func (d *DevCmd) BeforeResolve() error {
-	if _, set := os.LookupEnv("HILOOP_RUNTIME_ATTESTATION"); !set {
-		d.RuntimeAttestation = false
+	_, d.attestationSet = os.LookupEnv("HILOOP_RUNTIME_ATTESTATION")
+	return nil
+}
+
+// attestation says whether dev attests sandboxes' runtime on its node.
+func (d *DevCmd) attestation(realNode bool) bool {
+	if d.attestationSet {
+		return d.RuntimeAttestation
+	}
+	return realNode
+}
+
+// AfterApply notes a --runtime-attestation given on the command line.
+func (d *DevCmd) AfterApply(kctx *kong.Context) error {
+	for _, p := range kctx.Path {
+		if p.Flag != nil && p.Flag.Name == "runtime-attestation" {
+			d.attestationSet = true
+		}
 	}
 	return nil
 }
@@ -392,6 +413,7 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	} else if !realNode {
 		fmt.Fprintf(stdout, "%s (--node simulated).\n", simulatedBanner)
 	}
+	d.RuntimeAttestation = d.attestation(realNode)
 	if !realNode && len(d.ImageArchive) > 0 {
 		return errors.New("--image-archive: images run only on the real node (--node real)")
 	}

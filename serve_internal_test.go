@@ -60,24 +60,28 @@ func TestTransportsForward(t *testing.T) {
 	}
 }
 
-// TestRuntimeAttestationFlag: serve attests by default; dev, whose
-// simulated pods run commands on this host, only when the flag or the
-// environment asks.
+// TestRuntimeAttestationFlag: serve attests by default; dev follows its
+// node (on for the real one; off for the simulated one, whose pods run
+// commands on this host) unless the flag or the environment says.
 func TestRuntimeAttestationFlag(t *testing.T) {
 	bin := t.TempDir()
 	for _, tc := range []struct {
 		args []string
 		env  string // HILOOP_RUNTIME_ATTESTATION; "-" unset
 		want bool
+		// wantReal is dev's on the real node.
+		wantReal bool
 	}{
-		{[]string{"serve"}, "-", true},
-		{[]string{"serve", "--no-runtime-attestation"}, "-", false},
-		{[]string{"serve"}, "false", false},
-		{[]string{"serve", "--runtime-attestation"}, "false", true},
-		{[]string{"dev", "--cluster-bin", bin}, "-", false},
-		{[]string{"dev", "--cluster-bin", bin, "--runtime-attestation"}, "-", true},
-		{[]string{"dev", "--cluster-bin", bin}, "true", true},
-		{[]string{"dev", "--cluster-bin", bin, "--no-runtime-attestation"}, "true", false},
+		{[]string{"serve"}, "-", true, false},
+		{[]string{"serve", "--no-runtime-attestation"}, "-", false, false},
+		{[]string{"serve"}, "false", false, false},
+		{[]string{"serve", "--runtime-attestation"}, "false", true, false},
+		{[]string{"dev", "--cluster-bin", bin}, "-", false, true},
+		{[]string{"dev", "--cluster-bin", bin, "--runtime-attestation"}, "-", true, true},
+		{[]string{"dev", "--cluster-bin", bin, "--no-runtime-attestation"}, "-", false, false},
+		{[]string{"dev", "--cluster-bin", bin}, "true", true, true},
+		{[]string{"dev", "--cluster-bin", bin}, "false", false, false},
+		{[]string{"dev", "--cluster-bin", bin, "--no-runtime-attestation"}, "true", false, false},
 	} {
 		if tc.env == "-" {
 			t.Setenv("HILOOP_RUNTIME_ATTESTATION", "")
@@ -95,7 +99,10 @@ func TestRuntimeAttestationFlag(t *testing.T) {
 		}
 		got := cli.Serve.RuntimeAttestation
 		if tc.args[0] == "dev" {
-			got = cli.Dev.RuntimeAttestation
+			got = cli.Dev.attestation(false)
+			if real := cli.Dev.attestation(true); real != tc.wantReal {
+				t.Errorf("%v with HILOOP_RUNTIME_ATTESTATION %q on the real node: attestation %v, want %v", tc.args, tc.env, real, tc.wantReal)
+			}
 		}
 		if got != tc.want {
 			t.Errorf("%v with HILOOP_RUNTIME_ATTESTATION %q: attestation %v, want %v", tc.args, tc.env, got, tc.want)

@@ -328,8 +328,8 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 	}
 	// kwok's pods run exec commands on this machine, so an attestation
 	// would see its kernel and quarantine every sandbox: it is off unless
-	// a test asks for it.
-	if !slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "runtime-attestation") }) {
+	// a test asks for it, or the cluster's node is real.
+	if !c.Real && !slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "runtime-attestation") }) {
 		args = append([]string{"--no-runtime-attestation"}, args...)
 	}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,

@@ -27,6 +27,10 @@ import (
 // write the final frame still delivers it.
 const stallGrace = 3 * time.Second
 
+// startFrameWait is how long a stream opened without a command waits for
+// its first message.
+const startFrameWait = 30 * time.Second
+
 // boolQuery reads a query parameter that is true or false; absent is
 // false.
 func boolQuery(q url.Values, name string) (bool, error) {
@@ -256,6 +260,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	// blocked for stallGrace closes the connection under it.
 	handlerDone := make(chan struct{})
 	defer close(handlerDone)
+	// The wait for the first message is bounded before the session-end
+	// cut below can run, so that the cut always comes later and wins.
+	if len(argv) == 0 {
+		conn.SetReadDeadline(time.Now().Add(startFrameWait))
+	}
 	stop := context.AfterFunc(sess.Context(), func() {
 		if sess.Ended() == nil {
 			return
@@ -276,7 +285,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(argv) == 0 {
 		var ferr *apiError
-		if argv, ferr = readStart(conn); ferr != nil {
+		argv, ferr = readStart(conn)
+		// From here a session's end reaches the handler through ctx, which
+		// ends the command and then the stream, whatever the read does.
+		conn.SetReadDeadline(time.Time{})
+		if ferr != nil {
 			if cause := sess.Ended(); cause != nil {
 				ferr = toAPIError(execFailed(&control.EndedError{Cause: cause}))
 			}
@@ -367,9 +380,8 @@ func closeWhenStalled(cc *api.ChannelConn, conn *websocket.Conn, done <-chan str
 }
 
 // readStart reads the StartFrame of a stream opened without a command.
+// Its deadline (startFrameWait) is set by the caller.
 func readStart(conn *websocket.Conn) ([]string, *apiError) {
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	defer conn.SetReadDeadline(time.Time{})
 	mt, b, err := conn.ReadMessage()
 	if err != nil {
 		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, "no command: neither in the URL nor in a first message")

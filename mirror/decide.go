@@ -388,10 +388,13 @@ func ptrString(p *string) string {
 }
 
 // exited reports the newest finished pod's workload exit code and reason.
+// A pod being deleted does not count: it finished because it was told to
+// stop (a stop's pod that a kubelet has not yet removed when the sandbox
+// starts again), not on its own.
 func exited(pods []*corev1.Pod) (store.Observation, bool) {
 	var done []*corev1.Pod
 	for _, p := range pods {
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.DeletionTimestamp == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
 			done = append(done, p)
 		}
 	}

@@ -321,9 +321,9 @@ const nodeReaper = `if [ -f "$KWOK_WORKDIR/node.dir" ]; then
 	for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
 		left=0
 		for h in /sys/fs/cgroup/*/; do
-			[ -d "$h` + realCgroup + `" ] || continue
-			find "$h` + realCgroup + `" -noleaf -depth -type d -exec rmdir {} \; 2>/dev/null
-			[ -d "$h` + realCgroup + `" ] && left=1
+			[ -d "${h}` + realCgroup + `" ] || continue
+			find "${h}` + realCgroup + `" -noleaf -depth -type d -exec rmdir {} \; 2>/dev/null
+			[ -d "${h}` + realCgroup + `" ] && left=1
 		done
 		[ $left = 0 ] && break
 		sleep 0.2

@@ -43,6 +43,16 @@ func TestRealNode(t *testing.T) {
 			t.Errorf("dmesg in the sandbox: %q", out)
 		}
 	})
+	t.Run("the record shows gVisor observed", func(t *testing.T) {
+		var got e2e.Sandbox
+		e2e.Eventually(t, "runtime attestation", 60*time.Second, func() (bool, error) {
+			got = in.Get(in.Token, sb.ID)
+			return got.RuntimeObserved != "", nil
+		})
+		if got.RuntimeObserved != "gvisor" || got.KernelRelease != "4.19.0-gvisor" || got.State != "running" {
+			t.Fatalf("observed %q %q, state %s", got.RuntimeObserved, got.KernelRelease, got.State)
+		}
+	})
 	t.Run("exit codes", func(t *testing.T) {
 		for _, want := range []int{0, 1, 3, 255} {
 			if _, errOut, code := exec1("", "sh", "-c", "exit "+strconv.Itoa(want)); code != want {
@@ -143,6 +153,33 @@ func TestRealNode(t *testing.T) {
 			t.Fatalf("ssh woke the sandbox: %d %q %q", code, out, errOut)
 		}
 		in.MustCLI(in.Token, "sandbox", "idle-timeout", sb.ID, "0")
+	})
+	t.Run("admission refuses a pod without gVisor; the node runs one slipped past it under gVisor", func(t *testing.T) {
+		ns := e2e.NamespaceOn(t, c)
+		pod := filepath.Join(t.TempDir(), "pod.yaml")
+		if err := os.WriteFile(pod, []byte(`apiVersion: v1
+kind: Pod
+metadata: {name: plain, namespace: `+ns+`}
+spec:
+  containers: [{name: c, image: busybox}]
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := c.Kubectl(t.Context(), "apply", "-f", pod); err == nil || !strings.Contains(out, "gvisor") {
+			t.Fatalf("a pod without the gvisor runtime class was admitted: %v %s", err, out)
+		}
+		restore := e2e.WithoutAdmissionOn(t, c, ns)
+		defer restore()
+		if out, err := c.Kubectl(t.Context(), "apply", "-f", pod); err != nil {
+			t.Fatalf("apply without admission: %v %s", err, out)
+		}
+		if out, err := c.Kubectl(t.Context(), "wait", "-n", ns, "--for=condition=Ready", "pod/plain", "--timeout=120s"); err != nil {
+			t.Fatalf("the slipped pod did not run: %v %s", err, out)
+		}
+		out, err := c.Kubectl(t.Context(), "exec", "-n", ns, "plain", "--", "uname", "-r")
+		if err != nil || !strings.Contains(out, "gvisor") {
+			t.Fatalf("uname -r in a pod without a runtime class: %q %v", out, err)
+		}
 	})
 	t.Run("delete", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)

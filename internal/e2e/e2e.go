@@ -602,13 +602,23 @@ func Kubectl(t testing.TB, args ...string) string {
 // --self-check-interval longer than the test.
 func WithoutAdmission(t testing.TB, ns string) (restore func()) {
 	t.Helper()
-	c := SharedCluster(t)
-	Kubectl(t, "label", "namespace", ns, "pod-security.kubernetes.io/enforce-")
+	return WithoutAdmissionOn(t, SharedCluster(t), ns)
+}
+
+// WithoutAdmissionOn is WithoutAdmission in cluster c.
+func WithoutAdmissionOn(t testing.TB, c *localcluster.Cluster, ns string) (restore func()) {
+	t.Helper()
+	kubectl := func(args ...string) {
+		if _, err := c.Kubectl(context.Background(), args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce-")
 	if err := c.BindNamespace(context.Background(), ns, false); err != nil {
 		t.Fatal(err)
 	}
 	return func() {
-		Kubectl(t, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
+		kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
 		if err := c.BindNamespace(context.Background(), ns, true); err != nil {
 			t.Fatal(err)
 		}

@@ -130,7 +130,7 @@ type Cluster struct {
 	// so it outlives this process until the node is torn down.
 	nodeLock *os.File
 	images   *Images
-	// node is the real node's directory (nodeDir).
+	// node is the real node's directory (NodeDir).
 	node string
 
 	name       string

@@ -122,18 +122,50 @@ func podReady(p *corev1.Pod) bool {
 // TestKilledRunLeavesNothing starts a cluster from a child process, kills
 // that process with SIGKILL (no cleanup runs), and checks that the reaper
 // ends every cluster process and removes the work directory.
-func TestKilledRunLeavesNothing(t *testing.T) {
+func TestKilledRunLeavesNothing(t *testing.T) { killedRun(t, false) }
+
+// TestKilledRealNodeLeavesNothing is TestKilledRunLeavesNothing with the
+// real node and a pod running on it under gVisor: after the SIGKILL no
+// process, mount, cgroup, bridge or changed sysctl of the node is left,
+// its directory is gone, and the machine's real node lock is free.
+func TestKilledRealNodeLeavesNothing(t *testing.T) {
+	if os.Getenv("HILOOP_K8STEST_CHILD") != "1" {
+		if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil {
+			if os.Geteuid() != 0 {
+				t.Skipf("no real node on this machine: %v", err)
+			}
+			t.Fatal(err)
+		}
+	}
+	killedRun(t, true)
+}
+
+func killedRun(t *testing.T, real bool) {
+	name := "^" + t.Name() + "$"
 	if os.Getenv("HILOOP_K8STEST_CHILD") == "1" {
-		c, err := localcluster.Start(context.Background(), localcluster.Options{})
+		ctx := context.Background()
+		c, err := localcluster.Start(ctx, localcluster.Options{RealNode: real})
 		if err != nil {
 			fmt.Println("ERR", err)
 			os.Exit(1)
+		}
+		if real {
+			if out, err := c.Kubectl(ctx, "run", "probe", "--image=busybox", `--overrides={"spec":{"runtimeClassName":"gvisor"}}`); err != nil {
+				fmt.Println("ERR", err, out)
+				os.Exit(1)
+			}
+			if out, err := c.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/probe", "--timeout=120s"); err != nil {
+				fmt.Println("ERR", err, out)
+				os.Exit(1)
+			}
+			fmt.Println("NODEDIR", c.NodeDir())
 		}
 		fmt.Println("WORKDIR", c.Workdir)
 		time.Sleep(time.Hour)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRunLeavesNothing$")
+	sysctls := readSysctls()
+	cmd := exec.Command(os.Args[0], "-test.run="+name)
 	cmd.Env = append(os.Environ(), "HILOOP_K8STEST_CHILD=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -142,9 +174,13 @@ func TestKilledRunLeavesNothing(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var workdir string
+	var workdir, nodedir string
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
+		if w, ok := strings.CutPrefix(sc.Text(), "NODEDIR "); ok {
+			nodedir = w
+			continue
+		}
 		if w, ok := strings.CutPrefix(sc.Text(), "WORKDIR "); ok {
 			workdir = w
 			break
@@ -159,16 +195,74 @@ func TestKilledRunLeavesNothing(t *testing.T) {
 	if n := processesMentioning(workdir); len(n) < 5 {
 		t.Fatalf("expected the control plane running under %s, found %v", workdir, n)
 	}
+	if real {
+		if n := processesMentioning(nodedir); len(n) < 4 {
+			t.Fatalf("expected containerd, the kubelet and a pod's gVisor sandbox running under %s, found %v", nodedir, n)
+		}
+		if !exists("/sys/fs/cgroup/pids/hiloop-node") || !linkExists(localcluster.RealBridge) {
+			t.Fatal("the node's cgroup or bridge is missing while it runs")
+		}
+	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	eventually(t, "no cluster process left after SIGKILL", 90*time.Second, func() (bool, error) {
 		left := processesMentioning(workdir)
+		if real {
+			left = append(left, processesMentioning(nodedir)...)
+		}
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})
 	eventually(t, "work directory removed", 30*time.Second, func() (bool, error) {
 		_, err := os.Stat(workdir)
 		return os.IsNotExist(err), err
 	})
+	if !real {
+		return
+	}
+	eventually(t, "the node torn down", 60*time.Second, func() (bool, error) {
+		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/hiloop-node")
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		switch {
+		case exists(nodedir):
+			return false, fmt.Errorf("%s is there", nodedir)
+		case len(cgroups) > 0:
+			return false, fmt.Errorf("cgroups left: %v", cgroups)
+		case linkExists(localcluster.RealBridge):
+			return false, fmt.Errorf("bridge %s left", localcluster.RealBridge)
+		case bytes.Contains(mounts, []byte(nodedir)):
+			return false, fmt.Errorf("mounts left under %s", nodedir)
+		}
+		return true, nil
+	})
+	if got := readSysctls(); got != sysctls {
+		t.Errorf("sysctls after the node: %q, before it: %q", got, sysctls)
+	}
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "hiloop-realnode.lock"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	eventually(t, "the real node's lock free", 30*time.Second, func() (bool, error) {
+		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		return err == nil, err
+	})
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func linkExists(name string) bool { return exec.Command("ip", "link", "show", name).Run() == nil }
+
+// readSysctls are the settings the real node changes and restores.
+func readSysctls() string {
+	var b strings.Builder
+	for _, s := range []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward"} {
+		v, _ := os.ReadFile(filepath.Join("/proc/sys", s))
+		fmt.Fprintf(&b, "%s=%s ", s, strings.TrimSpace(string(v)))
+	}
+	return b.String()
 }
 
 // processesMentioning lists the command lines of processes whose command

@@ -101,12 +101,13 @@ func lockRealNode(ctx context.Context, log func(string)) (*os.File, error) {
 	}
 }
 
-// nodeDir is where the real node keeps its state, configuration and logs:
+// NodeDir is where the real node keeps its state, configuration and logs
+// ("" without one):
 // a directory of its own beside the work directory, which is 0700 and
 // holds the cluster's keys, since gVisor's sandbox opens the containers'
 // files as an unprivileged user of the host, who must be able to pass
 // through to them.
-func (c *Cluster) nodeDir() string { return c.node }
+func (c *Cluster) NodeDir() string { return c.node }
 
 // cgroupHierarchies are the cgroup v1 hierarchies the node's cgroup is made
 // in: every mounted controller hierarchy, since the kubelet wants its
@@ -269,7 +270,7 @@ func (c *Cluster) waitRealNode(ctx context.Context, launcher int) error {
 func (c *Cluster) nodeLogTail() string {
 	var b strings.Builder
 	for _, name := range []string{"node.log", "containerd.log", "kubelet.log"} {
-		raw, err := os.ReadFile(filepath.Join(c.nodeDir(), name))
+		raw, err := os.ReadFile(filepath.Join(c.NodeDir(), name))
 		if err != nil {
 			continue
 		}

@@ -161,7 +161,10 @@ func TestRealNode(t *testing.T) {
 kind: Pod
 metadata: {name: plain, namespace: `+ns+`}
 spec:
-  containers: [{name: c, image: busybox}]
+  containers:
+  - name: c
+    image: busybox
+    resources: {limits: {cpu: 100m, memory: 64Mi}, requests: {cpu: 100m, memory: 64Mi}}
 `), 0o600); err != nil {
 			t.Fatal(err)
 		}

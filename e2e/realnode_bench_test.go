@@ -1,0 +1,109 @@
+package e2e_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hiloop/hiloop/internal/e2e"
+)
+
+// BenchmarkRealNode measures hiloop on the real node's gVisor pods, each
+// figure beside a baseline of plain Kubernetes measured in the same run,
+// rounds of the two interleaved:
+//
+//   - create to running: `hiloop sandbox create busybox --wait` against
+//     `kubectl run` of the same image under gVisor then `kubectl wait` for
+//     the pod's Ready condition, the evidence hiloop's running waits for
+//     too (hiloop's side also passes through the Sandbox controller);
+//   - exec `true`: `hiloop sandbox exec` against `kubectl exec`, each a
+//     process as a user runs it;
+//   - a 16 MiB file in: `hiloop sandbox cp` against `kubectl cp`;
+//   - memory per idle sandbox: the pod's memory cgroup on the node.
+func BenchmarkRealNode(b *testing.B) {
+	c := e2e.RealCluster(b)
+	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c))
+	kubectl := func(args ...string) {
+		b.Helper()
+		if out, err := c.Kubectl(b.Context(), args...); err != nil {
+			b.Fatalf("%v: %s", err, out)
+		}
+	}
+	// The floor's pods live in a namespace of their own, without hiloop's
+	// quota or policies.
+	plain := "floor-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)
+	kubectl("create", "namespace", plain)
+	timed := func(fn func()) time.Duration {
+		start := time.Now()
+		fn()
+		return time.Since(start)
+	}
+	const rounds = 5
+	var hl, floor []time.Duration
+	var ids []string
+	for i := range rounds {
+		floor = append(floor, timed(func() {
+			pod := "floor-" + strconv.Itoa(i)
+			kubectl("run", "-n", plain, pod, "--image=busybox", `--overrides={"spec":{"runtimeClassName":"gvisor"}}`)
+			kubectl("wait", "-n", plain, "--for=condition=Ready", "pod/"+pod, "--timeout=120s")
+		}))
+		hl = append(hl, timed(func() { ids = append(ids, in.Create(in.Token, "busybox", "--wait").ID) }))
+	}
+	report := func(what string, hl, floor []time.Duration) {
+		h, f := percentile(hl, 50), percentile(floor, 50)
+		b.ReportMetric(float64(h.Milliseconds()), what+"-hiloop-p50-ms")
+		b.ReportMetric(float64(f.Milliseconds()), what+"-floor-p50-ms")
+		b.ReportMetric(float64(h)/float64(f), what+"-ratio")
+	}
+	report("create", hl, floor)
+
+	sb := ids[0]
+	pod := "sbx-" + strings.TrimPrefix(sb, "sbx_")
+	hl, floor = nil, nil
+	for range 20 {
+		floor = append(floor, timed(func() { kubectl("exec", "-n", in.NS, pod, "-c", "workload", "--", "true") }))
+		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "exec", sb, "--", "true") }))
+	}
+	report("exec", hl, floor)
+
+	file := filepath.Join(b.TempDir(), "f.bin")
+	if err := exec.Command("dd", "if=/dev/urandom", "of="+file, "bs=1M", "count=16").Run(); err != nil {
+		b.Fatal(err)
+	}
+	hl, floor = nil, nil
+	for i := range rounds {
+		floor = append(floor, timed(func() { kubectl("cp", "-c", "workload", file, in.NS+"/"+pod+":/tmp/k"+strconv.Itoa(i)) }))
+		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "cp", file, sb+":/tmp/h"+strconv.Itoa(i)) }))
+	}
+	report("file-in", hl, floor)
+
+	// What an idle sandbox holds: its pod's memory cgroup (the sentry, the
+	// gofer and the workload's processes are charged there).
+	var total float64
+	for _, id := range ids {
+		uid, err := c.Kubectl(b.Context(), "get", "pod", "-n", in.NS, "sbx-"+strings.TrimPrefix(id, "sbx_"), "-o", "jsonpath={.metadata.uid}")
+		if err != nil {
+			b.Fatal(err)
+		}
+		matches, _ := filepath.Glob("/sys/fs/cgroup/memory/hiloop-node/kubepods/*/pod" + uid + "/memory.usage_in_bytes")
+		if len(matches) != 1 {
+			b.Fatalf("no memory cgroup of pod %s: %v", uid, matches)
+		}
+		raw, err := os.ReadFile(matches[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(string(raw)), 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += n
+	}
+	b.ReportMetric(total/float64(len(ids))/(1<<20), "idle-sandbox-MiB")
+	fmt.Fprintf(os.Stderr, "real node: %d sandboxes measured\n", len(ids))
+}

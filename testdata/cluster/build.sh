@@ -77,9 +77,13 @@ busybox_static() {
 	tmp=$(mktemp -d "$bin/.busybox.XXXXXX")
 	# Run as root, apt hands the download to its _apt user, which cannot
 	# write into a private temporary directory.
-	if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download busybox-static >&2); then
-		echo "build.sh: apt-get download busybox-static failed (run apt-get update first?)" >&2
-		exit 1
+	local get="apt-get -q -o APT::Sandbox::User=root download busybox-static"
+	if ! (cd "$tmp" && $get >&2); then
+		# A fresh machine may have no package lists yet; root can fetch them.
+		if [ "$(id -u)" != 0 ] || ! apt-get -q update >&2 || ! (cd "$tmp" && $get >&2); then
+			echo "build.sh: apt-get download busybox-static failed (run apt-get update first?)" >&2
+			exit 1
+		fi
 	fi
 	dpkg-deb -x "$tmp"/busybox-static_*.deb "$tmp/root"
 	# ldd fails on a static binary: one that links libc would not run in

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 )
 
 // TestServeReadyAndCleanShutdown: serve answers, stops cleanly on SIGINT,
@@ -208,11 +209,23 @@ func TestTTLExpiry(t *testing.T) {
 // TestDevCommand runs `hiloop dev`, which `make run` runs: it starts its own
 // local cluster, serves against it, and on Ctrl-C leaves no cluster process.
 // It names every transport, forward included, which dev backs with its own
-// helper runner and so without --agent-image.
+// session helpers and so without --agent-image. On the simulated node it
+// says first that sandboxes are simulated; on the real node (where this
+// machine can run one), a sandbox's `uname -r` is gVisor's kernel.
 func TestDevCommand(t *testing.T) {
+	t.Run("simulated", func(t *testing.T) { devCommand(t, "simulated") })
+	t.Run("real", func(t *testing.T) {
+		if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil && os.Geteuid() != 0 {
+			t.Skipf("no real node on this machine: %v", err)
+		}
+		devCommand(t, "real")
+	})
+}
+
+func devCommand(t *testing.T, node string) {
 	db := filepath.Join(t.TempDir(), "dev.db")
 	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", db,
-		"--transports", "exec,ssh,forward")
+		"--transports", "exec,ssh,forward", "--node", node)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &e2e.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -222,7 +235,8 @@ func TestDevCommand(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var url, workdir string
-	e2e.Eventually(t, "dev serving", 2*time.Minute, func() (bool, error) {
+	// The real node waits for another test process's to stop.
+	e2e.Eventually(t, "dev serving", 10*time.Minute, func() (bool, error) {
 		if m := e2e.ServingRE.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 		}
@@ -247,6 +261,17 @@ func TestDevCommand(t *testing.T) {
 	}
 	if strings.Contains(out.String(), strings.TrimSpace(string(key))) || !strings.Contains(out.String(), "kubectl --kubeconfig") {
 		t.Fatalf("dev printed the key, or not the kubectl hint:\n%s", out.String())
+	}
+	const banner = "WARNING: sandboxes are simulated: commands run on this host"
+	if strings.HasPrefix(out.String(), banner) != (node == "simulated") {
+		t.Fatalf("dev on the %s node, its banner:\n%s", node, out.String())
+	}
+	if node == "real" {
+		in := e2e.Attach(t, url, strings.TrimSpace(string(key)))
+		sb := in.Create(in.Token, "busybox", "--wait")
+		if out, errOut, code := in.CLI(in.Token, "sandbox", "exec", sb.ID, "--", "uname", "-r"); code != 0 || !strings.Contains(out, "gvisor") {
+			t.Fatalf("uname -r in dev's sandbox: %d %q %q", code, out, errOut)
+		}
 	}
 	cmd.Process.Signal(os.Interrupt)
 	select {

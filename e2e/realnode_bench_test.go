@@ -26,7 +26,7 @@ import (
 //   - a 16 MiB file in: `hiloop sandbox cp` against `kubectl cp`;
 //   - memory per idle sandbox: the pod's memory cgroup on the node.
 func BenchmarkRealNode(b *testing.B) {
-	c := e2e.RealCluster(b)
+	c := e2e.NewRealCluster(b)
 	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c))
 	kubectl := func(args ...string) {
 		b.Helper()

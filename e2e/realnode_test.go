@@ -25,7 +25,7 @@ import (
 // stop, start, idle stop and wake, delete, and the receipt.
 func TestRealNode(t *testing.T) {
 	requireSSH(t)
-	c := e2e.RealCluster(t)
+	c := e2e.NewRealCluster(t)
 	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
 		"--transports", "exec,ssh,forward", "--agent-image", c.AgentImage())
 	sb := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait")

@@ -48,11 +48,9 @@ var (
 func Main(m *testing.M) int {
 	code := m.Run()
 	helpersStop()
-	for _, c := range []*localcluster.Cluster{shared, realCluster} {
-		if c != nil {
-			if err := c.Stop(); err != nil {
-				fmt.Fprintln(os.Stderr, "stop cluster:", err)
-			}
+	if shared != nil {
+		if err := shared.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop cluster:", err)
 		}
 	}
 	if binDir != "" {
@@ -80,45 +78,39 @@ func SharedCluster(t testing.TB) *localcluster.Cluster {
 	return shared
 }
 
-var (
-	realOnce    sync.Once
-	realCluster *localcluster.Cluster
-	realErr     error
-)
-
-// RealCluster is the package's one local cluster with a real node, whose
-// pods run under gVisor on this machine, started on first use and stopped
-// by Main. One real node runs per machine: it waits for another test
-// process's to stop. A machine where hiloop cannot run one skips the test
-// when not root, and fails it when root (as CI runs): there, a real node is
-// what is under test.
-func RealCluster(t testing.TB) *localcluster.Cluster {
+// NewRealCluster starts a cluster with a real node, whose pods run under
+// gVisor on this machine, for the test alone, and stops it in t.Cleanup:
+// one real node runs per machine, so it is held no longer than its test
+// needs it, and it waits for another test process's to stop. A machine
+// where hiloop cannot run one skips the test when not root, and fails it
+// when root (as CI runs): there, a real node is what is under test.
+func NewRealCluster(t testing.TB) *localcluster.Cluster {
 	t.Helper()
 	bin := Binary(t)
-	realOnce.Do(func() {
-		if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil {
-			realErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), realClusterBudget)
-		defer cancel()
-		realCluster, realErr = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, RealNode: true, HiloopBinary: bin})
-		if realErr != nil && realCluster != nil {
-			realCluster.Stop()
-			realCluster = nil
-		}
-	})
-	if realErr != nil {
+	if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil {
 		if os.Geteuid() != 0 {
-			t.Skipf("no real node on this machine: %v", realErr)
+			t.Skipf("no real node on this machine: %v", err)
 		}
-		t.Fatalf("start the real node's cluster: %v", realErr)
+		t.Fatal(err)
 	}
-	return realCluster
+	ctx, cancel := context.WithTimeout(context.Background(), realClusterBudget)
+	defer cancel()
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: testLog{t}, RealNode: true, HiloopBinary: bin})
+	if c != nil {
+		t.Cleanup(func() {
+			if err := c.Stop(); err != nil {
+				t.Errorf("stop cluster: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("start the real node's cluster: %v", err)
+	}
+	return c
 }
 
 // realClusterBudget covers waiting for another test process's real node
-// (its whole package's run) and starting this one.
+// and starting this one.
 const realClusterBudget = 30 * time.Minute
 
 // NewCluster starts a cluster of the test's own and stops it in t.Cleanup.
@@ -398,6 +390,12 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 		return resp.StatusCode == 200, fmt.Errorf("status %d", resp.StatusCode)
 	})
 	return in
+}
+
+// Attach is an Instance for a server the test started otherwise (hiloop
+// dev), for its CLI and API helpers; Stop does nothing to it.
+func Attach(t testing.TB, url, token string) *Instance {
+	return &Instance{t: t, URL: url, Token: token, Cmd: &exec.Cmd{ProcessState: &os.ProcessState{}}}
 }
 
 // Stop sends SIGINT and waits for a clean exit.

@@ -1,7 +1,6 @@
 package control
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -184,20 +183,27 @@ func (c *Control) retryAttest(id string, err error) {
 // answer that is a kernel's line; unknown when none is. reached reports
 // whether any probe's stream was set up (a *k8s.ConnectError says it was
 // not): a probe that never reached the pod says nothing of its image.
+//
+// The workload's probes run the tenant's programs, so their line is the
+// image's word. In a pod with a session helper, hiloop's own binary is
+// there to answer; when it did not, the workload may have made it fail
+// (it shares the helper's network and pod), so the workload's line is
+// believed only when it says the pod runs outside gVisor, never to vouch
+// for gVisor: that is unknown.
 func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.Receipt) (seen sandbox.Runtime, release string, reached bool) {
 	probes := workloadProbes
-	if receipt.SessionPort != 0 {
+	helper := receipt.SessionPort != 0
+	if helper {
 		probes = append([]probe{helperProbe}, probes...)
 	}
 	for _, p := range probes {
-		var out cappedBuffer
-		st, err := c.o.Exec.Exec(ctx, id, k8s.ExecRequest{Container: p.container, Command: p.argv, Stdout: &out})
-		var ce *k8s.ConnectError
-		if !errors.As(err, &ce) {
-			reached = true
-		}
-		if err == nil && st.Code == 0 {
-			if seen, release := sandbox.ClassifyKernel(out.String()); seen != sandbox.RuntimeUnknown {
+		answer, ok, r := c.runProbe(ctx, id, p)
+		reached = reached || r
+		if ok {
+			if seen, release := sandbox.ClassifyKernel(answer); seen != sandbox.RuntimeUnknown {
+				if seen == sandbox.RuntimeGVisor && helper && p.container != k8s.HelperContainer {
+					return sandbox.RuntimeUnknown, "", true
+				}
 				return seen, release, true
 			}
 		}
@@ -208,14 +214,44 @@ func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.R
 	return sandbox.RuntimeUnknown, "", reached
 }
 
-// cappedBuffer keeps the first maxProbeOutput bytes written to it and
-// takes the rest without keeping it, so a probe that prints without end
-// neither fills memory nor breaks its stream.
-type cappedBuffer struct{ bytes.Buffer }
+// runProbe runs one probe and returns what it printed when it exited 0
+// (ok). A probe that prints past maxProbeOutput is cut there and is no
+// answer (a kernel's line is a few hundred bytes): a workload that prints
+// without end does not hold the exec stream, and hiloop reading it, until
+// the attestation's deadline. reached is as for probeRuntime.
+func (c *Control) runProbe(ctx context.Context, id string, p probe) (out string, ok, reached bool) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	buf := cappedBuffer{full: cancel}
+	st, err := c.o.Exec.Exec(pctx, id, k8s.ExecRequest{Container: p.container, Command: p.argv, Stdout: &buf})
+	var ce *k8s.ConnectError
+	reached = !errors.As(err, &ce)
+	if err != nil || st.Code != 0 || buf.cut {
+		return "", false, reached
+	}
+	return buf.String(), true, reached
+}
+
+// cappedBuffer keeps the first maxProbeOutput bytes written to it; a
+// write past them calls full (which cuts the probe) and is not kept. It
+// is no bytes.Buffer: io.Copy, as the SPDY exec path copies output, would
+// call a buffer's ReadFrom and read past any cap.
+type cappedBuffer struct {
+	buf  []byte
+	full func()
+	cut  bool
+}
 
 func (b *cappedBuffer) Write(p []byte) (int, error) {
-	if room := maxProbeOutput - b.Len(); room > 0 {
-		b.Buffer.Write(p[:min(len(p), room)])
+	room := maxProbeOutput - len(b.buf)
+	b.buf = append(b.buf, p[:min(len(p), max(room, 0))]...)
+	if len(p) > room && !b.cut {
+		b.cut = true
+		if b.full != nil {
+			b.full()
+		}
 	}
 	return len(p), nil
 }
+
+func (b *cappedBuffer) String() string { return string(b.buf) }

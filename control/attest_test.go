@@ -26,11 +26,15 @@ const (
 )
 
 // answer is what a fake pod does with one probe: print out and exit with
-// code, or fail to run it at all (err).
+// code, or fail to run it at all (err). An endless answer prints out
+// again and again until its stream is closed, and counts what it wrote in
+// wrote.
 type answer struct {
-	out  string
-	code int
-	err  error
+	out     string
+	code    int
+	err     error
+	endless bool
+	wrote   *int
 }
 
 // probeName names a probe as the tests do: the container ("helper" or
@@ -64,6 +68,13 @@ func attestCore(t *testing.T, helper bool, answers map[string]answer) (*Control,
 		a, ok := answers[name]
 		if !ok {
 			return k8s.ExitStatus{}, &k8s.RemoteError{Message: "executable file not found in $PATH"}
+		}
+		if a.endless {
+			for ctx.Err() == nil {
+				n, _ := io.WriteString(req.Stdout, a.out)
+				*a.wrote += n
+			}
+			return k8s.ExitStatus{}, ctx.Err()
 		}
 		io.WriteString(req.Stdout, a.out)
 		return k8s.ExitStatus{Code: a.code}, a.err
@@ -123,8 +134,12 @@ func TestAttestProbes(t *testing.T) {
 	}{
 		{"the helper reads gVisor's line", true, map[string]answer{"helper /hiloop": {out: gvisorLine}, "workload cat": {out: hostLine}},
 			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"helper /hiloop"}}},
-		{"a helper that cannot run leaves it to cat", true, map[string]answer{"workload cat": {out: gvisorLine}},
-			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"helper /hiloop", "workload cat"}}},
+		{"a helper that cannot run leaves it to cat, which cannot vouch for gVisor", true, map[string]answer{"workload cat": {out: gvisorLine}},
+			seen{sandbox.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
+		{"a helper that cannot run leaves it to cat, which can show the host", true, map[string]answer{"workload cat": {out: hostLine}},
+			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"helper /hiloop", "workload cat"}}},
+		{"a helper that exits non-zero leaves it to cat, which cannot vouch for gVisor", true, map[string]answer{"helper /hiloop": {code: 137}, "workload cat": {out: gvisorLine}, "workload sh": {out: gvisorLine}},
+			seen{sandbox.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
 		{"cat reads the host's line", false, map[string]answer{"workload cat": {out: hostLine}},
 			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat"}}},
 		{"no cat: the shell reads it", false, map[string]answer{"workload sh": {out: gvisorLine}},
@@ -137,8 +152,8 @@ func TestAttestProbes(t *testing.T) {
 			seen{sandbox.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
 		{"no shell, no cat, no helper", false, nil,
 			seen{sandbox.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
-		{"output without end is capped", false, map[string]answer{"workload cat": {out: endless}},
-			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat"}}},
+		{"output past the cap is no answer", false, map[string]answer{"workload cat": {out: endless}, "workload sh": {out: gvisorLine}},
+			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,6 +173,42 @@ func TestAttestProbes(t *testing.T) {
 				t.Errorf("sandboxes the mirror is told of (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestAttestEndlessOutput: a workload whose cat prints without end is cut
+// once its output passes the cap, rather than read until the
+// attestation's deadline, and the next probe runs.
+func TestAttestEndlessOutput(t *testing.T) {
+	wrote := 0
+	c, db, id, probes := attestCore(t, false, map[string]answer{
+		"workload cat": {out: strings.Repeat("x", 1000), endless: true, wrote: &wrote},
+		"workload sh":  {out: hostLine},
+	})
+	c.attest(id, controltest.PodUID(id))
+	rec, err := db.SandboxAnyOrg(context.Background(), id)
+	if err != nil || rec.RuntimeObserved != sandbox.RuntimeNotGVisor {
+		t.Fatalf("runtime observed %q %v, want not-gvisor from sh", rec.RuntimeObserved, err)
+	}
+	if diff := cmp.Diff([]string{"workload cat", "workload sh"}, probes()); diff != "" {
+		t.Errorf("probes (-want +got):\n%s", diff)
+	}
+	if wrote > 2*maxProbeOutput {
+		t.Errorf("the endless probe wrote %d bytes before it was cut, want at most %d", wrote, 2*maxProbeOutput)
+	}
+}
+
+// TestProbeOutputCapped: a probe's output is kept up to the cap however
+// it is copied in; io.Copy (the SPDY exec path) reads through a
+// destination's ReadFrom when it has one.
+func TestProbeOutputCapped(t *testing.T) {
+	cut := false
+	b := cappedBuffer{full: func() { cut = true }}
+	if _, err := io.Copy(&b, strings.NewReader(strings.Repeat("x", 1<<20))); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(b.String()); got != maxProbeOutput || !cut {
+		t.Errorf("kept %d bytes (cut %v), want %d and cut", got, cut, maxProbeOutput)
 	}
 }
 

@@ -22,7 +22,8 @@ import (
 // and a terminal from a real kubelet, files both ways, a file written in
 // the sandbox that is not on the host, ssh and ssh -L through the session
 // helper container in the pod to a server that listens only inside it,
-// stop, start, idle stop and wake, delete, and the receipt.
+// stop, start, idle stop and wake, a workload's own exit, a delete behind
+// hiloop's back, TTL, delete, admission, and what attestation recorded.
 func TestRealNode(t *testing.T) {
 	requireSSH(t)
 	c := e2e.NewRealCluster(t)
@@ -183,6 +184,28 @@ spec:
 		if err != nil || !strings.Contains(out, "gvisor") {
 			t.Fatalf("uname -r in a pod without a runtime class: %q %v", out, err)
 		}
+	})
+	t.Run("a workload that exits on its own is exited with its code", func(t *testing.T) {
+		other := in.Create(in.Token, "busybox", "--wait")
+		// busybox's command exits 0 on SIGTERM; the kubelet sees it end.
+		if _, errOut, code := cliExec(in, in.Token, "", other.ID, "--", "kill", "1"); code != 0 {
+			t.Fatalf("kill 1: %d %s", code, errOut)
+		}
+		got := in.WaitState(in.Token, other.ID, "exited")
+		if got.ExitCode == nil || *got.ExitCode != 0 {
+			t.Fatalf("exited with code %v (%s)", got.ExitCode, got.Reason)
+		}
+	})
+	t.Run("a sandbox deleted behind hiloop's back is lost", func(t *testing.T) {
+		other := in.Create(in.Token, "busybox", "--wait")
+		if out, err := c.Kubectl(t.Context(), "delete", "sandbox", "-n", in.NS, "sbx-"+strings.TrimPrefix(other.ID, "sbx_"), "--wait=false"); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		in.WaitState(in.Token, other.ID, "lost")
+	})
+	t.Run("TTL", func(t *testing.T) {
+		other := in.Create(in.Token, "busybox", "--ttl", "5s", "--wait")
+		in.WaitState(in.Token, other.ID, "expired")
 	})
 	t.Run("delete", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)

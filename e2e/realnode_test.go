@@ -209,9 +209,9 @@ spec:
 	})
 	t.Run("delete", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
-		e2e.Eventually(t, "no pod left", 60*time.Second, func() (bool, error) {
+		e2e.Eventually(t, "its pod gone", 60*time.Second, func() (bool, error) {
 			out, err := c.Kubectl(t.Context(), "get", "pods", "-n", in.NS, "-o", "name")
-			return err == nil && strings.TrimSpace(out) == "", err
+			return err == nil && !strings.Contains(out, "sbx-"+strings.TrimPrefix(sb.ID, "sbx_")), err
 		})
 	})
 }

@@ -19,7 +19,7 @@ import (
 // TestRealNode runs hiloop's product paths on pods that really run, under
 // gVisor, on the local cluster's real node (a kubelet, containerd and
 // runsc on this machine): the kernel a command sees, exit codes, stdin EOF
-// and a terminal from a real kubelet, files both ways, a file written in
+// and a terminal (its size and a resize) from a real kubelet, files both ways, a file written in
 // the sandbox that is not on the host, ssh and ssh -L through the session
 // helper container in the pod to a server that listens only inside it,
 // stop, start, idle stop and wake, a workload's own exit, a delete behind
@@ -69,6 +69,19 @@ func TestRealNode(t *testing.T) {
 		if code != 0 || strings.TrimSpace(out) != "2" {
 			t.Fatalf("wc -l of two lines: %d %q %q", code, out, errOut)
 		}
+	})
+	t.Run("a terminal: its size, a resize, and tty", func(t *testing.T) {
+		shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
+			" sandbox exec -t " + sb.ID + ` -- sh -c 'tty; while :; do stty size; sleep 0.2; done'`
+		term := e2e.Tmux(t, 100, 30, shell)
+		e2e.Eventually(t, "the pod's command sees 30 rows, 100 columns on a terminal", 20*time.Second, func() (bool, error) {
+			screen := term.Screen()
+			return strings.Contains(screen, "/dev/pts/") && strings.Contains(screen, "30 100"), nil
+		})
+		term.Resize(120, 40)
+		e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) {
+			return strings.Contains(term.Screen(), "40 120"), nil
+		})
 	})
 	t.Run("a file written in the sandbox is not on the host", func(t *testing.T) {
 		name := "/tmp/hiloop-canary-" + strings.ToLower(store.NewID("c")[2:])

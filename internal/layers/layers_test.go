@@ -12,18 +12,19 @@ const mod = "github.com/hiloop/hiloop"
 // below names, for each package, the only hiloop packages its non-test code
 // may reach, directly or not.
 var below = map[string][]string{
-	"api":              {},
-	"sandbox":          {},
-	"forward":          {},
-	"metrics":          {"sandbox"},
-	"store":            {"api", "sandbox", "migrations"},
-	"k8s":              {"api", "sandbox", "store", "migrations"},
-	"k8s/localcluster": {"api", "k8s", "sandbox", "store", "migrations"},
-	"control":          {"api", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"mirror":           {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"server":           {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"sshd":             {"api", "control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"agent":            {"forward"},
+	"api":               {},
+	"sandbox":           {},
+	"forward":           {},
+	"metrics":           {"sandbox"},
+	"store":             {"api", "sandbox", "migrations"},
+	"k8s":               {"api", "sandbox", "store", "migrations"},
+	"internal/ociimage": {},
+	"k8s/localcluster":  {"api", "internal/ociimage", "k8s", "sandbox", "store", "migrations"},
+	"control":           {"api", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"mirror":            {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"server":            {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"sshd":              {"api", "control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"agent":             {"forward"},
 }
 
 // TestCallsRunDownward: no package reaches a hiloop package above it or

@@ -41,7 +41,7 @@ func startImages(t *testing.T, binary string, archives ...string) *localcluster.
 		t.Fatal("HILOOP_CLUSTER_BIN is not set: run the tests with make test (testdata/cluster/build.sh fetches busybox)")
 	}
 	bin := filepath.Join(t.TempDir(), "hiloop")
-	if err := os.WriteFile(bin, []byte(binary), 0o755); err != nil {
+	if err := os.WriteFile(bin, fakeHiloop(t, binary), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	im, err := localcluster.StartImages(context.Background(), localcluster.ImageOptions{HiloopBinary: bin, Archives: archives})
@@ -54,6 +54,18 @@ func startImages(t *testing.T, binary string, archives ...string) *localcluster.
 		}
 	})
 	return im
+}
+
+// fakeHiloop is a static executable that stands in for the hiloop binary
+// (the agent image takes only a static one): busybox, with tag appended so
+// that each tag is another binary.
+func fakeHiloop(t *testing.T, tag string) []byte {
+	t.Helper()
+	bb, err := os.ReadFile(filepath.Join(os.Getenv("HILOOP_CLUSTER_BIN"), "busybox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(bb, tag...)
 }
 
 // pull reads an image from the registry by its full name, as stored.
@@ -187,7 +199,7 @@ func TestImages(t *testing.T) {
 		t.Errorf("pause's layer %s is not busybox's %s", b, a)
 	}
 
-	sum := sha256.Sum256([]byte("hiloop one"))
+	sum := sha256.Sum256(fakeHiloop(t, "hiloop one"))
 	if want := "hiloop.local/hiloop:" + hex.EncodeToString(sum[:])[:12]; im.AgentImage() != want {
 		t.Fatalf("agent image %q, want %q", im.AgentImage(), want)
 	}
@@ -196,8 +208,8 @@ func TestImages(t *testing.T) {
 	if !slices.Equal(cfg.Entrypoint, []string{"/hiloop"}) || cfg.User != "65532:65532" {
 		t.Errorf("agent: entrypoint %q, user %q", cfg.Entrypoint, cfg.User)
 	}
-	if e := files(t, agent)["hiloop"]; string(e.data) != "hiloop one" || e.mode != 0o755 {
-		t.Errorf("agent /hiloop: mode %o, %q", e.mode, e.data)
+	if e := files(t, agent)["hiloop"]; !bytes.Equal(e.data, fakeHiloop(t, "hiloop one")) || e.mode != 0o755 {
+		t.Errorf("agent /hiloop: mode %o, %d bytes", e.mode, len(e.data))
 	}
 	if other := startImages(t, "hiloop two"); other.AgentImage() == im.AgentImage() {
 		t.Errorf("another binary has the same image name %s", other.AgentImage())

@@ -23,7 +23,7 @@ import (
 //     too (hiloop's side also passes through the Sandbox controller);
 //   - exec `true`: `hiloop sandbox exec` against `kubectl exec`, each a
 //     process as a user runs it;
-//   - a 16 MiB file in: `hiloop sandbox cp` against `kubectl cp`;
+//   - a 16 MiB file in, and out: `hiloop sandbox cp` against `kubectl cp`;
 //   - memory per idle sandbox: the pod's memory cgroup on the node.
 func BenchmarkRealNode(b *testing.B) {
 	c := e2e.NewRealCluster(b)
@@ -84,6 +84,13 @@ func BenchmarkRealNode(b *testing.B) {
 		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "cp", file, sb+":/tmp/h"+strconv.Itoa(i)) }))
 	}
 	report("file-in", hl, floor)
+	hl, floor = nil, nil
+	for i := range rounds {
+		out := b.TempDir()
+		floor = append(floor, timed(func() { kubectl("cp", "-c", "workload", in.NS+"/"+pod+":/tmp/k"+strconv.Itoa(i), filepath.Join(out, "k")) }))
+		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "cp", sb+":/tmp/h"+strconv.Itoa(i), filepath.Join(out, "h")) }))
+	}
+	report("file-out", hl, floor)
 
 	// What an idle sandbox holds: its pod's memory cgroup (the sentry, the
 	// gofer and the workload's processes are charged there).

@@ -87,7 +87,9 @@ func BenchmarkRealNode(b *testing.B) {
 	hl, floor = nil, nil
 	for i := range rounds {
 		out := b.TempDir()
-		floor = append(floor, timed(func() { kubectl("cp", "-c", "workload", in.NS+"/"+pod+":/tmp/k"+strconv.Itoa(i), filepath.Join(out, "k")) }))
+		floor = append(floor, timed(func() {
+			kubectl("cp", "-c", "workload", in.NS+"/"+pod+":/tmp/k"+strconv.Itoa(i), filepath.Join(out, "k"))
+		}))
 		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "cp", sb+":/tmp/h"+strconv.Itoa(i), filepath.Join(out, "h")) }))
 	}
 	report("file-out", hl, floor)

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -76,11 +77,12 @@ func TestRealNode(t *testing.T) {
 		term := e2e.Tmux(t, 100, 30, shell)
 		e2e.Eventually(t, "the pod's command sees 30 rows, 100 columns on a terminal", 20*time.Second, func() (bool, error) {
 			screen := term.Screen()
-			return strings.Contains(screen, "/dev/pts/") && strings.Contains(screen, "30 100"), nil
+			return strings.Contains(screen, "/dev/pts/") && strings.Contains(screen, "30 100"), fmt.Errorf("the screen:\n%s", screen)
 		})
 		term.Resize(120, 40)
 		e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) {
-			return strings.Contains(term.Screen(), "40 120"), nil
+			screen := term.Screen()
+			return strings.Contains(screen, "40 120"), fmt.Errorf("the screen:\n%s", screen)
 		})
 	})
 	t.Run("a file written in the sandbox is not on the host", func(t *testing.T) {

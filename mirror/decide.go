@@ -387,14 +387,26 @@ func ptrString(p *string) string {
 	return *p
 }
 
+// workloadEnded says the pod's workload container has terminated.
+func workloadEnded(p *corev1.Pod) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == k8s.WorkloadContainer && cs.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // exited reports the newest finished pod's workload exit code and reason.
-// A pod being deleted does not count: it finished because it was told to
-// stop (a stop's pod that a kubelet has not yet removed when the sandbox
-// starts again), not on its own.
+// A pod is finished when it ended, or when its workload did: the session
+// helper beside it keeps such a pod running, and the pod never restarts
+// its workload. A pod being deleted does not count: it finished because it
+// was told to stop (a stop's pod that a kubelet has not yet removed when
+// the sandbox starts again), not on its own.
 func exited(pods []*corev1.Pod) (store.Observation, bool) {
 	var done []*corev1.Pod
 	for _, p := range pods {
-		if p.DeletionTimestamp == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+		if p.DeletionTimestamp == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || workloadEnded(p)) {
 			done = append(done, p)
 		}
 	}

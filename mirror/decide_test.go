@@ -163,6 +163,12 @@ func TestDecide(t *testing.T) {
 		{"a stopped pod a kubelet still removes, as the sandbox starts again", object(), []*corev1.Pod{pod(terminated(corev1.PodSucceeded, 0, "Completed"),
 			func(p *corev1.Pod) { p.DeletionTimestamp = &past })}, record(),
 			store.Observation{State: store.StateStarting}},
+		{"the workload ended while the session helper runs", object(), []*corev1.Pod{helperPod(func(p *corev1.Pod) {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{
+				{Name: k8s.WorkloadContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}},
+				{Name: k8s.HelperContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+		})}, record(withHelper), store.Observation{State: store.StateExited, ExitCode: code(0), Reason: "Completed"}},
 		{"expired, pod still there", object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }), []*corev1.Pod{pod()}, record(),
 			store.Observation{State: store.StateStopping, Reason: "expiring"}},
 		{"expired", object(func(o *v1beta1.Sandbox) { o.Spec.ShutdownTime = &past }), nil, record(),

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hiloop/hiloop/api"
@@ -48,6 +49,11 @@ const (
 // reads exactly $2 bytes (head -c) rather than to EOF, since not every
 // cluster delivers stdin's EOF to an exec'd command; fewer bytes (a cut
 // upload, where EOF is delivered) leave $1 as it was and remove $4.
+//
+// It opens $4 once, and says so with a line on stdout before it reads: a
+// cut upload whose command had not said so yet waits for $4 to appear
+// before it removes it (cleanUp), since a command that outlives its stream
+// (kwok's sees neither EOF nor a kill) may still make it.
 const putFileScript = `for c in head wc mkdir chmod mv rm; do command -v $c >/dev/null 2>&1 || exit 127; done
 [ -d "$1" ] && { echo "$1 is a directory" >&2; exit 93; }
 d=${1%/*}
@@ -56,7 +62,10 @@ trap 'rm -f "$4"' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
-head -c "$2" >"$4" || exit 94
+exec 3>"$4" || exit 94
+echo opened
+head -c "$2" >&3 || exit 94
+exec 3>&-
 n=$(wc -c <"$4") || exit 94
 [ $n -eq "$2" ] || exit 91
 chmod "$3" "$4" && mv -f "$4" "$1"`
@@ -87,10 +96,17 @@ elif [ -e "$1" ] || [ -L "$1" ]; then
 fi
 exit 92`
 
-// cleanupScript removes an upload's temporary file after the upload was
-// cut: where the cluster never delivers stdin's EOF, putFileScript is left
-// waiting for bytes that will not come.
-const cleanupScript = `rm -f "$1"`
+// cleanupScript removes an upload's temporary file $1 after the upload was
+// cut, first waiting up to $2 seconds for it to appear: where the cluster
+// never delivers stdin's EOF, putFileScript is left waiting for bytes that
+// will not come, and may not have opened the file yet.
+const cleanupScript = `i=0
+while [ ! -e "$1" ] && [ $i -lt "$2" ]; do sleep 1; i=$((i+1)); done
+rm -f "$1"`
+
+// cleanupWaitSeconds bounds how long cleanupScript waits for a temporary
+// file that its command had not said it opened.
+const cleanupWaitSeconds = 10
 
 // maxFileStderr caps what of a failed transfer's stderr is kept for the
 // answer.
@@ -194,23 +210,24 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		argv = []string{"sh", "-c", putFileScript, "sh", p, strconv.FormatInt(size, 10), mode, tmp}
 	}
 	sum := sha256.New()
+	opened := &said{}
 	body := &uploadBody{r: io.TeeReader(io.LimitReader(r.Body, size), sum), cancel: cancel,
 		rc: http.NewResponseController(w), idle: s.o.FileIdleTimeout}
 	stderr := &capWriter{max: maxFileStderr}
-	st, err := sess.Exec(ctx, k8s.ExecRequest{Command: argv, Stdin: sess.In(body), Stdout: io.Discard, Stderr: stderr})
+	st, err := sess.Exec(ctx, k8s.ExecRequest{Command: argv, Stdin: sess.In(body), Stdout: opened, Stderr: stderr})
 	switch {
 	case body.err != nil:
 		// The upload was cut: nobody may be listening, but the sandbox is
 		// left as it was, without the temporary file.
 		if tmp != "" {
-			s.cleanUp(sess, tmp)
+			s.cleanUp(sess, tmp, opened.any.Load())
 		}
 		s.writeError(w, r, newError(http.StatusBadRequest, api.CodeUploadIncomplete, fmt.Sprintf("the upload ended after %d of %d bytes; %s was not changed", body.n, size, p)))
 	case err != nil:
 		s.writeError(w, r, fileExecFailed(err))
 	case st.Code != 0:
 		if tmp != "" && st.Code >= 128 {
-			s.cleanUp(sess, tmp)
+			s.cleanUp(sess, tmp, opened.any.Load())
 		}
 		s.writeError(w, r, fileExitError(st.Code, stderr.buf))
 	default:
@@ -219,13 +236,31 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 }
 
 // cleanUp removes an upload's temporary file, within the session's slot
-// but past its request, which a cut upload has usually ended.
-func (s *Server) cleanUp(sess *control.Session, tmp string) {
+// but past its request, which a cut upload has usually ended. A command
+// that had not said it opened the file yet may still open it: one that
+// outlives its stream (kwok's) does, late on a loaded machine. Then the
+// script waits a bounded time for the file to appear before it removes it.
+func (s *Server) cleanUp(sess *control.Session, tmp string, opened bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sess.Context()), 30*time.Second)
 	defer cancel()
-	if st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"sh", "-c", cleanupScript, "sh", tmp}, Stdout: io.Discard, Stderr: io.Discard}); err != nil || st.Code != 0 {
+	wait := "0"
+	if !opened {
+		wait = strconv.Itoa(cleanupWaitSeconds)
+	}
+	if st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"sh", "-c", cleanupScript, "sh", tmp, wait}, Stdout: io.Discard, Stderr: io.Discard}); err != nil || st.Code != 0 {
 		s.log.Warn("could not remove a cut upload's temporary file", "sandbox", sess.SandboxID, "exit", st.Code, "err", err)
 	}
+}
+
+// said is a writer that records whether anything was written to it: the
+// file script's line saying it opened its temporary file.
+type said struct{ any atomic.Bool }
+
+func (s *said) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		s.any.Store(true)
+	}
+	return len(p), nil
 }
 
 func randomSuffix() string {

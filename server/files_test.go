@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,13 +35,7 @@ func localExec(path string, argvs *[][]string) controltest.Exec {
 		if argvs != nil {
 			*argvs = append(*argvs, req.Command)
 		}
-		bin := ""
-		for _, dir := range filepath.SplitList(path) {
-			if _, err := os.Stat(filepath.Join(dir, req.Command[0])); err == nil {
-				bin = filepath.Join(dir, req.Command[0])
-				break
-			}
-		}
+		bin := lookPath(path, req.Command[0])
 		if bin == "" {
 			// What a kubelet answers for a command the image lacks.
 			return k8s.ExitStatus{}, &k8s.RemoteError{Message: `OCI runtime exec failed: exec failed: unable to start container process: exec: "` + req.Command[0] + `": executable file not found in $PATH: unknown`}
@@ -53,6 +49,57 @@ func localExec(path string, argvs *[][]string) controltest.Exec {
 			return k8s.ExitStatus{Code: ee.ExitCode()}, nil
 		}
 		return k8s.ExitStatus{}, err
+	}}
+}
+
+func lookPath(path, name string) string {
+	for _, dir := range filepath.SplitList(path) {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return filepath.Join(dir, name)
+		}
+	}
+	return ""
+}
+
+// lingeringExec runs the command on this machine as kwok does: the command
+// outlives its stream, which never closes its stdin, and is killed only
+// when the test ends.
+func lingeringExec(t *testing.T, path string) controltest.Exec {
+	return controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+		cmd := exec.Command(lookPath(path, req.Command[0]), req.Command[1:]...)
+		cmd.Env = []string{"PATH=" + path}
+		cmd.Stdout, cmd.Stderr = req.Stdout, req.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if req.Stdin != nil {
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				return k8s.ExitStatus{}, err
+			}
+			go io.Copy(in, req.Stdin)
+		}
+		if err := cmd.Start(); err != nil {
+			return k8s.ExitStatus{}, err
+		}
+		var err error
+		done := make(chan struct{})
+		go func() {
+			err = cmd.Wait()
+			close(done)
+		}()
+		t.Cleanup(func() {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		})
+		select {
+		case <-done:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return k8s.ExitStatus{Code: ee.ExitCode()}, nil
+			}
+			return k8s.ExitStatus{}, err
+		case <-ctx.Done():
+			return k8s.ExitStatus{}, ctx.Err()
+		}
 	}}
 }
 
@@ -323,6 +370,52 @@ func TestCutUploadLeavesFileWhole(t *testing.T) {
 	got, err := os.ReadFile(p)
 	if err != nil || !bytes.Equal(got, old) {
 		t.Errorf("after a cut upload the file holds %d bytes (%v), want the old %d", len(got), err, len(old))
+	}
+}
+
+// TestCutUploadCommandOutlivesStream: where the upload's command outlives
+// its stream and never sees stdin's end (kwok), and is slow to open its
+// temporary file, a cut upload still leaves no temporary file: the file is
+// removed only after the command opened it.
+func TestCutUploadCommandOutlivesStream(t *testing.T) {
+	// mkdir is slow, and head says when it starts, which is after the
+	// shell opened the temporary file.
+	bin, dir := t.TempDir(), t.TempDir()
+	for _, tool := range []string{"sh", "wc", "chmod", "mv", "rm", "sleep", "touch"} {
+		if err := os.Symlink(lookPath(os.Getenv("PATH"), tool), filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := filepath.Join(t.TempDir(), "head-started")
+	os.WriteFile(filepath.Join(bin, "mkdir"), []byte("#!/bin/sh\nsleep 1\nexec "+lookPath(os.Getenv("PATH"), "mkdir")+` "$@"`+"\n"), 0o755)
+	os.WriteFile(filepath.Join(bin, "head"), []byte("#!/bin/sh\ntouch "+started+"\nexec "+lookPath(os.Getenv("PATH"), "head")+` "$@"`+"\n"), 0o755)
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, co *control.Options) {
+		co.Exec = lingeringExec(t, bin)
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	hs := httptest.NewServer(ts.srv)
+	defer hs.Close()
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(hs.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "PUT /v1/sandboxes/%s/files?path=%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 1000\r\n\r\n", id, filepath.Join(dir, "f"), ts.token)
+	conn.Write([]byte("new "))
+	conn.(*net.TCPConn).CloseWrite()
+	// The answer comes once the cut upload was cleaned up.
+	answer, err := io.ReadAll(conn)
+	if err != nil || !bytes.Contains(answer, []byte(api.CodeUploadIncomplete)) {
+		t.Fatalf("the cut upload's answer: %q %v", answer, err)
+	}
+	waitFor(t, "the upload's command to open its temporary file", func() bool {
+		_, err := os.Stat(started)
+		return err == nil
+	})
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a cut upload left %v", entries)
 	}
 }
 

@@ -210,9 +210,6 @@ func TestRevokedKey(t *testing.T) {
 // authenticated stays open (only its sessions end), and must not be a way
 // to open new ones: a session opened on it afterwards must not run.
 func TestRevokedKeyConnectionOpensNoSession(t *testing.T) {
-	t.Skip("reason: a session channel opened after DeleteSSHKey on the connection that key authenticated is admitted and runs " +
-		"(control.Admit checks the sandbox, not that the caller's key is still registered, and the connection stays open); " +
-		"only the core's periodic sweep ends it, after the command may have run")
 	g := start(t, setup{})
 	org := g.org("a")
 	key, sshKey := g.key(org)

@@ -74,6 +74,11 @@ func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewCha
 	}()
 	for req := range reqs {
 		ok := false
+		// launch runs the shell or command once the request is answered:
+		// a quick command would otherwise close the channel before the
+		// answer, and a client that waits for it (x/crypto's Session.Run,
+		// paramiko) would lose the exit status.
+		var launch func()
 		switch req.Type {
 		case "pty-req":
 			ok = s.ptyReq(req.Payload)
@@ -81,11 +86,13 @@ func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewCha
 			s.windowChange(req.Payload)
 			ok = true
 		case "shell":
-			ok = s.start(sctx, log, nil)
+			launch = s.start(sctx, log, nil)
+			ok = launch != nil
 		case "exec":
 			var p struct{ Command string }
 			if gossh.Unmarshal(req.Payload, &p) == nil {
-				ok = s.start(sctx, log, &p.Command)
+				launch = s.start(sctx, log, &p.Command)
+				ok = launch != nil
 			}
 		default:
 			// env (the sandbox gets the image's environment only),
@@ -94,6 +101,9 @@ func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewCha
 		}
 		if req.WantReply {
 			req.Reply(ok, nil)
+		}
+		if launch != nil {
+			go launch()
 		}
 	}
 }
@@ -140,26 +150,25 @@ func (s *session) queueResize(w, h uint32) {
 	}
 }
 
-// start admits the session through control and runs the shell (cmd nil) or
-// the command in the sandbox. It answers false for a second start.
-func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) bool {
+// start returns what admits the session through control and runs the
+// shell (cmd nil) or the command in the sandbox, then sends its exit status
+// and closes the channel. It returns nil for a second start.
+func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) func() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.started {
-		s.mu.Unlock()
-		return false
+		return nil
 	}
 	s.started = true
 	tty, term := s.tty, s.term
-	s.mu.Unlock()
-	go func() {
+	return func() {
 		code := s.run(ctx, log, cmd, tty, term)
 		if code >= 0 {
 			s.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(code)}))
 		}
 		s.ch.CloseWrite()
 		s.ch.Close()
-	}()
-	return true
+	}
 }
 
 // run runs the session and returns the exit status to send, or -1 when an

@@ -284,9 +284,6 @@ func TestSessionRefused(t *testing.T) {
 // Session.Run, paramiko's exec_command) gets the exit status of a quick
 // command or of a refused session.
 func TestExecAnsweredBeforeClose(t *testing.T) {
-	t.Skip("reason: the session handler answers shell/exec only after start has launched the command, whose goroutine " +
-		"sends exit-status and closes the channel; a quick command or a refused session can close first, and the " +
-		"want-reply request is never answered (x/crypto's Session.Run returns EOF, the exit status lost)")
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)

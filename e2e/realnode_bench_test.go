@@ -24,10 +24,15 @@ import (
 //   - exec `true`: `hiloop sandbox exec` against `kubectl exec`, each a
 //     process as a user runs it;
 //   - a 16 MiB file in, and out: `hiloop sandbox cp` against `kubectl cp`;
+//   - wake: `ssh` to a sandbox stopped for idleness, which wakes it and
+//     runs `true`, against what a user does without wake, `hiloop sandbox
+//     start --wait` of a stopped sandbox then the same `ssh`;
 //   - memory per idle sandbox: the pod's memory cgroup on the node.
 func BenchmarkRealNode(b *testing.B) {
+	requireSSH(b)
 	c := e2e.NewRealCluster(b)
-	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c))
+	in := e2e.ServeOn(b, c, filepath.Join(b.TempDir(), "h.db"), e2e.NamespaceOn(b, c),
+		"--transports", "exec,ssh", "--agent-image", c.AgentImage())
 	kubectl := func(args ...string) {
 		b.Helper()
 		if out, err := c.Kubectl(b.Context(), args...); err != nil {
@@ -93,6 +98,33 @@ func BenchmarkRealNode(b *testing.B) {
 		hl = append(hl, timed(func() { in.MustCLI(in.Token, "sandbox", "cp", sb+":/tmp/h"+strconv.Itoa(i), filepath.Join(out, "h")) }))
 	}
 	report("file-out", hl, floor)
+
+	// Wake against start-then-ssh, on a sandbox of its own with the ssh
+	// transport (its session helper is in the pod): each side ends when
+	// ssh's `true` has run in the sandbox.
+	u := newSSHUser(b, in, in.Token)
+	w := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--wait").ID
+	sshTrue := func() {
+		b.Helper()
+		if out, errOut, code := u.run(w, "true"); code != 0 {
+			b.Fatalf("ssh: %d %q %q", code, out, errOut)
+		}
+	}
+	hl, floor = nil, nil
+	for range rounds {
+		in.MustCLI(in.Token, "sandbox", "idle-timeout", w, "0")
+		in.MustCLI(in.Token, "sandbox", "stop", w)
+		in.WaitState(in.Token, w, "stopped")
+		floor = append(floor, timed(func() {
+			in.MustCLI(in.Token, "sandbox", "start", w, "--wait")
+			sshTrue()
+		}))
+		in.MustCLI(in.Token, "sandbox", "idle-timeout", w, "2s")
+		in.WaitState(in.Token, w, "stopped")
+		hl = append(hl, timed(sshTrue))
+	}
+	report("wake", hl, floor)
+	in.MustCLI(in.Token, "sandbox", "delete", w)
 
 	// What an idle sandbox holds: its pod's memory cgroup (the sentry, the
 	// gofer and the workload's processes are charged there).

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -24,10 +26,11 @@ import (
 // the sandbox that is not on the host, ssh and ssh -L through the session
 // helper container in the pod to a server that listens only inside it,
 // stop, start, idle stop and wake, a workload's own exit, a delete behind
-// hiloop's back, TTL, delete, admission, and what attestation recorded.
+// hiloop's back, TTL, delete, admission, what attestation recorded, and a
+// pod that runs outside gVisor (runc) quarantined runtime_not_gvisor.
 func TestRealNode(t *testing.T) {
 	requireSSH(t)
-	c := e2e.NewRealCluster(t)
+	c := e2e.NewRealCluster(t, func(o *localcluster.Options) { o.RuncHandler = true })
 	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
 		"--transports", "exec,ssh,forward", "--agent-image", c.AgentImage())
 	sb := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait")
@@ -223,6 +226,46 @@ spec:
 		// than the TTL gives it, and expired is what follows either way.
 		other := in.Create(in.Token, "busybox", "--ttl", "5s")
 		in.WaitState(in.Token, other.ID, "expired")
+	})
+	t.Run("a pod outside gVisor is quarantined runtime_not_gvisor", func(t *testing.T) {
+		// Someone with cluster credentials points the gvisor RuntimeClass
+		// at runc, which this node offers (RuncHandler), and kills a
+		// sandbox's pod. The new pod's spec still names gvisor: only what
+		// the pod itself shows gives it away.
+		other := in.Create(in.Token, "busybox", "--wait")
+		setHandler := func(handler string) {
+			t.Helper()
+			raw, err := c.Kubectl(t.Context(), "get", "runtimeclass", "gvisor", "-o", "json")
+			if err != nil {
+				t.Fatalf("%v %s", err, raw)
+			}
+			var rc map[string]any
+			if err := json.Unmarshal([]byte(raw), &rc); err != nil {
+				t.Fatal(err)
+			}
+			rc["handler"] = handler
+			rc["metadata"] = map[string]any{"name": "gvisor", "labels": rc["metadata"].(map[string]any)["labels"]}
+			b, _ := json.Marshal(rc)
+			f := filepath.Join(t.TempDir(), "rc.json")
+			os.WriteFile(f, b, 0o600)
+			if out, err := c.Kubectl(t.Context(), "replace", "--force", "-f", f); err != nil {
+				t.Fatalf("set the gvisor RuntimeClass's handler to %s: %v %s", handler, err, out)
+			}
+		}
+		setHandler("runc")
+		defer setHandler("runsc")
+		if out, err := c.Kubectl(t.Context(), "delete", "pod", "-n", in.NS, "sbx-"+strings.TrimPrefix(other.ID, "sbx_"), "--wait=false"); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		got := in.WaitState(in.Token, other.ID, "quarantined")
+		host, _ := exec.Command("uname", "-r").Output()
+		if got.Anomaly != "runtime_not_gvisor" || got.RuntimeObserved != "not-gvisor" || got.KernelRelease != strings.TrimSpace(string(host)) {
+			t.Fatalf("quarantined %q (%s), runtime_observed %q, kernel_release %q; want runtime_not_gvisor, not-gvisor, %q",
+				got.Anomaly, got.Reason, got.RuntimeObserved, got.KernelRelease, strings.TrimSpace(string(host)))
+		}
+		if _, errOut, code := cliExec(in, in.Token, "", other.ID, "--", "true"); code == 0 || !strings.Contains(errOut, "quarantined") {
+			t.Fatalf("exec into a sandbox seen outside gVisor: %d %q", code, errOut)
+		}
 	})
 	t.Run("delete", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)

@@ -84,7 +84,7 @@ func SharedCluster(t testing.TB) *localcluster.Cluster {
 // needs it, and it waits for another test process's to stop. A machine
 // where hiloop cannot run one skips the test when not root, and fails it
 // when root (as CI runs): there, a real node is what is under test.
-func NewRealCluster(t testing.TB) *localcluster.Cluster {
+func NewRealCluster(t testing.TB, opts ...func(*localcluster.Options)) *localcluster.Cluster {
 	t.Helper()
 	bin := Binary(t)
 	if err := localcluster.RealNodeSupported(os.Getenv("HILOOP_CLUSTER_BIN")); err != nil {
@@ -95,7 +95,11 @@ func NewRealCluster(t testing.TB) *localcluster.Cluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), realClusterBudget)
 	defer cancel()
-	c, err := localcluster.Start(ctx, localcluster.Options{Log: testLog{t}, RealNode: true, HiloopBinary: bin})
+	o := localcluster.Options{Log: testLog{t}, RealNode: true, HiloopBinary: bin}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c, err := localcluster.Start(ctx, o)
 	if c != nil {
 		t.Cleanup(func() {
 			if err := c.Stop(); err != nil {

@@ -99,6 +99,11 @@ type Options struct {
 	// ImageArchives are image tarballs (docker save, or OCI layout) the
 	// real node can run, besides busybox and hiloop's own.
 	ImageArchives []string
+	// RuncHandler, for tests only, gives the real node a second runtime
+	// handler, runc (Debian's, from build.sh): a RuntimeClass whose handler
+	// is runc runs pods outside gVisor, on this host's kernel, which is
+	// what runtime attestation must catch. hiloop dev never sets it.
+	RuncHandler bool
 }
 
 // SimulatedTaint keeps sandboxes off kwok's simulated node when the

@@ -206,6 +206,11 @@ func (c *Cluster) startRealNode(ctx context.Context, o Options) error {
 		}
 	}
 
+	if o.RuncHandler {
+		if _, err := os.Stat(filepath.Join(c.bin, "runc")); err != nil {
+			return fmt.Errorf("a runc handler needs runc from testdata/cluster/build.sh: %w", err)
+		}
+	}
 	imgs, err := StartImages(ctx, ImageOptions{BinDir: c.bin, HiloopBinary: o.HiloopBinary, Archives: o.ImageArchives})
 	if err != nil {
 		return fmt.Errorf("images: %w", err)
@@ -216,7 +221,7 @@ func (c *Cluster) startRealNode(ctx context.Context, o Options) error {
 	}
 	pki := filepath.Join(c.Workdir, "clusters", c.name, "pki")
 	files := map[string]string{
-		"containerd.toml":              containerdConfig(dir, c.bin),
+		"containerd.toml":              containerdConfig(dir, c.bin, o.RuncHandler),
 		"runsc.toml":                   runscConfig(dir, c.bin),
 		"cni/net.d/10-hiloop.conflist": cniConfig(dir),
 		"kubelet.yaml":                 kubeletConfig(dir, filepath.Join(pki, "ca.crt")),
@@ -336,10 +341,18 @@ fi
 `
 
 // containerdConfig runs containerd with its state in dir, gVisor as the
-// only runtime (a pod of any runtime class runs under runsc: this node has
-// no runc), the node's CNI bridge, and the local image mirror for every
-// registry.
-func containerdConfig(dir, bin string) string {
+// default and only runtime (a pod of any runtime class runs under runsc:
+// this node has no runc) unless runc is asked for (Options.RuncHandler),
+// the node's CNI bridge, and the local image mirror for every registry.
+func containerdConfig(dir, bin string, runc bool) string {
+	extra := ""
+	if runc {
+		extra = `    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "` + bin + `/runc"
+`
+	}
 	return `version = 3
 root = "` + dir + `/containerd/root"
 state = "` + dir + `/containerd/state"
@@ -364,7 +377,7 @@ state = "` + dir + `/containerd/state"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "` + dir + `/runsc.toml"
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
+` + extra + `  [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["` + bin + `"]
     conf_dir = "` + dir + `/cni/net.d"
 `

@@ -67,35 +67,42 @@ gvisor_shim() {
 	rm -rf "$work"
 }
 
-# busybox_static copies the static busybox of Debian's busybox-static package,
-# unpacked without installing it, to $bin/busybox: the local cluster's
-# busybox and pause images are made from it (k8s/localcluster/images.go).
-busybox_static() {
-	[ -x "$bin/busybox" ] && return 0
-	echo "fetching busybox-static ..." >&2
+# debian_binary PACKAGE FILE NAME [static] copies FILE of Debian's PACKAGE,
+# unpacked without installing it, to $bin/NAME; with "static", only if it
+# is statically linked.
+debian_binary() {
+	local pkg=$1 file=$2 name=$3 static=${4:-}
+	[ -x "$bin/$name" ] && return 0
+	echo "fetching $pkg ..." >&2
 	local tmp
-	tmp=$(mktemp -d "$bin/.busybox.XXXXXX")
+	tmp=$(mktemp -d "$bin/.$name.XXXXXX")
 	# Run as root, apt hands the download to its _apt user, which cannot
 	# write into a private temporary directory.
-	local get="apt-get -q -o APT::Sandbox::User=root download busybox-static"
+	local get="apt-get -q -o APT::Sandbox::User=root download $pkg"
 	if ! (cd "$tmp" && $get >&2); then
 		# A fresh machine may have no package lists yet; root can fetch them.
 		if [ "$(id -u)" != 0 ] || ! apt-get -q update >&2 || ! (cd "$tmp" && $get >&2); then
-			echo "build.sh: apt-get download busybox-static failed (run apt-get update first?)" >&2
+			echo "build.sh: apt-get download $pkg failed (run apt-get update first?)" >&2
 			exit 1
 		fi
 	fi
-	dpkg-deb -x "$tmp"/busybox-static_*.deb "$tmp/root"
-	# ldd fails on a static binary: one that links libc would not run in
-	# an image that has none.
-	if ldd "$tmp/root/bin/busybox" >/dev/null 2>&1; then
-		echo "build.sh: busybox-static's bin/busybox is dynamically linked" >&2
+	dpkg-deb -x "$tmp"/"$pkg"_*.deb "$tmp/root"
+	# ldd fails on a static binary.
+	if [ "$static" = static ] && ldd "$tmp/root/$file" >/dev/null 2>&1; then
+		echo "build.sh: $pkg's $file is dynamically linked" >&2
 		exit 1
 	fi
-	mv -f "$tmp/root/bin/busybox" "$bin/busybox"
+	mv -f "$tmp/root/$file" "$bin/$name"
 	rm -rf "$tmp"
 }
-busybox_static
+
+# busybox must be static: the local cluster's busybox and pause images are
+# made from it (k8s/localcluster/images.go), with no libc beside it. runc
+# is only for the tests that show what runtime attestation does with a pod
+# outside gVisor (localcluster.Options.RuncHandler); it runs on this host,
+# with its libraries.
+debian_binary busybox-static bin/busybox busybox static
+debian_binary runc usr/sbin/runc runc
 
 # The control plane, and the real node's parts in a second lane beside it: a
 # Go build leaves a core idle in its long serial steps (linking), which the

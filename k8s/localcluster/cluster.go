@@ -16,6 +16,7 @@ package localcluster
 //go:generate go run gen.go
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -73,6 +74,22 @@ const (
 //
 //go:embed assets/sandbox-crd.yaml
 var SandboxCRD []byte
+
+// VolumeDir is where the local cluster's volumes (the hostPath PVs of
+// kwok's volume stage) live on a real node: under /var/lib, the node's own
+// directory.
+const VolumeDir = "/var/lib/hiloop-volumes"
+
+// StageVolumeDir moves the hostPath directories of kwok's volume stage
+// from kwok's /tmp/kwok-local-path-provisioner to VolumeDir, and fails if
+// the stage no longer names that directory.
+func StageVolumeDir(stage []byte) ([]byte, error) {
+	const kwokDir = "/tmp/kwok-local-path-provisioner/"
+	if !bytes.Contains(stage, []byte(kwokDir)) {
+		return nil, fmt.Errorf("kwok's volume stage no longer names %s", kwokDir)
+	}
+	return bytes.ReplaceAll(stage, []byte(kwokDir), []byte(VolumeDir+"/")), nil
+}
 
 // KwokStages are the kwok Stage files the cluster runs (see gen.go).
 //
@@ -597,6 +614,11 @@ func TrimCRD(raw []byte) ([]byte, error) {
 // the cluster runs: kwokctl's defaults for nodes and pods, plus fake volume
 // provisioning. Listing any stage replaces kwokctl's defaults, so the
 // defaults are listed too.
+//
+// The volume stage's hostPath directories move from kwok's
+// /tmp/kwok-local-path-provisioner to VolumeDir (StageVolumeDir): where a
+// real node makes them, /var/lib is its own directory (node.go), torn down
+// with it, while /tmp would be this host's and outlive the cluster.
 var KwokStageFiles = []string{
 	"kustomize/stage/node/fast/node-initialize.yaml",
 	"kustomize/stage/node/heartbeat/node-heartbeat.yaml",

@@ -1,5 +1,5 @@
 # hiloop's two set-up commands, and a few more.
-#   make run    build what is missing, start a local simulated cluster, serve against it
+#   make run    build what is missing, start a local cluster (a real gVisor node where the machine can run one), serve against it
 #   make test   the whole test suite, real local cluster included
 SHELL := /bin/bash
 export PATH := $(PATH):/usr/local/go/bin

@@ -30,7 +30,7 @@ var version = "dev"
 // CLI is the whole command-line grammar.
 type CLI struct {
 	Serve     ServeCmd     `cmd:"" help:"Run the control plane: HTTP API, status mirror and product record."`
-	Dev       DevCmd       `cmd:"" help:"Start a local simulated cluster (no Docker needed) and serve against it."`
+	Dev       DevCmd       `cmd:"" help:"Start a local cluster (no Docker needed) and serve against it: its node runs sandboxes under gVisor where this machine can, else simulates them (--node)."`
 	Sandbox   SandboxCmd   `cmd:"" help:"Create, inspect and control sandboxes through the API."`
 	Org       OrgCmd       `cmd:"" help:"Manage organizations in the database file (offline admin)."`
 	Key       KeyCmd       `cmd:"" help:"Manage API keys: offline with --db, or your own org's through the API."`
@@ -65,7 +65,7 @@ func newParser(ctx context.Context, grammar any, stdout io.Writer) (*kong.Kong, 
 	return kong.New(grammar,
 		kong.Name("hiloop"),
 		kong.Description("hiloop runs untrusted sandboxes on Kubernetes, one gVisor pod each, and reaches into them.\n\n"+
-			"Run the control plane with `hiloop serve` (or `hiloop dev` for a local simulated cluster);\n"+
+			"Run the control plane with `hiloop serve` (or `hiloop dev` for a local cluster);\n"+
 			"drive it with `hiloop sandbox ...`, configured by HILOOP_URL and HILOOP_TOKEN."),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),

@@ -25,7 +25,7 @@ import (
 // and a terminal (its size and a resize) from a real kubelet, files both ways, a file written in
 // the sandbox that is not on the host, ssh and ssh -L through the session
 // helper container in the pod to a server that listens only inside it,
-// stop, start, idle stop and wake, a workload's own exit, a delete behind
+// stop, start, a volume across them, idle stop and wake, a workload's own exit, a delete behind
 // hiloop's back, TTL, delete, admission, what attestation recorded, and a
 // pod that runs outside gVisor (runc) quarantined runtime_not_gvisor.
 func TestRealNode(t *testing.T) {
@@ -54,8 +54,14 @@ func TestRealNode(t *testing.T) {
 			got = in.Get(in.Token, sb.ID)
 			return got.RuntimeObserved != "", nil
 		})
-		if got.RuntimeObserved != "gvisor" || got.KernelRelease != "4.19.0-gvisor" || got.State != "running" {
-			t.Fatalf("observed %q %q, state %s", got.RuntimeObserved, got.KernelRelease, got.State)
+		if got.RuntimeObserved != "gvisor" || got.KernelRelease != "4.19.0-gvisor" || got.State != "running" || got.Isolation != "gvisor" || got.Anomaly != "" {
+			t.Fatalf("observed %q %q, state %s, isolation %q, anomaly %q", got.RuntimeObserved, got.KernelRelease, got.State, got.Isolation, got.Anomaly)
+		}
+		// The mirror held the real pod to the receipt it carries.
+		receipt, err := c.Kubectl(t.Context(), "get", "pod", "-n", in.NS, "sbx-"+strings.TrimPrefix(sb.ID, "sbx_"),
+			"-o", `jsonpath={.metadata.annotations.hiloop\.dev/runtime-receipt}`)
+		if err != nil || !strings.Contains(receipt, `"runtime_class":"gvisor"`) {
+			t.Fatalf("the pod's receipt: %q %v", receipt, err)
 		}
 	})
 	t.Run("exit codes", func(t *testing.T) {
@@ -163,6 +169,22 @@ func TestRealNode(t *testing.T) {
 		if out, _, code := exec1("", "uname", "-r"); code != 0 || !strings.Contains(out, "gvisor") {
 			t.Fatalf("after start: %d %q", code, out)
 		}
+	})
+	t.Run("a volume survives stop and start, and is not on the host", func(t *testing.T) {
+		v := in.Create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--wait")
+		if _, errOut, code := cliExec(in, in.Token, "", v.ID, "--", "sh", "-c", "echo kept > /data/f"); code != 0 {
+			t.Fatalf("write to the volume: %d %s", code, errOut)
+		}
+		in.MustCLI(in.Token, "sandbox", "stop", v.ID)
+		in.WaitState(in.Token, v.ID, "stopped")
+		in.MustCLI(in.Token, "sandbox", "start", v.ID, "--wait")
+		if out, errOut, code := cliExec(in, in.Token, "", v.ID, "--", "cat", "/data/f"); code != 0 || out != "kept\n" {
+			t.Fatalf("the volume after a stop and a start: %d %q %q", code, out, errOut)
+		}
+		if _, err := os.Stat(localcluster.VolumeDir); !os.IsNotExist(err) {
+			t.Fatalf("%s is on the host: %v", localcluster.VolumeDir, err)
+		}
+		in.MustCLI(in.Token, "sandbox", "delete", v.ID)
 	})
 	t.Run("idle stop and wake", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "idle-timeout", sb.ID, "2s")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/internal/tlstest"
 )
 
@@ -32,16 +33,6 @@ func keyed(t *testing.T, o Options) (*Agent, string, ed25519.PrivateKey) {
 	o.SandboxID, o.AuthorizedKeysFile = "sbx_a", keys
 	a, addr := serve(t, o)
 	return a, addr, key
-}
-
-// eventuallyTrue polls cond for up to ten seconds.
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-	}
 }
 
 // TestAgentHandshakeCap: connections that never finish their handshake
@@ -63,7 +54,7 @@ func TestAgentHandshakeCap(t *testing.T) {
 		}
 		silent = append(silent, c)
 	}
-	eventuallyTrue(t, "four handshakes under way", func() bool { return len(a.handshakes) == 4 })
+	eventually.True(t, "four handshakes under way", func() bool { return len(a.handshakes) == 4 })
 	for i := range 50 {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -83,13 +74,13 @@ func TestAgentHandshakeCap(t *testing.T) {
 		c.Close()
 	}
 	silent = nil
-	eventuallyTrue(t, "the places freed", func() bool { return len(a.handshakes) == 0 })
+	eventually.True(t, "the places freed", func() bool { return len(a.handshakes) == 0 })
 	m, err := dial(t, addr, "sbx_a", key)
 	if err != nil {
 		t.Fatalf("the gateway once the silent connections left: %v", err)
 	}
 	m.Close()
-	eventuallyTrue(t, "the gateway's handshake freed its place", func() bool { return len(a.handshakes) == 0 })
+	eventually.True(t, "the gateway's handshake freed its place", func() bool { return len(a.handshakes) == 0 })
 }
 
 func isTimeout(err error) bool {
@@ -203,7 +194,7 @@ func TestAgentDialsOnlyLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Close()
-	eventuallyTrue(t, "the one allowed dial", func() bool { return dialled.Load() == 1 })
+	eventually.True(t, "the one allowed dial", func() bool { return dialled.Load() == 1 })
 	time.Sleep(50 * time.Millisecond)
 	if n := dialled.Load(); n != 1 {
 		t.Errorf("%d dials, want the one for 127.0.0.1", n)

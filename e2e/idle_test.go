@@ -20,6 +20,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // idleSandbox is what the idle tests read of a sandbox.
@@ -64,7 +65,7 @@ func eventsOf(t testing.TB, in *e2e.Instance, token, id string) []idleEvent {
 func waitIdleStopped(t testing.TB, in *e2e.Instance, token, id string) idleSandbox {
 	t.Helper()
 	var sb idleSandbox
-	e2e.Eventually(t, id+" stopped for idleness", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, id+" stopped for idleness", 60*time.Second, func() (bool, error) {
 		sb = getIdle(t, in, token, id)
 		return sb.State == "stopped" && sb.StoppedBy == "idle", fmt.Errorf("state %s, desired %s, stopped_by %q", sb.State, sb.Desired, sb.StoppedBy)
 	})
@@ -176,7 +177,7 @@ func TestIdleStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{viaSSH, viaForward, viaExec} {
-		e2e.Eventually(t, id+" in use", 20*time.Second, func() (bool, error) {
+		eventually.Within(t, id+" in use", 20*time.Second, func() (bool, error) {
 			// Each use is written to the record as it begins.
 			return getIdle(t, in, in.Token, id).LastActivityAt.After(before[id]), nil
 		})
@@ -409,7 +410,7 @@ func TestIdleClockSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { session.Process.Kill(); session.Wait() })
 	clock := getIdle(t, in, in.Token, idle.ID).LastActivityAt
-	e2e.Eventually(t, "the session counted as use", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "the session counted as use", 20*time.Second, func() (bool, error) {
 		return getIdle(t, in, in.Token, busy.ID).LastActivityAt.After(clock), nil
 	})
 	time.Sleep(4 * time.Second)

@@ -311,6 +311,10 @@ func TestExecTTYWithResize(t *testing.T) {
 			resize := make(chan k8s.TerminalSize, 2)
 			resize <- k8s.TerminalSize{Width: 80, Height: 24}
 			stdinR, stdinW := io.Pipe()
+			// The caller owns stdin and the resizes: the exec's goroutines
+			// that copy them end when they end.
+			defer close(resize)
+			defer stdinW.Close()
 			out := &e2e.SyncBuffer{}
 			done := make(chan struct{})
 			var st k8s.ExitStatus

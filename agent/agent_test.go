@@ -20,6 +20,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 func newKey(t *testing.T) ed25519.PrivateKey {
@@ -327,16 +328,12 @@ func TestAgentTooManyStreams(t *testing.T) {
 		t.Fatalf("a third stream: %v, want refused as too many", err)
 	}
 	first.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually.Within(t, "a stream after one closed", eventually.Patience, func() (bool, error) {
 		st, err := open(m, "localhost", port)
-		if err == nil {
-			st.Close()
-			break
+		if err != nil {
+			return false, err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a stream after one closed: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		st.Close()
+		return true, nil
+	})
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -228,11 +230,23 @@ func TestResolveIsBoundedAndAsync(t *testing.T) {
 	c, db, org := newControl(t, fc)
 	ctx := context.Background()
 	sb, _, _ := db.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
-	start := time.Now()
-	c.ResolvePending(sb.ID)
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("ResolvePending blocked for %s", d)
+	// The test holds the sandbox's lock, which every attempt takes: a
+	// ResolvePending that attempted in line would never return.
+	unlock := c.locks.lock(sb.ID)
+	returned := make(chan struct{})
+	go func() {
+		c.ResolvePending(sb.ID)
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(eventually.Patience):
+		t.Fatal("ResolvePending waits for its attempt")
 	}
+	if calls := fc.Calls(); len(calls) != 0 {
+		t.Fatalf("calls %q while the lock is held", calls)
+	}
+	unlock()
 	// Two attempts at least, each ended by the 1s cluster timeout.
 	waitCalls(t, fc, "exists "+sb.ID, 2)
 	if got, _ := db.SandboxAnyOrg(ctx, sb.ID); got.State != store.StatePending {
@@ -242,52 +256,62 @@ func TestResolveIsBoundedAndAsync(t *testing.T) {
 
 func waitCalls(t *testing.T, fc *controltest.Cluster, call string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	eventually.True(t, fmt.Sprintf("%d calls %q", n, call), func() bool {
 		got := 0
 		for _, c := range fc.Calls() {
 			if c == call {
 				got++
 			}
 		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls %q, want %d", got, call, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return got >= n
+	})
 }
 
 // TestRunPrunesEvents: with a retention, Run prunes older state
-// transitions at once; without one it keeps them.
+// transitions at once; without one it keeps them, past its first sweep.
 func TestRunPrunesEvents(t *testing.T) {
 	for _, retention := range []time.Duration{0, time.Hour} {
 		c, db, org := newControl(t, &controltest.Cluster{})
-		sb, _, err := c.Create(context.Background(), Caller{OrgID: org.ID}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+		ctx := context.Background()
+		key, _, err := db.CreateKey(ctx, org.ID, "k")
 		if err != nil {
 			t.Fatal(err)
 		}
+		who := Caller{OrgID: org.ID, KeyID: key.ID}
+		sb, _, err := c.Create(ctx, who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A session of a sandbox that stopped, which Run's first sweep
+		// ends: the sign that Run is past deciding whether to prune.
+		db.Observe(ctx, sb.ID, store.Observation{State: store.StateRunning})
+		s, err := c.Admit(ctx, who, sb.ID, "exec")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.End()
+		db.Observe(ctx, sb.ID, store.Observation{State: store.StateStopped})
 		c.o.EventRetention = retention
+		c.o.SweepInterval = 10 * time.Millisecond
 		c.o.Now = func() time.Time { return time.Now().Add(2 * time.Hour) }
-		ctx, cancel := context.WithCancel(context.Background())
+		runCtx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { c.Run(ctx); close(done) }()
-		deadline := time.Now().Add(5 * time.Second)
-		var evs []store.Event
-		for time.Now().Before(deadline) {
-			evs, _ = db.Events(context.Background(), org.ID, sb.ID)
-			if len(evs) == 0 {
-				break
+		go func() { c.Run(runCtx); close(done) }()
+		eventually.True(t, "the first sweep", func() bool { return s.Context().Err() != nil })
+		events := func() int {
+			evs, err := db.Events(ctx, org.ID, sb.ID)
+			if err != nil {
+				t.Fatal(err)
 			}
-			time.Sleep(20 * time.Millisecond)
+			return len(evs)
+		}
+		if retention > 0 {
+			eventually.True(t, "the events pruned", func() bool { return events() == 0 })
+		} else if n := events(); n == 0 {
+			t.Errorf("no retention: the events were pruned")
 		}
 		cancel()
 		<-done
-		if (retention > 0) != (len(evs) == 0) {
-			t.Errorf("retention %s: %d events left", retention, len(evs))
-		}
 	}
 }
 
@@ -313,9 +337,7 @@ func TestWaitWhileEndsAtShutdown(t *testing.T) {
 		got, err := c.WaitWhile(context.Background(), who, sb.ID, store.StatePending, time.Minute)
 		done <- answer{got, err}
 	}()
-	for db.Waiting() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	eventually.True(t, "the long poll waiting", func() bool { return db.Waiting() > 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Close(ctx); err != nil {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -489,7 +490,7 @@ func liftPodSecurity(t *testing.T, ns string, probe func() error) {
 	e2e.Kubectl(t, "label", "namespace", ns, "pod-security.kubernetes.io/enforce-", "pod-security.kubernetes.io/enforce-version-",
 		"pod-security.kubernetes.io/audit-", "pod-security.kubernetes.io/audit-version-",
 		"pod-security.kubernetes.io/warn-", "pod-security.kubernetes.io/warn-version-")
-	e2e.Eventually(t, "Pod Security lifted", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "Pod Security lifted", 30*time.Second, func() (bool, error) {
 		err := probe()
 		return err != nil && !strings.Contains(err.Error(), "PodSecurity"), err
 	})
@@ -551,7 +552,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	}
 	livePod := func(id string) *corev1.Pod {
 		var pod *corev1.Pod
-		e2e.Eventually(t, "pod of "+id+" running", 60*time.Second, func() (bool, error) {
+		eventually.Within(t, "pod of "+id+" running", 60*time.Second, func() (bool, error) {
 			p, err := admin.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName(id), metav1.GetOptions{})
 			if err != nil {
 				return false, err
@@ -572,7 +573,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	if err := w.SetMode(ctx, "sbx_admission", store.ModeStopped); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	e2e.Eventually(t, "pod gone after stop", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "pod gone after stop", 60*time.Second, func() (bool, error) {
 		_, err := admin.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName("sbx_admission"), metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})
@@ -592,7 +593,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("rotation: %d patched, %v", n, err)
 	}
-	e2e.Eventually(t, "rotated key on the live pod", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "rotated key on the live pod", 30*time.Second, func() (bool, error) {
 		p, err := admin.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName("sbx_admission"), metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -848,7 +849,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	// Security lifted, so that the refusal is the policy's); a conforming
 	// one is admitted. Tolerations added later are refused too.
 	var pod *corev1.Pod
-	e2e.Eventually(t, "pod running", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "pod running", 60*time.Second, func() (bool, error) {
 		p, err := admin.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -972,7 +973,7 @@ func TestAdmissionValues(t *testing.T) {
 		s.NodeSelector = map[string]string{"pool": "sandboxes", "runtime": "gvisor"}
 	})
 	// Admission picks up the changed policies a moment later.
-	e2e.Eventually(t, "the values admitted", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "the values admitted", 30*time.Second, func() (bool, error) {
 		err := create(allowed)
 		return err == nil, err
 	})

@@ -15,6 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -334,7 +335,7 @@ spec:
 	// The API server loads policies asynchronously: retry until it refuses.
 	var status int
 	var body string
-	e2e.Eventually(t, "policy in force", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "policy in force", 30*time.Second, func() (bool, error) {
 		status, body = tryCreate(t, in)
 		return status != http.StatusCreated, nil
 	})
@@ -343,7 +344,7 @@ spec:
 		t.Fatalf("refused create: %d %s", status, body)
 	}
 	// The log reaches the test through a pipe, after the answer.
-	e2e.Eventually(t, "the refusal in the log", 10*time.Second, func() (bool, error) {
+	eventually.Within(t, "the refusal in the log", 10*time.Second, func() (bool, error) {
 		return strings.Contains(in.Out.String(), "sandboxes are closed"), fmt.Errorf("log:\n%s", in.Out.String())
 	})
 	list := in.MustCLI(in.Token, "sandbox", "list", "--state", "failed", "-o", "json")

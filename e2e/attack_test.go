@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // Attacks on what a stranger or a tenant can open, each once a way to hold
@@ -72,7 +73,7 @@ func TestAttackHTTPHeldConnections(t *testing.T) {
 	nc.(*net.TCPConn).SetReadBuffer(4 << 10)
 	fmt.Fprintf(nc, "POST /v1/sandboxes/%s/exec/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		sb.ID, in.Token, len(body), body)
-	e2e.Eventually(t, "serve let go of a connection whose client never read its answer", clientPatience, func() (bool, error) {
+	eventually.Within(t, "serve let go of a connection whose client never read its answer", clientPatience, func() (bool, error) {
 		return !serveHolds(t, nc), errors.New("serve still holds it")
 	})
 
@@ -84,7 +85,7 @@ func TestAttackHTTPHeldConnections(t *testing.T) {
 	for range 5 {
 		partial = append(partial, dial("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "))
 	}
-	e2e.Eventually(t, "serve reading the headers of two of them", clientPatience, func() (bool, error) {
+	eventually.Within(t, "serve reading the headers of two of them", clientPatience, func() (bool, error) {
 		n := 0
 		for _, nc := range partial {
 			nc.Write([]byte("a")) // a read more: only a request needing several holds a place
@@ -152,13 +153,13 @@ func TestAttackSSHChannelsOnOneConnection(t *testing.T) {
 		}
 		held = append(held, cmd)
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		e2e.Eventually(t, fmt.Sprintf("held session %d running", i), 30*time.Second, func() (bool, error) {
+		eventually.Within(t, fmt.Sprintf("held session %d running", i), 30*time.Second, func() (bool, error) {
 			return strings.Contains(out.String(), "started"), errors.New(out.String())
 		})
 	}
 	// The stock client says the master refused the session, and then
 	// opens a connection of its own, which has places of its own.
-	e2e.Eventually(t, "a fourth session refused on the master connection", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "a fourth session refused on the master connection", 30*time.Second, func() (bool, error) {
 		_, errOut, _ := u.ssh("", mux("-v", "-o", "ControlMaster=no", sb.ID+"@127.0.0.1", "echo fourth")...)
 		return strings.Contains(errOut, "Session open refused by peer"), errors.New(errOut)
 	})
@@ -167,7 +168,7 @@ func TestAttackSSHChannelsOnOneConnection(t *testing.T) {
 	}
 	held[0].Process.Kill()
 	held[0].Wait()
-	e2e.Eventually(t, "a session on the master again once one ended", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "a session on the master again once one ended", 30*time.Second, func() (bool, error) {
 		out, errOut, code := u.ssh("", mux("-v", "-o", "ControlMaster=no", sb.ID+"@127.0.0.1", "echo again")...)
 		return code == 0 && out == "again\n" && !strings.Contains(errOut, "refused"), errors.New(errOut)
 	})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // TestRuntimeAttestationQuarantinesKwok turns runtime attestation on for one
@@ -62,7 +63,7 @@ func TestRuntimeAttestationQuarantinesKwok(t *testing.T) {
 	in.WaitState(in.Token, sb.ID, "stopped")
 	in.MustCLI(in.Token, "sandbox", "start", sb.ID)
 	check(in.WaitState(in.Token, sb.ID, "quarantined"))
-	e2e.Eventually(t, "two attestations counted", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "two attestations counted", 30*time.Second, func() (bool, error) {
 		resp, err := http.Get(in.MetricsURL)
 		if err != nil {
 			return false, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -61,7 +62,7 @@ func TestBackupAndRestore(t *testing.T) {
 	again.Token = in.Token
 	again.WaitState(in.Token, kept.ID, "running")
 	again.WaitState(in.Token, gone.ID, "lost")
-	e2e.Eventually(t, "the orphan reported", 10*time.Second, func() (bool, error) {
+	eventually.Within(t, "the orphan reported", 10*time.Second, func() (bool, error) {
 		out := again.Out.String()
 		return strings.Contains(out, "no record knows") && strings.Contains(out, k8s.ObjectName(orphan.ID)), fmt.Errorf("log:\n%s", out)
 	})

@@ -30,6 +30,7 @@ import (
 
 	"github.com/hiloop/hiloop/internal/benchplot"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -185,7 +186,7 @@ func (w *readyWatch) waitPods(b *testing.B, ids []string) { w.waitAll(b, ids, w.
 func (w *readyWatch) waitSandboxes(b *testing.B, ids []string) { w.waitAll(b, ids, w.sb, "Sandbox") }
 
 func (w *readyWatch) waitAll(b *testing.B, ids []string, m map[string]time.Time, what string) {
-	e2e.Eventually(b, "every "+what+" seen Ready", time.Minute, func() (bool, error) {
+	eventually.Within(b, "every "+what+" seen Ready", time.Minute, func() (bool, error) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for _, id := range ids {
@@ -515,7 +516,7 @@ func BenchmarkReadsDuringCreates(b *testing.B) {
 // settled waits until no sandbox of the organization is pending or
 // starting, so the mirror's work on them is done.
 func settled(b *testing.B, in *e2e.Instance, token string) {
-	e2e.Eventually(b, "every sandbox started", 20*time.Minute, func() (bool, error) {
+	eventually.Within(b, "every sandbox started", 20*time.Minute, func() (bool, error) {
 		for _, state := range []string{"pending", "starting"} {
 			_, body := in.Call(token, "GET", "/v1/sandboxes?limit=1&state="+state, "")
 			var list struct{ Items []struct{ ID string } }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -111,7 +112,7 @@ func checkConverged(t *testing.T, in *e2e.Instance, token, ns string, created, d
 			t.Fatalf("acknowledged delete of %s is not recorded (desired %s)", id, sb.Desired)
 		}
 	}
-	e2e.Eventually(t, "no record pending", 90*time.Second, func() (bool, error) {
+	eventually.Within(t, "no record pending", 90*time.Second, func() (bool, error) {
 		for id := range created {
 			if sb := in.Get(token, id); sb.State == "pending" {
 				return false, fmt.Errorf("%s is still pending", id)

@@ -21,6 +21,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -248,7 +249,7 @@ func TestExecLimitsAndCancel(t *testing.T) {
 	}
 	hold.Close()
 	hold2.Close()
-	e2e.Eventually(t, "slots released", 10*time.Second, func() (bool, error) {
+	eventually.Within(t, "slots released", 10*time.Second, func() (bool, error) {
 		s, _ := in.Call(in.Token, "POST", "/v1/sandboxes/"+c.ID+"/exec/run", `{"command":["true"]}`)
 		return s == 200, nil
 	})
@@ -262,13 +263,13 @@ func TestExecLimitsAndCancel(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e2e.Eventually(t, "remote command started", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) > 0, nil })
+	eventually.Within(t, "remote command started", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) > 0, nil })
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
 		t.Fatalf("Ctrl-C: %v, want exit 130", err)
 	}
-	e2e.Eventually(t, "remote command cancelled", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) == 0, nil })
+	eventually.Within(t, "remote command cancelled", 10*time.Second, func() (bool, error) { return len(processesRunning("yes\x00"+marker)) == 0, nil })
 }
 
 // processesRunning lists pids whose command line starts with s.
@@ -346,11 +347,11 @@ func TestExecTTYInTerminal(t *testing.T) {
 	// kwok's exec does not end a command whose stream closed.
 	t.Cleanup(func() { e2e.KillExecProcs(t, regexp.MustCompile("while :; do stty size")) })
 	term := e2e.Tmux(t, 100, 30, shell)
-	e2e.Eventually(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "remote sees 30 rows, 100 columns", 20*time.Second, func() (bool, error) {
 		return strings.Contains(term.Screen(), "30 100"), nil
 	})
 	term.Resize(120, 40)
-	e2e.Eventually(t, "remote sees the resize", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "remote sees the resize", 20*time.Second, func() (bool, error) {
 		return strings.Contains(term.Screen(), "40 120"), nil
 	})
 }

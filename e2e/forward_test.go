@@ -22,6 +22,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	hlforward "github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -133,7 +134,7 @@ func roundTrip(t *testing.T, addr string, n int64) {
 // waitHelper waits until the sandbox's session helper listens.
 func waitHelper(t testing.TB, in *e2e.Instance, dir, id string) {
 	t.Helper()
-	e2e.Eventually(t, "helper listening", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "helper listening", 30*time.Second, func() (bool, error) {
 		return strings.Contains(helperLog(t, in, dir, id), "session helper listening"), nil
 	})
 }
@@ -195,7 +196,7 @@ func TestSSHForward(t *testing.T) {
 		_, err = hlforward.Handshake(nc, cfg)
 		return err
 	}
-	e2e.Eventually(t, "the helper takes the new key", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "the helper takes the new key", 60*time.Second, func() (bool, error) {
 		return dial(sb.ID, cur) == nil && dial(sb.ID, old) != nil, nil
 	})
 	if dial("gateway", cur) == nil {
@@ -232,7 +233,7 @@ func TestHelperHostKeyChange(t *testing.T) {
 	// cluster's runner starts it again, as a kubelet restarts a
 	// container: a new host key.
 	exec.Command("pkill", "-f", "agent --listen "+podIP+":2223").Run()
-	e2e.Eventually(t, "helper back", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "helper back", 30*time.Second, func() (bool, error) {
 		return strings.Count(helperLog(t, in, dir, sb.ID), "session helper listening") == 2, nil
 	})
 	errOut := forwardOnce(t, u, sb.ID, "localhost:"+port)

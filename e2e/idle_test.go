@@ -20,6 +20,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // idleSandbox is what the idle tests read of a sandbox.
@@ -64,7 +65,7 @@ func eventsOf(t testing.TB, in *e2e.Instance, token, id string) []idleEvent {
 func waitIdleStopped(t testing.TB, in *e2e.Instance, token, id string) idleSandbox {
 	t.Helper()
 	var sb idleSandbox
-	e2e.Eventually(t, id+" stopped for idleness", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, id+" stopped for idleness", 60*time.Second, func() (bool, error) {
 		sb = getIdle(t, in, token, id)
 		return sb.State == "stopped" && sb.StoppedBy == "idle", fmt.Errorf("state %s, desired %s, stopped_by %q", sb.State, sb.Desired, sb.StoppedBy)
 	})
@@ -76,15 +77,13 @@ func waitIdleStopped(t testing.TB, in *e2e.Instance, token, id string) idleSandb
 	return sb
 }
 
-// staysRunning fails t if any of the sandboxes (id: what keeps it awake)
-// is anything but running at any poll within d.
-func staysRunning(t testing.TB, in *e2e.Instance, token string, ids map[string]string, d time.Duration) {
+// stillRunning fails t if any of the sandboxes (id: what keeps it awake)
+// is anything but running.
+func stillRunning(t testing.TB, in *e2e.Instance, token string, ids map[string]string) {
 	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-		for id, what := range ids {
-			if sb := getIdle(t, in, token, id); sb.State != "running" || sb.Desired != "running" {
-				t.Fatalf("%s: the sandbox went %s (desired %s, stopped_by %q)", what, sb.State, sb.Desired, sb.StoppedBy)
-			}
+	for id, what := range ids {
+		if sb := getIdle(t, in, token, id); sb.State != "running" || sb.Desired != "running" {
+			t.Fatalf("%s: the sandbox went %s (desired %s, stopped_by %q)", what, sb.State, sb.Desired, sb.StoppedBy)
 		}
 	}
 }
@@ -144,12 +143,16 @@ func TestIdleStop(t *testing.T) {
 		before[id] = getIdle(t, in, in.Token, id).LastActivityAt
 	}
 
-	// An ssh session, a -L channel and an exec, each open for longer than
-	// three idle timeouts.
-	session := exec.Command("ssh", u.args(viaSSH+"@127.0.0.1", "sleep 20; echo done")...)
+	// An ssh session, a -L channel and an exec, each open until the test
+	// ends it.
+	session := exec.Command("ssh", u.args(viaSSH+"@127.0.0.1", "read x; echo done")...)
 	session.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	sessionOut := &e2e.SyncBuffer{}
 	session.Stdout = sessionOut
+	sessionIn, err := session.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := session.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -169,14 +172,18 @@ func TestIdleStop(t *testing.T) {
 		t.Fatalf("-L channel: %q %v", echo, err)
 	}
 	channel.SetDeadline(time.Time{})
-	execCmd := exec.Command(e2e.Binary(t), "sandbox", "exec", viaExec, "--", "sleep", "20")
+	execCmd := exec.Command(e2e.Binary(t), "sandbox", "exec", "-i", viaExec, "--", "sh", "-c", "read x")
 	execCmd.Env = in.Env(in.Token)
 	execCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	execIn, err := execCmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := execCmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{viaSSH, viaForward, viaExec} {
-		e2e.Eventually(t, id+" in use", 20*time.Second, func() (bool, error) {
+		eventually.Within(t, id+" in use", 20*time.Second, func() (bool, error) {
 			// Each use is written to the record as it begins.
 			return getIdle(t, in, in.Token, id).LastActivityAt.After(before[id]), nil
 		})
@@ -192,8 +199,15 @@ func TestIdleStop(t *testing.T) {
 	if out := in.MustCLI(in.Token, "sandbox", "list"); !regexp.MustCompile(idle + `\s+stopped \(idle\)`).MatchString(out) {
 		t.Errorf("sandbox list does not show the sandbox stopped for idleness:\n%s", out)
 	}
-	staysRunning(t, in, in.Token, map[string]string{viaSSH: "an open ssh session", viaForward: "an open -L channel", viaExec: "a running exec"}, 6*time.Second)
+	// A sandbox made after each use began, with three of their idle
+	// timeouts: the pass of the idle stop that stops it finds each of the
+	// others unused by the record for longer, and only its use can keep
+	// it running.
+	waitIdleStopped(t, in, in.Token, create("6s"))
+	stillRunning(t, in, in.Token, map[string]string{viaSSH: "an open ssh session", viaForward: "an open -L channel", viaExec: "a running exec"})
 
+	sessionIn.Write([]byte("end\n"))
+	execIn.Write([]byte("end\n"))
 	if err := session.Wait(); err != nil || sessionOut.String() != "done\n" {
 		t.Fatalf("ssh session: %v %q", err, sessionOut.String())
 	}
@@ -409,7 +423,7 @@ func TestIdleClockSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { session.Process.Kill(); session.Wait() })
 	clock := getIdle(t, in, in.Token, idle.ID).LastActivityAt
-	e2e.Eventually(t, "the session counted as use", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "the session counted as use", 20*time.Second, func() (bool, error) {
 		return getIdle(t, in, in.Token, busy.ID).LastActivityAt.After(clock), nil
 	})
 	time.Sleep(4 * time.Second)

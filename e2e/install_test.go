@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
@@ -86,7 +87,7 @@ func TestSelfCheck(t *testing.T) {
 
 	refused := func(object string) {
 		t.Helper()
-		e2e.Eventually(t, "creates refused naming "+object, 15*time.Second, func() (bool, error) {
+		eventually.Within(t, "creates refused naming "+object, 15*time.Second, func() (bool, error) {
 			// Created before the self-check noticed: deleted again.
 			status, body := tryCreate(t, in)
 			return status == 503 && errorCode(t, body) == "cluster_not_hardened" && strings.Contains(body, object), fmt.Errorf("%d %s", status, body)
@@ -105,7 +106,7 @@ func TestSelfCheck(t *testing.T) {
 	}
 	lifted := func() {
 		t.Helper()
-		e2e.Eventually(t, "refusal lifted", 15*time.Second, func() (bool, error) {
+		eventually.Within(t, "refusal lifted", 15*time.Second, func() (bool, error) {
 			status, body := in.Call("", "GET", "/readyz", "")
 			return status == 200 && strings.Contains(body, `"hardened"`), fmt.Errorf("%d %s", status, body)
 		})
@@ -205,7 +206,7 @@ func TestBrokenBoundaryServes(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	object := "ResourceQuota " + c.Namespace + "/" + k8s.QuotaName
-	e2e.Eventually(t, "creates refused naming the quota", 15*time.Second, func() (bool, error) {
+	eventually.Within(t, "creates refused naming the quota", 15*time.Second, func() (bool, error) {
 		status, body := tryCreate(t, in)
 		return status == 503 && errorCode(t, body) == "cluster_not_hardened" && strings.Contains(body, object) &&
 			strings.Contains(body, "above the chart's"), fmt.Errorf("%d %s", status, body)
@@ -237,7 +238,7 @@ func TestBrokenBoundaryServes(t *testing.T) {
 		"-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"100000"}}}`); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	e2e.Eventually(t, "refusal lifted", 15*time.Second, func() (bool, error) {
+	eventually.Within(t, "refusal lifted", 15*time.Second, func() (bool, error) {
 		status, body := in.Call("", "GET", "/readyz", "")
 		return status == 200 && strings.Contains(body, `"hardened"`), fmt.Errorf("%d %s", status, body)
 	})
@@ -285,7 +286,7 @@ func TestInsecureNoGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Admission picks up the changed policies a moment later.
-	e2e.Eventually(t, "a Sandbox without a runtime class admitted", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "a Sandbox without a runtime class admitted", 30*time.Second, func() (bool, error) {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_probe", OrgID: "org_probe", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
 			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []sandbox.Transport{sandbox.TransportExec}})
 		if err != nil {
@@ -337,7 +338,7 @@ func TestClusterQuota(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	e2e.Kubectl(t, "patch", "resourcequota", "-n", ns, k8s.QuotaName, "--type=merge", "-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"2"}}}`)
-	e2e.Eventually(t, "quota of 2 computed", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "quota of 2 computed", 30*time.Second, func() (bool, error) {
 		q, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), k8s.QuotaName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -444,7 +445,7 @@ current-context: c
 	in.MustCLI(in.Token, "sandbox", "ttl", sb.ID, "2h")
 	in.MustCLI("", "ssh-rotate-agent-key", "--kubeconfig", kubeconfig, "--namespace", k8s.DefaultNamespace)
 	local2, _, _ := forward(t, u, sb.ID, port)
-	e2e.Eventually(t, "-L with the rotated key", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "-L with the rotated key", 60*time.Second, func() (bool, error) {
 		c, err := net.Dial("tcp", local2)
 		if err != nil {
 			return false, err

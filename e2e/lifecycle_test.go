@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 )
@@ -60,7 +61,7 @@ func TestServeBootstrapKeyOnATerminal(t *testing.T) {
 		"--db", db, "--kubeconfig", c.Kubeconfig, "--namespace", e2e.NewNamespace(t), "--storage-classes", "kwok-volume"}, " ")+
 		"; sleep 600") // the window stays, with what serve said, should it fail
 	var shown string
-	e2e.Eventually(t, "the key on the terminal", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "the key on the terminal", 60*time.Second, func() (bool, error) {
 		screen := term.Screen()
 		if strings.Contains(screen, "hiloop: error") {
 			t.Fatalf("serve failed:\n%s", screen)
@@ -170,7 +171,7 @@ func TestLifecycleWithVolume(t *testing.T) {
 
 	in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
 	in.MustCLI(in.Token, "sandbox", "wait", sb.ID, "--for", "deleted", "--timeout", "60s")
-	e2e.Eventually(t, "claim collected", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "claim collected", 60*time.Second, func() (bool, error) {
 		out, _ := e2e.SharedCluster(t).Kubectl(context.Background(), "get", "pvc", "-n", in.NS, claim)
 		return strings.Contains(out, "NotFound"), nil
 	})
@@ -236,7 +237,7 @@ func devCommand(t *testing.T, node string) {
 	go func() { done <- cmd.Wait() }()
 	var url, workdir string
 	// The real node waits for another test process's to stop.
-	e2e.Eventually(t, "dev serving", 10*time.Minute, func() (bool, error) {
+	eventually.Within(t, "dev serving", 10*time.Minute, func() (bool, error) {
 		if m := e2e.ServingRE.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 		}
@@ -245,7 +246,7 @@ func devCommand(t *testing.T, node string) {
 		}
 		return url != "" && workdir != "", fmt.Errorf("output so far:\n%s", out.String())
 	})
-	e2e.Eventually(t, "dev /readyz", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "dev /readyz", 30*time.Second, func() (bool, error) {
 		resp, err := http.Get(url + "/readyz")
 		if err != nil {
 			return false, err
@@ -283,7 +284,7 @@ func devCommand(t *testing.T, node string) {
 		cmd.Process.Kill()
 		t.Fatal("dev did not stop on SIGINT")
 	}
-	e2e.Eventually(t, "dev's cluster gone", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "dev's cluster gone", 60*time.Second, func() (bool, error) {
 		_, err := os.Stat(workdir)
 		return os.IsNotExist(err), err
 	})

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -212,7 +213,7 @@ func TestAnswersWhileTheAPIServerHangs(t *testing.T) {
 		t.Fatalf("resident memory grew from %d KB to %d KB over the stall", rssBefore, rss)
 	}
 	// The requests made during the stall left nothing running behind.
-	e2e.Eventually(t, "goroutines back to their level", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "goroutines back to their level", 30*time.Second, func() (bool, error) {
 		n := goroutines(t, in)
 		return n <= goroutinesBefore+20, fmt.Errorf("%d goroutines, %d before the stall", n, goroutinesBefore)
 	})
@@ -239,7 +240,7 @@ func execInBackground(t *testing.T, in *e2e.Instance, token, id string, secs int
 		cmd.Wait()
 		out <- [2]string{strings.TrimSpace(cmd.ProcessState.String()), errOut.String()}
 	}()
-	e2e.Eventually(t, "exec running", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "exec running", 30*time.Second, func() (bool, error) {
 		return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep "+arg+"$"))) > 0, nil
 	})
 	return out

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -127,7 +128,7 @@ func TestOutOfBandChanges(t *testing.T) {
 		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
 		// The old pod's annotation changes first (receipt_mismatch), then
 		// the runc pod replaces it (both).
-		e2e.Eventually(t, "quarantined for both", 60*time.Second, func() (bool, error) {
+		eventually.Within(t, "quarantined for both", 60*time.Second, func() (bool, error) {
 			got := in.Get(in.Token, sb.ID)
 			return got.State == "quarantined" && strings.Contains(got.Anomaly, "receipt_mismatch") &&
 				strings.Contains(got.Anomaly, "runtime_class_mismatch"), fmt.Errorf("%s %q", got.State, got.Anomaly)
@@ -172,7 +173,7 @@ func TestOutOfBandChanges(t *testing.T) {
 	t.Run("a deleted pod is named in the event", func(t *testing.T) {
 		sb := in.Create(in.Token, "busybox", "--wait")
 		e2e.Kubectl(t, "delete", "pod", "-n", in.NS, k8s.ObjectName(sb.ID), "--wait=false")
-		e2e.Eventually(t, "event naming the deleted pod", 60*time.Second, func() (bool, error) {
+		eventually.Within(t, "event naming the deleted pod", 60*time.Second, func() (bool, error) {
 			return eventsSay(t, in, in.Token, sb.ID, "starting", "pod deleted"), nil
 		})
 	})
@@ -226,7 +227,7 @@ func TestRestartConverges(t *testing.T) {
 	e2e.Kubectl(t, "patch", "sandbox", "-n", ns, k8s.ObjectName(paused.ID), "--type=merge", "-p", `{"spec":{"operatingMode":"Suspended"}}`)
 	e2e.Kubectl(t, "patch", "pod", "-n", ns, k8s.ObjectName(failed.ID), "--subresource=status", "--type=merge",
 		"-p", `{"status":{"phase":"Succeeded","containerStatuses":[{"name":"workload","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":0,"reason":"Completed","startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:00:01Z"}}}]}}`)
-	e2e.Eventually(t, "pod of the suspended sandbox gone", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "pod of the suspended sandbox gone", 60*time.Second, func() (bool, error) {
 		_, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(ns).Get(ctx, k8s.ObjectName(paused.ID), metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})
@@ -252,7 +253,7 @@ func TestRestartConverges(t *testing.T) {
 		t.Fatalf("exit code %v", sb.ExitCode)
 	}
 	again.WaitState(token, interrupted.ID, "running")
-	e2e.Eventually(t, "start-up reports the interrupted create resolved", 10*time.Second, func() (bool, error) {
+	eventually.Within(t, "start-up reports the interrupted create resolved", 10*time.Second, func() (bool, error) {
 		return strings.Contains(again.Out.String(), "resolved pending create"), fmt.Errorf("log:\n%s", again.Out.String())
 	})
 }
@@ -271,7 +272,7 @@ func TestOrphanReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
-	e2e.Eventually(t, "orphan reported", 10*time.Second, func() (bool, error) {
+	eventually.Within(t, "orphan reported", 10*time.Second, func() (bool, error) {
 		return strings.Contains(in.Out.String(), "no record knows") && strings.Contains(in.Out.String(), sb.Name), nil
 	})
 	status, body := in.Call(in.Token, "GET", "/v1/sandboxes", "")

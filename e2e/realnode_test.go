@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/store"
 )
@@ -50,7 +51,7 @@ func TestRealNode(t *testing.T) {
 	})
 	t.Run("the record shows gVisor observed", func(t *testing.T) {
 		var got e2e.Sandbox
-		e2e.Eventually(t, "runtime attestation", 60*time.Second, func() (bool, error) {
+		eventually.Within(t, "runtime attestation", 60*time.Second, func() (bool, error) {
 			got = in.Get(in.Token, sb.ID)
 			return got.RuntimeObserved != "", nil
 		})
@@ -84,12 +85,12 @@ func TestRealNode(t *testing.T) {
 		shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 			" sandbox exec -t " + sb.ID + ` -- sh -c '[ -t 0 ] && [ -t 1 ] && echo ON-A-TERMINAL; while :; do stty size; sleep 0.2; done'`
 		term := e2e.Tmux(t, 100, 30, shell)
-		e2e.Eventually(t, "the pod's command sees 30 rows, 100 columns on a terminal", 20*time.Second, func() (bool, error) {
+		eventually.Within(t, "the pod's command sees 30 rows, 100 columns on a terminal", 20*time.Second, func() (bool, error) {
 			screen := term.Screen()
 			return strings.Contains(screen, "ON-A-TERMINAL") && strings.Contains(screen, "30 100"), fmt.Errorf("the screen:\n%s", screen)
 		})
 		term.Resize(120, 40)
-		e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) {
+		eventually.Within(t, "the resize", 20*time.Second, func() (bool, error) {
 			screen := term.Screen()
 			return strings.Contains(screen, "40 120"), fmt.Errorf("the screen:\n%s", screen)
 		})
@@ -140,7 +141,7 @@ func TestRealNode(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		e2e.WaitListening(t, "ssh -L", local)
 		var body string
-		e2e.Eventually(t, "the pod's httpd through ssh -L", 30*time.Second, func() (bool, error) {
+		eventually.Within(t, "the pod's httpd through ssh -L", 30*time.Second, func() (bool, error) {
 			resp, err := http.Get("http://" + local + "/")
 			if err != nil {
 				return false, err
@@ -291,7 +292,7 @@ spec:
 	})
 	t.Run("delete", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "delete", sb.ID)
-		e2e.Eventually(t, "its pod gone", 60*time.Second, func() (bool, error) {
+		eventually.Within(t, "its pod gone", 60*time.Second, func() (bool, error) {
 			out, err := c.Kubectl(t.Context(), "get", "pods", "-n", in.NS, "-o", "name")
 			return err == nil && !strings.Contains(out, "sbx-"+strings.TrimPrefix(sb.ID, "sbx_")), err
 		})

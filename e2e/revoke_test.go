@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // TestSSHControlMasterRevoked: an OpenSSH master connection
@@ -60,7 +61,7 @@ func TestSSHControlMasterRevoked(t *testing.T) {
 
 	deleted := time.Now()
 	in.MustCLI(in.Token, "ssh-key", "delete", keyID(t, in, in.Token, u.key))
-	e2e.Eventually(t, "the master connection closed", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "the master connection closed", 20*time.Second, func() (bool, error) {
 		status, code := check()
 		return code != 0, fmt.Errorf("ssh -O check: %d %q", code, status)
 	})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 )
 
@@ -144,7 +145,7 @@ func TestGoSDK(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "big.bin")
 		term := e2e.Tmux(t, 120, 20, fmt.Sprintf("HILOOP_URL=%s HILOOP_TOKEN=%s %s sandbox cp %s:%s %s; echo EXIT=$?; sleep 60",
 			in.URL, in.Token, e2e.Binary(t), sb.ID, work+"/big.bin", out))
-		e2e.Eventually(t, "the copy to end", 2*time.Minute, func() (bool, error) {
+		eventually.Within(t, "the copy to end", 2*time.Minute, func() (bool, error) {
 			screen := term.Screen()
 			return strings.Contains(screen, "EXIT="), errors.New(screen)
 		})
@@ -186,7 +187,7 @@ func TestGoSDK(t *testing.T) {
 			t.Fatal(err)
 		}
 		cutUpload(t, in.URL, in.Token, sb.ID, p)
-		e2e.Eventually(t, "the cut upload's temporary file removed", 20*time.Second, func() (bool, error) {
+		eventually.Within(t, "the cut upload's temporary file removed", 20*time.Second, func() (bool, error) {
 			res, err := c.Run(ctx, sb.ID, api.ExecRunRequest{Command: []string{"ls", "-a", work}})
 			return err == nil && !strings.Contains(res.Stdout, ".hiloop-"), fmt.Errorf("%q %v", res.Stdout, err)
 		})

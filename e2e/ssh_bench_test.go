@@ -18,6 +18,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // sink reads each connection to EOF and answers one byte, so a sender
@@ -79,7 +80,7 @@ func startSSHD(b *testing.B, pubKey string) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	e2e.Eventually(b, "sshd listening", 20*time.Second, func() (bool, error) {
+	eventually.Within(b, "sshd listening", 20*time.Second, func() (bool, error) {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()

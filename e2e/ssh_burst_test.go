@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // An agent platform runs on one host and opens SSH sessions to many
@@ -183,7 +184,7 @@ func TestSSHSilentFloodFromOneAddress(t *testing.T) {
 		}
 		wg.Wait()
 	})
-	e2e.Eventually(t, "the silent connections past the cap closed", 2*time.Minute, func() (bool, error) {
+	eventually.Within(t, "the silent connections past the cap closed", 2*time.Minute, func() (bool, error) {
 		return closed.Load() >= silents-held, fmt.Errorf("%d closed", closed.Load())
 	})
 	if grew := fds() - before; grew > held+300 {
@@ -197,7 +198,7 @@ func TestSSHSilentFloodFromOneAddress(t *testing.T) {
 	}
 	// Those waiting for a place are refused, with a line naming the
 	// limit, when their wait ends.
-	e2e.Eventually(t, "the waiting silent connections refused", 2*time.Minute, func() (bool, error) {
+	eventually.Within(t, "the waiting silent connections refused", 2*time.Minute, func() (bool, error) {
 		return metric(t, in, `hiloop_ssh_refused_connections_total{reason="startup_wait"}`) > 0 && named.Load() > 0,
 			fmt.Errorf("%d closed, %d told why", closed.Load(), named.Load())
 	})

@@ -18,6 +18,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // sshUser is one SSH identity registered for an organization, driving the
@@ -353,23 +354,23 @@ func TestSSHTerminal(t *testing.T) {
 	u := newSSHUser(t, in, in.Token)
 	term := e2e.Tmux(t, 100, 30, "ssh -t "+strings.Join(u.args(sb.ID+"@127.0.0.1"), " ")+"; echo EXIT=$?; sleep 60")
 	screen := func() (bool, error) { return false, fmt.Errorf("screen:\n%s", term.Screen()) }
-	e2e.Eventually(t, "a prompt", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "a prompt", 30*time.Second, func() (bool, error) {
 		if regexp.MustCompile(`[$#] *$`).MatchString(strings.TrimSpace(term.Screen())) {
 			return true, nil
 		}
 		return screen()
 	})
 	term.Type("stty size; echo TERM=$TERM")
-	e2e.Eventually(t, "30 rows, 100 columns and TERM", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "30 rows, 100 columns and TERM", 20*time.Second, func() (bool, error) {
 		s := term.Screen()
 		return strings.Contains(s, "30 100") && regexp.MustCompile(`TERM=(screen|tmux)`).MatchString(s), nil
 	})
 	term.Resize(120, 40)
 	time.Sleep(300 * time.Millisecond)
 	term.Type("stty size")
-	e2e.Eventually(t, "the resize", 20*time.Second, func() (bool, error) { return strings.Contains(term.Screen(), "40 120"), nil })
+	eventually.Within(t, "the resize", 20*time.Second, func() (bool, error) { return strings.Contains(term.Screen(), "40 120"), nil })
 	term.Type("exit 3")
-	e2e.Eventually(t, "exit 3", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "exit 3", 20*time.Second, func() (bool, error) {
 		if strings.Contains(term.Screen(), "EXIT=3") {
 			return true, nil
 		}
@@ -400,7 +401,7 @@ func TestSSHSessionsEnd(t *testing.T) {
 			cmd.Wait()
 			ch <- [2]string{strconv.Itoa(cmd.ProcessState.ExitCode()), e.String()}
 		}()
-		e2e.Eventually(t, "session running", 30*time.Second, func() (bool, error) {
+		eventually.Within(t, "session running", 30*time.Second, func() (bool, error) {
 			return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep "+strconv.Itoa(secs)+"$"))) > 0, nil
 		})
 		return ch
@@ -488,7 +489,7 @@ func forwardOnce(t *testing.T, u *sshUser, id, dest string) string {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	e2e.Eventually(t, "forward listening", 20*time.Second, func() (bool, error) {
+	eventually.Within(t, "forward listening", 20*time.Second, func() (bool, error) {
 		c, err := net.Dial("tcp", local)
 		if err != nil {
 			return false, err
@@ -517,11 +518,11 @@ func TestSSHKeepAlive(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e2e.Eventually(t, "session running", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "session running", 30*time.Second, func() (bool, error) {
 		return len(e2e.ExecProcs(t, regexp.MustCompile("^sleep 315$"))) > 0, nil
 	})
 	cmd.Process.Signal(syscall.SIGSTOP)
-	e2e.Eventually(t, "the gateway drops the silent client", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "the gateway drops the silent client", 30*time.Second, func() (bool, error) {
 		return strings.Contains(in.Out.String(), "stopped answering keepalives"), nil
 	})
 	cmd.Process.Signal(syscall.SIGCONT)

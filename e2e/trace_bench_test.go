@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // createTrace is one create's timestamps, from the client, from serve's own
@@ -70,7 +71,7 @@ func BenchmarkCreateTrace(b *testing.B) {
 	}
 	// readLog fills in serve's steps from its log.
 	readLog := func(b *testing.B) {
-		e2e.Eventually(b, "serve logged every create", 10*time.Second, func() (bool, error) {
+		eventually.Within(b, "serve logged every create", 10*time.Second, func() (bool, error) {
 			sc := bufio.NewScanner(strings.NewReader(in.Out.String()))
 			sc.Buffer(make([]byte, 1<<20), 1<<20)
 			for sc.Scan() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // parkedCall is a call with ?wake=true made in the background: done gets
@@ -50,7 +51,7 @@ func parkExec(t *testing.T, in *e2e.Instance, token, id string) *parkedCall {
 // waitingWakes waits until hiloop_wake_waits says n calls wait.
 func waitingWakes(t *testing.T, in *e2e.Instance, n float64) {
 	t.Helper()
-	e2e.Eventually(t, fmt.Sprintf("%v calls waiting for a wake", n), 60*time.Second, func() (bool, error) {
+	eventually.Within(t, fmt.Sprintf("%v calls waiting for a wake", n), 60*time.Second, func() (bool, error) {
 		got := metric(t, in, "hiloop_wake_waits")
 		return got == n, fmt.Errorf("hiloop_wake_waits %v", got)
 	})
@@ -141,7 +142,7 @@ func TestWakeWaitBound(t *testing.T) {
 		t.Fatalf("an -L channel past the organization's bound was opened: %d %v", n, err)
 	}
 	c.Close()
-	e2e.Eventually(t, "ssh -L's refusal", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "ssh -L's refusal", 30*time.Second, func() (bool, error) {
 		s := fwdErr.String()
 		return strings.Contains(s, "resource shortage") && strings.Contains(s, "may not wait for it"), fmt.Errorf("stderr %q", s)
 	})

@@ -3,6 +3,7 @@ package forward
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // The gateway's mux facing a helper that does not follow the protocol: the
@@ -238,21 +241,16 @@ func TestMuxHostileSmallFrames(t *testing.T) {
 		sent++
 	}
 	var held, queued int
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	eventually.True(t, fmt.Sprintf("%d bytes queued", Window), func() bool {
 		st.mu.Lock()
+		defer st.mu.Unlock()
 		held = 0
 		for _, b := range st.rq {
 			held += cap(b)
 		}
 		queued = st.rqLen
-		st.mu.Unlock()
-		if queued == Window {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes queued, want %d", queued, Window)
-		}
-	}
+		return queued == Window
+	})
 	if held > 2*Window+2*maxFrame {
 		t.Errorf("%d bytes of buffers hold a window of %d", held, Window)
 	}

@@ -59,7 +59,9 @@ func TestExecDeadlineBeforeTheStreamOpens(t *testing.T) {
 			opened := make(chan struct{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			req := k8s.ExecRequest{Command: []string{"sh", "-c", "echo started; exec sleep 30"}, Stderr: io.Discard}
+			// The command writes until its writes fail, so it ends once the
+			// stream is gone rather than outliving the test.
+			req := k8s.ExecRequest{Command: []string{"sh", "-c", "while echo started; do sleep 0.1; done"}, Stderr: io.Discard}
 			req.Stdout = writerFunc(func(p []byte) (int, error) {
 				select {
 				case <-opened:

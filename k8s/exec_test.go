@@ -32,6 +32,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -310,6 +311,10 @@ func TestExecTTYWithResize(t *testing.T) {
 			resize := make(chan k8s.TerminalSize, 2)
 			resize <- k8s.TerminalSize{Width: 80, Height: 24}
 			stdinR, stdinW := io.Pipe()
+			// The caller owns stdin and the resizes: the exec's goroutines
+			// that copy them end when they end.
+			defer close(resize)
+			defer stdinW.Close()
 			out := &e2e.SyncBuffer{}
 			done := make(chan struct{})
 			var st k8s.ExitStatus
@@ -321,7 +326,7 @@ func TestExecTTYWithResize(t *testing.T) {
 					Stdin: stdinR, Stdout: out, TTY: true, Resize: resize})
 			}()
 			poke := func(size string) {
-				waitFor(t, func() bool {
+				eventually.True(t, "the terminal size "+size, func() bool {
 					stdinW.Write([]byte("a\r"))
 					time.Sleep(50 * time.Millisecond)
 					return strings.Contains(out.String(), size)
@@ -339,17 +344,6 @@ func TestExecTTYWithResize(t *testing.T) {
 				t.Fatalf("resize not seen by the terminal: %q", out.String())
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

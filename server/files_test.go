@@ -23,6 +23,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -363,7 +364,7 @@ func TestCutUploadLeavesFileWhole(t *testing.T) {
 	conn.Write(bytes.Repeat([]byte("new "), 100000))
 	time.Sleep(200 * time.Millisecond)
 	conn.Close()
-	waitFor(t, "the cut upload's temporary file removed", func() bool {
+	eventually.True(t, "the cut upload's temporary file removed", func() bool {
 		entries, _ := os.ReadDir(dir)
 		return len(entries) == 1
 	})
@@ -410,7 +411,7 @@ func TestCutUploadCommandOutlivesStream(t *testing.T) {
 	if err != nil || !bytes.Contains(answer, []byte(api.CodeUploadIncomplete)) {
 		t.Fatalf("the cut upload's answer: %q %v", answer, err)
 	}
-	waitFor(t, "the upload's command to open its temporary file", func() bool {
+	eventually.True(t, "the upload's command to open its temporary file", func() bool {
 		_, err := os.Stat(started)
 		return err == nil
 	})

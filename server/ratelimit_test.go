@@ -18,6 +18,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -388,7 +389,7 @@ func TestReadyzOneCheckAtATime(t *testing.T) {
 		t.Errorf("%d readiness checks for 100 concurrent requests, want 1", n)
 	}
 	close(release)
-	waitFor(t, "a new check once the hung one ended", func() bool {
+	eventually.True(t, "a new check once the hung one ended", func() bool {
 		return ts.from("192.0.2.1", "", "GET", "/readyz", "").Code == 200
 	})
 	before := checks.Load()

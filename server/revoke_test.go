@@ -14,6 +14,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
@@ -66,7 +67,7 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		waitFor(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
+		eventually.True(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
 		revoke(t, ts, secret)
 		// Well inside the 30s a stream waits for its first message, so
 		// only the revoke can have ended it.
@@ -82,7 +83,7 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 		if _, _, err := c.ReadMessage(); err == nil {
 			t.Fatal("the connection stayed open after the exit frame")
 		}
-		waitFor(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
+		eventually.True(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
 	})
 	t.Run("client not reading", func(t *testing.T) {
 		ts, url, _, secret := revokeStream(t)
@@ -92,10 +93,10 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		waitFor(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
+		eventually.True(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
 		revoke(t, ts, secret)
 		// The client reads nothing: only closing the connection unblocks
 		// the command's write and ends the session.
-		waitFor(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
+		eventually.True(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
 	})
 }

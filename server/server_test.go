@@ -29,6 +29,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -250,7 +251,7 @@ func TestAmbiguousCreate(t *testing.T) {
 	if sb.State != api.StatePending {
 		t.Fatalf("state %s, want pending", sb.State)
 	}
-	waitFor(t, "adoption", func() bool { return contains(ts.fc.Calls(), "exists "+sb.ID) })
+	eventually.True(t, "adoption", func() bool { return contains(ts.fc.Calls(), "exists "+sb.ID) })
 	creates := 0
 	for _, c := range ts.fc.Calls() {
 		if strings.HasPrefix(c, "create ") {
@@ -280,7 +281,7 @@ func TestAmbiguousCreateNotWritten(t *testing.T) {
 	}
 	id := decodeSandbox(t, rec).ID
 	ts.fc.Set(func(f *controltest.Cluster) { f.CreateErr = nil })
-	waitFor(t, "object created", func() bool { return ts.fc.Has(id) })
+	eventually.True(t, "object created", func() bool { return ts.fc.Has(id) })
 	if got := ts.record(id).State; got == store.StateFailed {
 		t.Fatal("an ambiguous create was failed")
 	}
@@ -424,7 +425,7 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 	go func() {
 		done <- ts.do("POST", "/v1/sandboxes/"+id+"/exec/run", `{"command":["sleep","1000"],"timeout":"1h"}`)
 	}()
-	waitFor(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
+	eventually.True(t, "session live", func() bool { return ts.ctl.Sessions() == 1 })
 	// Revoke the key the session runs under, with the other key.
 	other := *ts
 	other.token = ck.Secret
@@ -439,7 +440,7 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the session outlived its key")
 	}
-	waitFor(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
+	eventually.True(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
 }
 
 // TestExecClusterUnreachable: an exec that cannot reach the cluster is 503
@@ -688,17 +689,6 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestNotHardened: while the self-check fails, creates and starts answer
 // 503 cluster_not_hardened naming the objects, and /readyz stays 200 naming
 // only the boundary's state; before the first check they are refused too;
@@ -799,7 +789,7 @@ func TestLongPoll(t *testing.T) {
 
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { done <- ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "") }()
-	waitFor(t, "the long poll waiting", func() bool { return ts.db.Waiting() == 1 })
+	eventually.True(t, "the long poll waiting", func() bool { return ts.db.Waiting() == 1 })
 	select {
 	case rec := <-done:
 		t.Fatalf("the long poll answered before any change: %d %s", rec.Code, rec.Body.String())
@@ -875,7 +865,7 @@ func TestLongPollsHoldNoReadSlot(t *testing.T) {
 	for range waitsInFlight {
 		go func() { done <- ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "").Code }()
 	}
-	waitFor(t, "every long poll waiting", func() bool {
+	eventually.True(t, "every long poll waiting", func() bool {
 		ts.srv.limiters.mu.Lock()
 		defer ts.srv.limiters.mu.Unlock()
 		n := 0
@@ -928,7 +918,7 @@ func TestClientWait(t *testing.T) {
 	}
 
 	// The server lets go of a long poll whose client went away.
-	waitFor(t, "the timed-out long poll let go", func() bool { return ts.db.Waiting() == 0 })
+	eventually.True(t, "the timed-out long poll let go", func() bool { return ts.db.Waiting() == 0 })
 
 	// Each state is observed only once the client has reported the one
 	// before it: a long poll that has not yet let go still counts as
@@ -953,7 +943,7 @@ func TestClientWait(t *testing.T) {
 		t.Fatalf("first progress %s, want pending", st)
 	}
 	for _, st := range []store.State{store.StateStarting, store.StateRunning} {
-		waitFor(t, "a long poll waiting", func() bool { return ts.db.Waiting() == 1 })
+		eventually.True(t, "a long poll waiting", func() bool { return ts.db.Waiting() == 1 })
 		if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: st}); err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hiloop/hiloop/agent"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
@@ -222,5 +223,5 @@ func TestForwardThroughHelper(t *testing.T) {
 	ch.Close()
 
 	c.Close()
-	eventually(t, "the forward session ended with its client's connection", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the forward session ended with its client's connection", func() bool { return g.core.Sessions() == 0 })
 }

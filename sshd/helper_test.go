@@ -10,6 +10,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -42,7 +43,7 @@ func TestForwardRefusedByAnotherSandboxsHelper(t *testing.T) {
 	if n := foreign.Conns(); n != 0 {
 		t.Errorf("the other sandbox's helper accepted %d gateway connections", n)
 	}
-	eventually(t, "the refused forward session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the refused forward session ended", func() bool { return g.core.Sessions() == 0 })
 	sb, err := g.db.SandboxAnyOrg(context.Background(), mine)
 	if err != nil || sb.State != store.StateRunning {
 		t.Errorf("a refused login changed the sandbox: %s (%v)", sb.State, err)
@@ -110,5 +111,5 @@ func TestForwardOldHelper(t *testing.T) {
 	if !errors.As(err, &oce) || oce.Reason != gossh.ConnectionFailed || oce.Message != "the sandbox's session helper is older than the gateway; restart the sandbox" {
 		t.Fatalf("-L through a helper of the SSH protocol: %v", err)
 	}
-	eventually(t, "the refused forward session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the refused forward session ended", func() bool { return g.core.Sessions() == 0 })
 }

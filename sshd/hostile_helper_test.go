@@ -19,6 +19,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	fwd "github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
@@ -242,7 +243,7 @@ func TestForwardHostileHelperFrames(t *testing.T) {
 			}
 			ch.Close()
 		}
-		eventually(t, "the hostile helper's session ended", func() bool { return g.core.Sessions() == 0 })
+		eventually.True(t, "the hostile helper's session ended", func() bool { return g.core.Sessions() == 0 })
 	}
 	ch, err := openWithin(t, c, 20*time.Second)
 	if err != nil {
@@ -304,9 +305,9 @@ func TestForwardHelperNeverReads(t *testing.T) {
 	echoes(t, och2, "another channel while one upstream is stuck")
 
 	stuck.Close()
-	eventually(t, "the stuck client's session ended", func() bool { return g.core.Sessions() == 1 })
+	eventually.True(t, "the stuck client's session ended", func() bool { return g.core.Sessions() == 1 })
 	other.Close()
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestForwardHelperKeyChange: within one pod's life, a helper that shows
@@ -335,7 +336,7 @@ func TestForwardHelperKeyChange(t *testing.T) {
 	}
 	echoes(t, ch, "-L through the first key")
 	c.Close()
-	eventually(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
 
 	mu.Lock()
 	current = k2
@@ -350,7 +351,7 @@ func TestForwardHelperKeyChange(t *testing.T) {
 		t.Error("the key change was not logged")
 	}
 	c.Close()
-	eventually(t, "the refused session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the refused session ended", func() bool { return g.core.Sessions() == 0 })
 
 	mu.Lock()
 	current = k1
@@ -402,7 +403,7 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 		_, err := openWithin(t, changedC, 40*time.Second)
 		refused <- err
 	}()
-	eventually(t, "the changed key's check waiting on the store", func() bool {
+	eventually.True(t, "the changed key's check waiting on the store", func() bool {
 		return strings.Count(g.logs.String(), "host key against the record") == 3
 	})
 
@@ -489,7 +490,7 @@ func TestForwardHelperStopsReading(t *testing.T) {
 			t.Fatalf("%d of %d channels to a helper that stopped reading still open", channels-i, channels)
 		}
 	}
-	eventually(t, "the stuck upstream's session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the stuck upstream's session ended", func() bool { return g.core.Sessions() == 0 })
 	ch, err := openWithin(t, c, 20*time.Second)
 	if err != nil {
 		t.Fatalf("-L after the stuck upstream ended: %v", err)
@@ -552,7 +553,7 @@ func TestForwardEndEndsUpstream(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				t.Fatal("the upstream to the helper outlived the end")
 			}
-			eventually(t, "the forward session ended", func() bool { return g.core.Sessions() == 0 })
+			eventually.True(t, "the forward session ended", func() bool { return g.core.Sessions() == 0 })
 		})
 	}
 }

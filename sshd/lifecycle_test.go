@@ -15,6 +15,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
@@ -145,7 +146,7 @@ func TestShutdownDuringLogins(t *testing.T) {
 	}
 	defer clients.Wait()
 	defer close(stop)
-	eventually(t, "clients logging in", func() bool { return in.Load() >= 20 })
+	eventually.True(t, "clients logging in", func() bool { return in.Load() >= 20 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := g.gw.Shutdown(ctx); err != nil {
@@ -179,7 +180,7 @@ func TestShutdownClosesWhatIsLeft(t *testing.T) {
 	if err := c.Wait(); errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal("the connection left open at shutdown was not closed")
 	}
-	eventually(t, "the closed connection's session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the closed connection's session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestRevokedKey: deleting an SSH key ends its live session with exit 255

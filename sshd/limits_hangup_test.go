@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -20,7 +21,7 @@ func TestWaiterThatHungUpGivesWay(t *testing.T) {
 	})
 	waiting := func(n int) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
+		eventually.True(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
 	}
 	if _, ok := speaking(t, g.addr, "127.0.0.1"); !ok {
 		t.Fatal("a connection within the caps was refused")
@@ -67,10 +68,10 @@ func TestPromotedWaiterNotSilentAtOnce(t *testing.T) {
 	}
 	w := silent(t, g.addr, "127.0.0.2")
 	queued := time.Now()
-	eventually(t, "1 waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
+	eventually.True(t, "1 waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
 	// It waits longer than a client may stay silent once greeted; the
 	// machine being slow only makes it longer.
-	eventually(t, "3s past", func() bool { return time.Since(queued) > 3*time.Second })
+	eventually.True(t, "3s past", func() bool { return time.Since(queued) > 3*time.Second })
 	holder.Close()
 	if !held(t, w) {
 		t.Fatal("the waiting connection was not given the freed place")
@@ -79,7 +80,7 @@ func TestPromotedWaiterNotSilentAtOnce(t *testing.T) {
 	// over the cap (it cannot jump a place later) takes w's place at
 	// once, or waits.
 	silent(t, g.addr, "127.0.0.3")
-	eventually(t, "the arrival placed", func() bool {
+	eventually.True(t, "the arrival placed", func() bool {
 		return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 || refused(t, met, "silent") > 0
 	})
 	if got := refused(t, met, "silent"); got != 0 {

@@ -22,6 +22,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
@@ -189,11 +190,11 @@ func TestSilentConnections(t *testing.T) {
 	gone := func() int {
 		return refused(t, met, "silent") + refused(t, met, "startup_wait") + refused(t, met, "startups_per_source")
 	}
-	eventually(t, "the silent connections past the caps closed", func() bool { return gone() >= silents-perSource-queue })
+	eventually.True(t, "the silent connections past the caps closed", func() bool { return gone() >= silents-perSource-queue })
 	// Each connection held before authentication costs the gateway a few
 	// goroutines (its handler and x/crypto's transport); one closed, none
 	// once it is gone.
-	eventually(t, "the silent connections' goroutines gone", func() bool {
+	eventually.True(t, "the silent connections' goroutines gone", func() bool {
 		return runtime.NumGoroutine()-before <= 4*(perSource+queue)
 	})
 
@@ -325,7 +326,7 @@ func TestStartupsCaps(t *testing.T) {
 	id := g.sandbox(org, sandbox.TransportSSH)
 	waiting := func(n int) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
+		eventually.True(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
 	}
 	// greeted reports, once the gateway speaks, whether it greeted nc.
 	greeted := func(nc net.Conn) <-chan bool {
@@ -439,7 +440,7 @@ func TestWaiterTakesSilentPlace(t *testing.T) {
 	}
 	// Two handshakes are under way, at start: the next ones wait.
 	waiter := silent(t, g.addr, "127.0.0.3")
-	eventually(t, "a silent connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
+	eventually.True(t, "a silent connection waiting", func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == 1 })
 	c := loginFrom(t, g, "127.0.0.2", id, key)
 	if r := run(t, c, "print"); r.Stdout != "out\n" {
 		t.Errorf("a command from the client that waited: %+v", r)
@@ -538,7 +539,7 @@ func TestPenalties(t *testing.T) {
 		}
 		failures++
 		// The gateway charges the address once it sees the close.
-		eventually(t, "the failed login charged", func() bool {
+		eventually.True(t, "the failed login charged", func() bool {
 			return counter(t, met, `hiloop_ssh_penalties_total{event="authfail"}`) == failures
 		})
 	}
@@ -565,10 +566,10 @@ func TestPenalties(t *testing.T) {
 	// x/crypto closes the connection before the gateway hears of the
 	// failure and charges the address: a connection made in between is
 	// admitted, and would wait out the login grace.
-	eventually(t, "the broken handshake charged", func() bool {
+	eventually.True(t, "the broken handshake charged", func() bool {
 		return counter(t, met, `hiloop_ssh_penalties_total{event="crash"}`) == 1
 	})
-	eventually(t, "the address that broke the protocol refused", func() bool {
+	eventually.True(t, "the address that broke the protocol refused", func() bool {
 		nc := silent(t, g.addr, "127.0.0.3")
 		nc.SetReadDeadline(time.Now().Add(clientDeadline))
 		all, _ := io.ReadAll(nc)
@@ -602,7 +603,7 @@ func TestConnsPerKeyCap(t *testing.T) {
 	}
 	g.login(id, other)
 	first.Close()
-	eventually(t, "a closed connection's place free for its key", func() bool {
+	eventually.True(t, "a closed connection's place free for its key", func() bool {
 		c, err := g.dial(id, gossh.PublicKeys(key))
 		if err == nil {
 			c.Close()
@@ -636,7 +637,7 @@ func TestConnsPerOrgCap(t *testing.T) {
 	g.login(idB, keyB)
 	g.login(idB, keyB)
 	c.Close()
-	eventually(t, "a closed connection's place free for its organization", func() bool {
+	eventually.True(t, "a closed connection's place free for its organization", func() bool {
 		c, err := g.dial(idA, gossh.PublicKeys(third))
 		if err == nil {
 			c.Close()
@@ -783,14 +784,14 @@ func TestHelperDialAbandoned(t *testing.T) {
 				}()
 			}
 			helperSide := <-accepted
-			eventually(t, "the pending dial's session admitted", func() bool { return g.core.Sessions() == 1 })
+			eventually.True(t, "the pending dial's session admitted", func() bool { return g.core.Sessions() == 1 })
 			tc.end(t, g, c)
 			for range 2 {
 				if err := <-errs; err == nil {
 					t.Error("-L through a helper that never speaks opened")
 				}
 			}
-			eventually(t, "the abandoned dial's session ended", func() bool { return g.core.Sessions() == 0 })
+			eventually.True(t, "the abandoned dial's session ended", func() bool { return g.core.Sessions() == 0 })
 			closedByServer(t, helperSide, "the abandoned connection to the helper")
 			c.Close()
 
@@ -848,7 +849,7 @@ func TestChannelsPerConnCap(t *testing.T) {
 		t.Errorf("a command on a second connection: %+v", got)
 	}
 	open[0].Close()
-	eventually(t, "a closed channel's place free on its connection", func() bool {
+	eventually.True(t, "a closed channel's place free on its connection", func() bool {
 		ch, _, err := c.OpenChannel("session", nil)
 		if err == nil {
 			ch.Close()
@@ -892,7 +893,7 @@ func TestChannelsPerOrgCap(t *testing.T) {
 		t.Errorf("a command of another organization: %+v", got)
 	}
 	open[2].Close()
-	eventually(t, "a closed channel's place free for its organization", func() bool {
+	eventually.True(t, "a closed channel's place free for its organization", func() bool {
 		ch, _, err := first.OpenChannel("session", nil)
 		if err == nil {
 			ch.Close()

@@ -17,6 +17,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
@@ -119,7 +120,7 @@ func pinnedSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key gos
 // changeRecorded waits for sandbox id's record to hold a helper key change.
 func changeRecorded(t *testing.T, g *gateway, id string) {
 	t.Helper()
-	eventually(t, "the change recorded", func() bool {
+	eventually.True(t, "the change recorded", func() bool {
 		sb, err := g.db.SandboxAnyOrg(context.Background(), id)
 		return err == nil && sb.HelperKeyChangedPod != ""
 	})
@@ -134,7 +135,7 @@ func pinFirstKey(t *testing.T, g *gateway, id string, key gossh.Signer) {
 	}
 	echoes(t, ch, "-L through the first key")
 	c.Close()
-	eventually(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the first session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 func wantRefused(t *testing.T, err error) {
@@ -165,7 +166,7 @@ func TestPinAttackRefusalsWriteOnce(t *testing.T) {
 		t.Fatalf("%d refused dials made %d writes of the change, want 1", n, got)
 	}
 	c.Close()
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestPinAttackConcurrentRefusals: with the writer busy, the refused dials
@@ -208,7 +209,7 @@ func TestPinAttackConcurrentRefusals(t *testing.T) {
 	for _, c := range clients {
 		c.Close()
 	}
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestPinHoldsAcrossRestart: the pin is the record's, not the gateway's
@@ -232,7 +233,7 @@ func TestPinHoldsAcrossRestart(t *testing.T) {
 		t.Error("the change after a restart was not recorded")
 	}
 	c.Close()
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestPinAttackOtherPodDisplacesPin: a pin call for a pod that is not the
@@ -260,7 +261,7 @@ func TestPinAttackOtherPodDisplacesPin(t *testing.T) {
 		wantRefused(t, err)
 	}
 	c.Close()
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestPinAttackReportOutlastsBusyWriter: the first refusal of a changed
@@ -299,7 +300,7 @@ func TestPinAttackReportOutlastsBusyWriter(t *testing.T) {
 		t.Errorf("6 refusals of a changed key, the store free for the last 5, and the change was never recorded")
 	}
 	c.Close()
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // pinWaiters counts the goroutines pinInRecord started that still wait on
@@ -341,8 +342,8 @@ func TestPinAttackStalledStoreOneQuestionPerPod(t *testing.T) {
 	}
 	release()
 	c.Close()
-	eventually(t, "the pin's waiters ended", func() bool { return pinWaiters() == 0 })
-	eventually(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
+	eventually.True(t, "the pin's waiters ended", func() bool { return pinWaiters() == 0 })
+	eventually.True(t, "every session ended", func() bool { return g.core.Sessions() == 0 })
 }
 
 // TestPinAttackJoinedDialIsNotReported: two first dials of a pod race,
@@ -396,14 +397,14 @@ func TestPinAttackJoinedDialIsNotReported(t *testing.T) {
 		}
 		firstOpen <- err
 	}()
-	eventually(t, "the first dial's question asked", asked(1))
+	eventually.True(t, "the first dial's question asked", asked(1))
 	swap()
 	secondOpen := make(chan error, 1)
 	go func() {
 		_, err := openWithin(t, second, 40*time.Second)
 		secondOpen <- err
 	}()
-	eventually(t, "the second dial's question asked", asked(2))
+	eventually.True(t, "the second dial's question asked", asked(2))
 	release()
 	if err := <-firstOpen; err != nil {
 		t.Fatalf("the first key's dial: %v", err)

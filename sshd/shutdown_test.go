@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 )
@@ -105,7 +106,7 @@ func TestShutdownAfterGraceAtAccept(t *testing.T) {
 		closedByServer(t, nc, "a connection past its login grace")
 		nc.Close()
 	}
-	eventually(t, "every connection closed for its login grace", func() bool { return refused(t, met, "login_grace") >= conns })
+	eventually.True(t, "every connection closed for its login grace", func() bool { return refused(t, met, "login_grace") >= conns })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := g.gw.Shutdown(ctx); err != nil {
@@ -140,7 +141,7 @@ func TestDrainWhileLoggingIn(t *testing.T) {
 			})
 		})
 	}
-	eventually(t, "clients logged in", func() bool { mu.Lock(); defer mu.Unlock(); return len(in) >= 10 })
+	eventually.True(t, "clients logged in", func() bool { mu.Lock(); defer mu.Unlock(); return len(in) >= 10 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := g.core.Close(ctx); err != nil {

@@ -477,15 +477,3 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
-
-// eventually waits up to a generous deadline for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

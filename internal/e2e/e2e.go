@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/store"
 )
@@ -385,7 +386,7 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 	if key, err := os.ReadFile(in.KeyFile); err == nil {
 		in.Token, in.NewKey = strings.TrimSpace(string(key)), string(key) != string(before)
 	}
-	Eventually(t, "/readyz 200", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "/readyz 200", 30*time.Second, func() (bool, error) {
 		resp, err := http.Get(in.URL + "/readyz")
 		if err != nil {
 			return false, err
@@ -516,7 +517,7 @@ func (in *Instance) Get(token, id string) Sandbox {
 func (in *Instance) WaitState(token, id, state string) Sandbox {
 	in.t.Helper()
 	var sb Sandbox
-	Eventually(in.t, id+" "+state, 60*time.Second, func() (bool, error) {
+	eventually.Within(in.t, id+" "+state, 60*time.Second, func() (bool, error) {
 		sb = in.Get(token, id)
 		return sb.State == state, fmt.Errorf("state %s/%s: %s", sb.State, sb.Anomaly, sb.Reason)
 	})
@@ -635,23 +636,6 @@ func LocalBoundary(t testing.TB) string {
 	return Path(t, "k8s/localcluster/assets/boundary.yaml")
 }
 
-// Eventually polls cond every 100ms until it holds, and fails t with the
-// last error cond returned when timeout passes first.
-func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last: %v)", what, timeout, last)
-}
-
 // SyncBuffer is a bytes.Buffer that may be read while a process or
 // goroutine writes to it.
 type SyncBuffer struct {
@@ -706,7 +690,7 @@ func FreeAddr(t testing.TB) string {
 // WaitListening waits until something accepts TCP connections on addr.
 func WaitListening(t testing.TB, what, addr string) {
 	t.Helper()
-	Eventually(t, what, 20*time.Second, func() (bool, error) {
+	eventually.Within(t, what, 20*time.Second, func() (bool, error) {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()

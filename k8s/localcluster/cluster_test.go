@@ -24,11 +24,9 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 )
-
-// eventually polls a condition; see e2e.Eventually.
-var eventually = e2e.Eventually
 
 // TestUpstreamSandboxLifecycle checks the local cluster does what the real
 // agent-sandbox controller does on a real cluster: one Ready pod per Sandbox,
@@ -59,7 +57,7 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 	}
 
 	var podUID string
-	eventually(t, "pod Running/Ready and Sandbox Ready=True", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "pod Running/Ready and Sandbox Ready=True", 60*time.Second, func() (bool, error) {
 		p, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -88,12 +86,12 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 		}
 	}
 	patch(v1beta1.SandboxOperatingModeSuspended)
-	eventually(t, "Suspended removes the pod", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "Suspended removes the pod", 60*time.Second, func() (bool, error) {
 		_, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})
 	patch(v1beta1.SandboxOperatingModeRunning)
-	eventually(t, "Running creates a replacement pod", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "Running creates a replacement pod", 60*time.Second, func() (bool, error) {
 		p, err := pods.Get(ctx, "sbx-smoke", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -104,7 +102,7 @@ func TestUpstreamSandboxLifecycle(t *testing.T) {
 	if err := sandboxes.Delete(ctx, "sbx-smoke", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deleting the Sandbox collects its pod", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "deleting the Sandbox collects its pod", 60*time.Second, func() (bool, error) {
 		l, err := pods.List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0, err
 	})
@@ -205,21 +203,21 @@ func killedRun(t *testing.T, real bool) {
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	eventually(t, "no cluster process left after SIGKILL", 90*time.Second, func() (bool, error) {
+	eventually.Within(t, "no cluster process left after SIGKILL", 90*time.Second, func() (bool, error) {
 		left := processesMentioning(workdir)
 		if real {
 			left = append(left, processesMentioning(nodedir)...)
 		}
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})
-	eventually(t, "work directory removed", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "work directory removed", 30*time.Second, func() (bool, error) {
 		_, err := os.Stat(workdir)
 		return os.IsNotExist(err), err
 	})
 	if !real {
 		return
 	}
-	eventually(t, "the node torn down", 60*time.Second, func() (bool, error) {
+	eventually.Within(t, "the node torn down", 60*time.Second, func() (bool, error) {
 		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/hiloop-node")
 		mounts, _ := os.ReadFile("/proc/self/mountinfo")
 		switch {
@@ -242,7 +240,7 @@ func killedRun(t *testing.T, real bool) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	eventually(t, "the real node's lock free", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "the real node's lock free", 30*time.Second, func() (bool, error) {
 		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		return err == nil, err
 	})

@@ -19,7 +19,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	c := api.NewClient("", "")
-	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "python:3.12-slim", TTL: "1h"}, "")
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "hiloop.local/python:3.11", TTL: "1h"}, "")
 	if err != nil {
 		log.Fatal(err)
 	}

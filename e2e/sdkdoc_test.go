@@ -11,6 +11,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s/localcluster"
 )
 
 // codeBlock finds the fenced blocks of a language in Markdown.
@@ -18,9 +19,48 @@ var codeBlock = regexp.MustCompile("(?s)```(go|python)\n(.*?)```")
 
 // TestSDKDocExamples runs the agent loops of docs/sdk.md as they stand
 // there, the Go one with go run and the Python one with the installed SDK,
-// against a live server: each prints its result and leaves no sandbox
-// running.
+// against a live server on kwok's simulated pods (whose commands run on
+// this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	runSDKDocExamples(t, in)
+}
+
+// TestSDKDocExamplesRealNode runs them against a server on the real node,
+// where their image, hiloop.local/python:3.11, is the local cluster's
+// Debian Python in a gVisor pod: the doc's programs run there as written.
+// A sandbox of the image then shows what the doc says of it: Python 3.11
+// under gVisor's kernel, every extension module of its standard library
+// importable, and busybox's applets beside it.
+func TestSDKDocExamplesRealNode(t *testing.T) {
+	c := e2e.NewRealCluster(t)
+	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c), "--agent-image", c.AgentImage())
+	runSDKDocExamples(t, in)
+
+	sb := in.Create(in.Token, localcluster.PythonImage, "--wait")
+	const probe = `import importlib, os, platform, sys
+d = os.path.join(sys.prefix, "lib", "python3.11", "lib-dynload")
+mods = sorted(f.split(".")[0] for f in os.listdir(d))
+for m in mods:
+    importlib.import_module(m)
+print(platform.python_version(), platform.release(), len(mods))
+`
+	out, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "python3", "-W", "ignore", "-c", probe)
+	f := strings.Fields(out)
+	if code != 0 || len(f) != 3 || !strings.HasPrefix(f[0], "3.11.") || !strings.Contains(f[1], "gvisor") || f[2] == "0" {
+		t.Fatalf("python3 in %s: %d %q %q", localcluster.PythonImage, code, out, errOut)
+	}
+	t.Logf("python %s on %s, %s extension modules imported", f[0], f[1], f[2])
+	if out, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "which", "python3", "tar", "head", "wc"); code != 0 ||
+		strings.Join(strings.Fields(out), " ") != "/usr/bin/python3 /bin/tar /bin/head /bin/wc" {
+		t.Errorf("the image's commands: %d %q %q", code, out, errOut)
+	}
+}
+
+// runSDKDocExamples runs docs/sdk.md's Go and Python blocks against in,
+// each of which must print its result and delete its sandbox.
+func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
+	t.Helper()
 	doc, err := os.ReadFile(e2e.Path(t, "docs/sdk.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +74,6 @@ func TestSDKDocExamples(t *testing.T) {
 	if blocks["go"] == "" || blocks["python"] == "" {
 		t.Fatalf("docs/sdk.md lacks a Go or a Python block: %q", blocks)
 	}
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	env := append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token)
 
 	// The Go program is built inside the module, as a user's program that

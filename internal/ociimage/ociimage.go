@@ -1,7 +1,7 @@
 // Package ociimage builds OCI images in-process, without a container daemon:
 // a layer is a tarball written in memory with zero times, so the same files
 // give the same image digest. deploy/image (the released image) and the
-// local cluster (its busybox, pause and agent images) build with it.
+// local cluster (its busybox, pause, Python and agent images) build with it.
 package ociimage
 
 import (
@@ -54,6 +54,12 @@ func (t *Tar) File(name string, mode int64, data []byte) {
 // header's mode (containerd does) gives the one file the last link's.
 func (t *Tar) Link(name, target string, mode int64) {
 	t.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, Mode: mode, ModTime: epoch})
+}
+
+// Symlink adds a symbolic link to target, which is taken as it is
+// (relative to the link's directory, or absolute in the image).
+func (t *Tar) Symlink(name, target string) {
+	t.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: epoch})
 }
 
 // Layer closes the tarball and returns it as a gzip-compressed layer. The

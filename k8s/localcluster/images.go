@@ -40,6 +40,12 @@ const (
 	// BusyboxImage is what `busybox` resolves to: a static busybox with its
 	// applets in /bin, whose command keeps a sandbox running.
 	BusyboxImage = "docker.io/library/busybox:latest"
+	// PythonImage is Debian's Python 3.11 (bookworm's python3.11 and its
+	// standard library, from build.sh's python-rootfs) over the busybox
+	// layer, with busybox's command. It is hiloop's own name, not Docker's
+	// python image: that one is another build of Python, and its command
+	// (python3) would end at once, ending the sandbox.
+	PythonImage = "hiloop.local/python:3.11"
 	// PauseImage is the pod sandbox image containerd starts first in every
 	// pod (its pinned_images "sandbox").
 	PauseImage = "hiloop.local/pause:1"
@@ -55,13 +61,14 @@ const (
 // whole grace period before the SIGKILL.
 var sleepForever = []string{"/bin/sh", "-c", "trap 'kill $!; exit 0' TERM INT; /bin/sleep 2147483647 & wait"}
 
-// busyboxPath is the PATH of the busybox and pause images (Docker's
-// busybox image has the same).
+// busyboxPath is the PATH of the busybox, pause and Python images
+// (Docker's busybox image has the same), which finds the Python image's
+// /usr/bin/python3 before busybox's applets in /bin.
 const busyboxPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // ImageOptions configure StartImages.
 type ImageOptions struct {
-	// BinDir holds busybox (from testdata/cluster/build.sh);
+	// BinDir holds busybox and python-rootfs (from testdata/cluster/build.sh);
 	// $HILOOP_CLUSTER_BIN when empty.
 	BinDir string
 	// HiloopBinary is the static hiloop binary of the agent image; when
@@ -74,7 +81,7 @@ type ImageOptions struct {
 }
 
 // Images is a registry on 127.0.0.1 serving the cluster's images: busybox,
-// pause, the hiloop agent image, and those of the archives. An image is
+// pause, Python, the hiloop agent image, and those of the archives. An image is
 // stored under its full name (docker.io/library/busybox), and a request
 // that containerd sends to a mirror, which names the image's registry in
 // the query (?ns=docker.io), is read as one for that full name.
@@ -124,6 +131,15 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 		return nil, fmt.Errorf("images: pause: %w", err)
 	}
 	images[BusyboxImage], images[PauseImage] = bb, pause
+	python, err := rootfsLayer(filepath.Join(o.BinDir, "python-rootfs"))
+	if err != nil {
+		return nil, err
+	}
+	py, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath, "LANG=C.UTF-8"}, WorkingDir: "/"}, busybox, python)
+	if err != nil {
+		return nil, fmt.Errorf("images: python: %w", err)
+	}
+	images[PythonImage] = py
 	if o.HiloopBinary != "" {
 		bin, err := os.ReadFile(o.HiloopBinary)
 		if err != nil {
@@ -320,6 +336,134 @@ func busyboxLayer(ctx context.Context, path string) (v1.Layer, error) {
 		return nil, fmt.Errorf("images: busybox: %w", err)
 	}
 	return layer, nil
+}
+
+// rootfsLayer is a layer of the directory root's directories, regular
+// files and symbolic links, in order, with their permission bits. Every
+// dynamically linked ELF file in it must find its interpreter and each
+// library it needs in root itself: the image has no other.
+func rootfsLayer(root string) (v1.Layer, error) {
+	if _, err := os.Stat(root); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: no %s: testdata/cluster/build.sh unpacks it (Debian's python3.11)", root)
+	}
+	t := ociimage.NewTar()
+	var elfs []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == root {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		mode := int64(info.Mode().Perm())
+		switch {
+		case d.IsDir():
+			t.Dir(rel+"/", mode)
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			t.Symlink(rel, target)
+		case d.Type().IsRegular():
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			t.File(rel, mode, data)
+			if bytes.HasPrefix(data, []byte(elf.ELFMAG)) {
+				elfs = append(elfs, rel)
+			}
+		default:
+			return fmt.Errorf("%s is neither a file, a directory nor a symbolic link", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w", root, err)
+	}
+	for _, rel := range elfs {
+		if err := checkLinked(root, rel); err != nil {
+			return nil, fmt.Errorf("images: %s: %w", root, err)
+		}
+	}
+	layer, err := t.Layer()
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w", root, err)
+	}
+	return layer, nil
+}
+
+// checkLinked reports an error unless the ELF file rel of root finds its
+// interpreter and every library it needs in root's library directories:
+// lib and usr/lib, and their multiarch directories (lib/x86_64-linux-gnu),
+// which Debian's loader searches without an ld.so.cache.
+func checkLinked(root, rel string) error {
+	f, err := elf.Open(filepath.Join(root, rel))
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		interp, err := io.ReadAll(p.Open())
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		if !existsIn(root, string(bytes.TrimRight(interp, "\x00"))) {
+			return fmt.Errorf("%s: its interpreter %s is missing", rel, bytes.TrimRight(interp, "\x00"))
+		}
+	}
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	dirs := []string{"/lib", "/usr/lib"}
+	for _, d := range []string{"lib", "usr/lib"} {
+		multi, _ := filepath.Glob(filepath.Join(root, d, "*-linux-gnu*"))
+		for _, m := range multi {
+			dirs = append(dirs, "/"+d+"/"+filepath.Base(m))
+		}
+	}
+	for _, lib := range libs {
+		if !slices.ContainsFunc(dirs, func(d string) bool { return existsIn(root, d+"/"+lib) }) {
+			return fmt.Errorf("%s needs %s, which no library directory holds", rel, lib)
+		}
+	}
+	return nil
+}
+
+// existsIn says whether the absolute path p names a file in the tree at
+// root, following symbolic links inside the tree (an absolute link's
+// target is taken in the tree too).
+func existsIn(root, p string) bool {
+	for range 40 {
+		p = filepath.Clean("/" + p) // a ".." stops at root
+		info, err := os.Lstat(filepath.Join(root, filepath.FromSlash(p)))
+		if err != nil {
+			return false
+		}
+		if info.Mode()&fs.ModeSymlink == 0 {
+			return true
+		}
+		target, err := os.Readlink(filepath.Join(root, filepath.FromSlash(p)))
+		if err != nil {
+			return false
+		}
+		if !strings.HasPrefix(target, "/") {
+			target = filepath.ToSlash(filepath.Join(filepath.Dir(p), target))
+		}
+		p = target
+	}
+	return false
 }
 
 // appletName is what an applet's name may be: a file name in /bin ("[" and

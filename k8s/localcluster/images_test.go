@@ -97,7 +97,13 @@ func files(t *testing.T, img v1.Image) map[string]entry {
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("layers: %d, %v", len(layers), err)
 	}
-	rc, err := layers[0].Uncompressed()
+	return layerFiles(t, layers[0])
+}
+
+// layerFiles reads a layer.
+func layerFiles(t *testing.T, layer v1.Layer) map[string]entry {
+	t.Helper()
+	rc, err := layer.Uncompressed()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +205,39 @@ func TestImages(t *testing.T) {
 		t.Errorf("pause's layer %s is not busybox's %s", b, a)
 	}
 
+	// The Python image is busybox's layer and Debian's Python over it,
+	// with busybox's command.
+	py := pull(t, im, localcluster.PythonImage)
+	cfg = config(t, py)
+	if diff := cmp.Diff(sleepForever, cfg.Cmd); diff != "" || cfg.Entrypoint != nil || !slices.Contains(cfg.Env, "LANG=C.UTF-8") ||
+		!slices.Contains(cfg.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") {
+		t.Errorf("python: entrypoint %q, env %q, cmd (-want +got):\n%s", cfg.Entrypoint, cfg.Env, diff)
+	}
+	layers, err := py.Layers()
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("python's layers: %d %v", len(layers), err)
+	}
+	if a, b := layerDigest(t, bb), layerDigest(t, py); a != b {
+		t.Errorf("python's first layer %s is not busybox's %s", b, a)
+	}
+	pyFiles := layerFiles(t, layers[1])
+	if e := pyFiles["usr/bin/python3"]; e.typ != tar.TypeSymlink || e.link != "python3.11" {
+		t.Errorf("usr/bin/python3: type %c to %q, want a symbolic link to python3.11", e.typ, e.link)
+	}
+	if e := pyFiles["usr/bin/python3.11"]; e.typ != tar.TypeReg || e.mode != 0o755 || !bytes.HasPrefix(e.data, []byte("\x7fELF")) {
+		t.Errorf("usr/bin/python3.11: type %c mode %o", e.typ, e.mode)
+	}
+	for _, f := range []string{"usr/lib/python3.11/json/__init__.py", "usr/lib/python3.11/subprocess.py"} {
+		if e := pyFiles[f]; e.typ != tar.TypeReg || len(e.data) == 0 {
+			t.Errorf("%s: type %c, %d bytes", f, e.typ, len(e.data))
+		}
+	}
+	for f := range pyFiles {
+		if strings.HasPrefix(f, "usr/share/doc/") || strings.HasPrefix(f, "bin/") {
+			t.Errorf("python's layer holds %s", f)
+		}
+	}
+
 	sum := sha256.Sum256(fakeHiloop(t, "hiloop one"))
 	if want := "hiloop.local/hiloop:" + hex.EncodeToString(sum[:])[:12]; im.AgentImage() != want {
 		t.Fatalf("agent image %q, want %q", im.AgentImage(), want)
@@ -215,7 +254,7 @@ func TestImages(t *testing.T) {
 		t.Errorf("another binary has the same image name %s", other.AgentImage())
 	}
 
-	want := []string{localcluster.BusyboxImage, im.AgentImage(), localcluster.PauseImage}
+	want := []string{localcluster.BusyboxImage, im.AgentImage(), localcluster.PauseImage, localcluster.PythonImage}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, im.Names()); diff != "" {
 		t.Errorf("names (-want +got):\n%s", diff)
@@ -444,5 +483,41 @@ func TestContainerdPullsThroughHosts(t *testing.T) {
 	delete(got, "docker.io/library/absent:1")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pulled through containerd's resolver (-want +got):\n%s", diff)
+	}
+}
+
+// TestPythonRootfsLinked checks that a Python root whose interpreter needs
+// a library it lacks (zlib's, here) fails StartImages with an error naming
+// the file and the library, and that a missing root is told as such.
+func TestPythonRootfsLinked(t *testing.T) {
+	src := os.Getenv("HILOOP_CLUSTER_BIN")
+	if src == "" {
+		t.Fatal("HILOOP_CLUSTER_BIN is not set: run the tests with make test (testdata/cluster/build.sh fetches busybox and Python)")
+	}
+	bin := t.TempDir()
+	if err := os.Symlink(filepath.Join(src, "busybox"), filepath.Join(bin, "busybox")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := localcluster.StartImages(context.Background(), localcluster.ImageOptions{BinDir: bin})
+	if err == nil || !strings.Contains(err.Error(), "python-rootfs") || !strings.Contains(err.Error(), "build.sh") {
+		t.Fatalf("without python-rootfs: %v", err)
+	}
+	root := filepath.Join(bin, "python-rootfs")
+	if out, err := exec.Command("cp", "-a", filepath.Join(src, "python-rootfs"), root).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	zlib, _ := filepath.Glob(filepath.Join(root, "*", "*", "*-linux-gnu*", "libz.so.1*"))
+	more, _ := filepath.Glob(filepath.Join(root, "*", "*-linux-gnu*", "libz.so.1*"))
+	if zlib = append(zlib, more...); len(zlib) == 0 {
+		t.Fatal("python-rootfs holds no libz.so.1")
+	}
+	for _, f := range zlib {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = localcluster.StartImages(context.Background(), localcluster.ImageOptions{BinDir: bin})
+	if err == nil || !strings.Contains(err.Error(), "usr/bin/python3.11 needs libz.so.1") {
+		t.Fatalf("without zlib: %v", err)
 	}
 }

@@ -39,8 +39,9 @@ const (
 	realNodeLock = "hiloop-realnode.lock"
 )
 
-// realNodeParts are the binaries the real node runs, from build.sh.
-var realNodeParts = []string{"kubelet", "busybox", "containerd", "ctr", "runsc", "containerd-shim-runsc-v1", "bridge", "host-local", "loopback"}
+// realNodeParts are the binaries the real node runs, and the Python
+// image's root, from build.sh.
+var realNodeParts = []string{"kubelet", "busybox", "python-rootfs", "containerd", "ctr", "runsc", "containerd-shim-runsc-v1", "bridge", "host-local", "loopback"}
 
 // nodeSysctls are the kernel settings the kubelet and the bridge plugin
 // change, restored when the node stops.

@@ -104,6 +104,42 @@ debian_binary() {
 debian_binary busybox-static bin/busybox busybox static
 debian_binary runc usr/sbin/runc runc
 
+# python_rootfs unpacks Debian's Python 3.11 into the directory
+# $bin/python-rootfs, the local cluster's Python image
+# (k8s/localcluster/images.go adds busybox's layer under it): the
+# interpreter, its whole standard library, and the shared libraries that
+# python3.11 and the standard library's extension modules link (images.go
+# refuses a rootfs where one is missing). The packages are unpacked, not
+# installed: no maintainer script runs, so /usr/bin/python3 is made here as
+# python3-minimal would, and no .pyc is compiled. Documentation, manuals,
+# translations and glibc's iconv modules are left out.
+python_rootfs() {
+	[ -d "$bin/python-rootfs" ] && return 0
+	local pkgs=(python3.11-minimal libpython3.11-minimal libpython3.11-stdlib media-types
+		libc6 zlib1g libexpat1 libssl3 libffi8 libbz2-1.0 liblzma5 libcrypt1 libuuid1 libsqlite3-0
+		libncursesw6 libtinfo6 libreadline8 libdb5.3 libnsl2 libtirpc3
+		libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2)
+	echo "fetching ${pkgs[*]} ..." >&2
+	local tmp
+	tmp=$(mktemp -d "$bin/.python-rootfs.XXXXXX")
+	local get="apt-get -q -o APT::Sandbox::User=root download ${pkgs[*]}"
+	if ! (cd "$tmp" && $get >&2); then
+		if [ "$(id -u)" != 0 ] || ! apt-get -q update >&2 || ! (cd "$tmp" && $get >&2); then
+			echo "build.sh: apt-get download ${pkgs[*]} failed (run apt-get update first?)" >&2
+			exit 1
+		fi
+	fi
+	local root="$tmp/root"
+	mkdir -m 0755 "$root"
+	for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+	rm -rf "$root/usr/share/doc" "$root/usr/share/man" "$root/usr/share/info" \
+		"$root/usr/share/locale" "$root/usr/share/lintian" "$root"/usr/lib/*/gconv
+	ln -s python3.11 "$root/usr/bin/python3"
+	mv "$root" "$bin/python-rootfs"
+	rm -rf "$tmp"
+}
+python_rootfs
+
 # The control plane, and the real node's parts in a second lane beside it: a
 # Go build leaves a core idle in its long serial steps (linking), which the
 # other lane fills.

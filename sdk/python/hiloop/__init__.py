@@ -2,7 +2,7 @@
 
     import hiloop
     client = hiloop.Client()          # HILOOP_URL, HILOOP_TOKEN
-    with client.sandboxes.create("python:3.12-slim", ttl="1h") as sb:
+    with client.sandboxes.create("hiloop.local/python:3.11", ttl="1h") as sb:
         sb.files.write("/work/main.py", "print(6*7)")
         print(sb.run(["python3", "/work/main.py"]).stdout)
 """

@@ -222,18 +222,17 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var sb store.Sandbox
+	u := control.Update{}
 	if req.TTL != "" {
-		if sb, err = s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
+		u.TTL = &ttl
 	}
 	if req.IdleTimeout != "" {
-		if sb, err = s.o.Control.SetIdleTimeout(r.Context(), caller(r), r.PathValue("id"), idle); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
+		u.IdleTimeout = &idle
+	}
+	sb, err := s.o.Control.Update(r.Context(), caller(r), r.PathValue("id"), u)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, toAPI(sb))
 }

@@ -19,10 +19,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
-	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -252,8 +252,8 @@ func (s *ServeCmd) Validate() error {
 	if s.EventRetention < 0 {
 		return errors.New("--event-retention: must not be negative")
 	}
-	if s.DefaultIdleTimeout != 0 && (s.DefaultIdleTimeout < server.MinIdleTimeout || s.DefaultIdleTimeout > server.MaxTTL) {
-		return fmt.Errorf("--default-idle-timeout: must be 0 (off) or from %s to %s", server.MinIdleTimeout, server.MaxTTL)
+	if control.CheckIdleTimeout(s.DefaultIdleTimeout) != nil {
+		return fmt.Errorf("--default-idle-timeout: must be 0 (off) or from %s to %s", control.MinIdleTimeout, control.MaxTTL)
 	}
 	if s.WakeTimeout <= 0 {
 		return errors.New("--wake-timeout: must be positive")

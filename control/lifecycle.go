@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/hiloop/hiloop/k8s"
@@ -167,12 +166,4 @@ func (c *Control) Update(ctx context.Context, who Caller, id string, u Update) (
 		return store.Sandbox{}, c.clusterFailed("patch", err)
 	}
 	return ch.After, nil
-}
-
-// check holds an update to its limits, every field before any is set.
-func (u Update) check() error {
-	if u.TTL == nil && u.IdleTimeout == nil {
-		return errors.New("ttl or idle_timeout is required")
-	}
-	return nil
 }

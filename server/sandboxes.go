@@ -1,9 +1,6 @@
 package server
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -23,26 +20,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	idem := r.Header.Get("Idempotency-Key")
-	if len(idem) > 255 {
-		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
-		return
-	}
-	spec, err := validateCreate(req)
+	cr, err := control.NewCreateRequest(req, idem)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	var idle *time.Duration
-	if req.IdleTimeout != "" {
-		d, err := parseIdleTimeout(req.IdleTimeout)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		idle = &d
-	}
-	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
-		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req), IdleTimeout: idle})
+	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), cr)
 	if errors.Is(err, store.ErrConflict) && idem != "" {
 		err = newError(http.StatusConflict, api.CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
@@ -63,16 +46,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// canonicalHash identifies a create request by its meaning, not its bytes:
-// the same request with its keys reordered or other whitespace is the same
-// request (encoding/json marshals struct fields in order and map keys
-// sorted).
-func canonicalHash(req api.CreateSandboxRequest) string {
-	b, _ := json.Marshal(req)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
 // defaultWait is how long GET /v1/sandboxes/{id}?while=STATE waits when the
 // request gives no wait.
 const defaultWait = 30 * time.Second
@@ -89,7 +62,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	while, wait := q.Get("while"), defaultWait
 	if while != "" && !validState(while) {
-		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", truncate(while))))
+		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", control.Truncate(while))))
 		return
 	}
 	if q.Has("wait") {
@@ -127,7 +100,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	if st := q.Get("state"); st != "" {
 		if !validState(st) {
-			s.writeError(w, r, fieldError("state", fmt.Sprintf("%q is not a state", truncate(st))))
+			s.writeError(w, r, fieldError("state", fmt.Sprintf("%q is not a state", control.Truncate(st))))
 			return
 		}
 		opts.State = store.State(st)
@@ -145,12 +118,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		for _, l := range ls {
 			k, v, ok := strings.Cut(l, "=")
 			if !ok {
-				s.writeError(w, r, fieldError("label", fmt.Sprintf("%q is not key=value", truncate(l))))
+				s.writeError(w, r, fieldError("label", fmt.Sprintf("%q is not key=value", control.Truncate(l))))
 				return
 			}
 			opts.Labels[k] = v
 		}
-		if err := validateLabels("label", opts.Labels); err != nil {
+		if err := control.ValidateLabels("label", opts.Labels); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
@@ -203,31 +176,10 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if req.TTL == "" && req.IdleTimeout == "" {
-		s.writeError(w, r, fieldError("ttl", "ttl or idle_timeout is required"))
+	u, err := control.NewUpdate(req)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
-	}
-	// Both are checked before either is set.
-	var ttl, idle time.Duration
-	var err error
-	if req.TTL != "" {
-		if ttl, err = parseTTL("ttl", req.TTL); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	if req.IdleTimeout != "" {
-		if idle, err = parseIdleTimeout(req.IdleTimeout); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	u := control.Update{}
-	if req.TTL != "" {
-		u.TTL = &ttl
-	}
-	if req.IdleTimeout != "" {
-		u.IdleTimeout = &idle
 	}
 	sb, err := s.o.Control.Update(r.Context(), caller(r), r.PathValue("id"), u)
 	if err != nil {

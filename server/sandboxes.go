@@ -80,7 +80,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	var sb store.Sandbox
 	var err error
 	if while == "" || info(r).noWait {
-		sb, err = s.o.Store.Sandbox(r.Context(), caller(r).OrgID, r.PathValue("id"))
+		sb, err = s.o.Control.Sandbox(r.Context(), caller(r), r.PathValue("id"))
 	} else {
 		sb, err = s.o.Control.WaitWhile(r.Context(), caller(r), r.PathValue("id"), store.State(while), wait)
 	}
@@ -93,7 +93,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	opts := store.ListOptions{OrgID: caller(r).OrgID, After: q.Get("after"), Limit: 100}
+	opts := store.ListOptions{After: q.Get("after"), Limit: 100}
 	if err := knownQuery(q, "state", "label", "limit", "after"); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -123,12 +123,8 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			}
 			opts.Labels[k] = v
 		}
-		if err := control.ValidateLabels("label", opts.Labels); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 	}
-	list, next, err := s.o.Store.ListSandboxes(r.Context(), opts)
+	list, next, err := s.o.Control.Sandboxes(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -205,7 +201,7 @@ func (s *Server) touchSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
-	evs, err := s.o.Store.Events(r.Context(), caller(r).OrgID, r.PathValue("id"))
+	evs, err := s.o.Control.Events(r.Context(), caller(r), r.PathValue("id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

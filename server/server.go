@@ -26,7 +26,6 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/metrics"
-	"github.com/hiloop/hiloop/store"
 )
 
 // MaxBodyBytes caps every request body.
@@ -34,9 +33,8 @@ const MaxBodyBytes = 64 << 10
 
 // Options configure New.
 type Options struct {
-	// Store answers every read.
-	Store *store.Store
-	// Control does everything a caller may do to a sandbox.
+	// Control authenticates every request, answers every read, and does
+	// everything a caller may do to a sandbox.
 	Control *control.Control
 	Log     *slog.Logger
 	// Ready reports whether the server may take traffic (cluster checked,
@@ -62,7 +60,7 @@ type Options struct {
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
-// control or a read of the store, HTTP out.
+// control, HTTP out.
 type Server struct {
 	o        Options
 	log      *slog.Logger
@@ -77,8 +75,8 @@ type Server struct {
 
 // New builds the API.
 func New(o Options) (*Server, error) {
-	if o.Store == nil || o.Control == nil {
-		return nil, errors.New("server: store and control are required")
+	if o.Control == nil {
+		return nil, errors.New("server: control is required")
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -277,9 +275,9 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 		}
-		key, err := s.o.Store.Authenticate(r.Context(), secret)
+		who, err := s.o.Control.Authenticate(r.Context(), control.Credential{Secret: secret})
 		if err != nil {
-			if !errors.Is(err, store.ErrNotFound) {
+			if !errors.Is(err, control.ErrUnauthenticated) {
 				s.writeError(w, r, err)
 				return
 			}
@@ -296,7 +294,7 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		}
 		if !found {
 			refund()
-			s.limiters.addKey(lim, keyHash, key.OrgID)
+			s.limiters.addKey(lim, keyHash, who.OrgID)
 			if _, ok, no := s.limiters.allowKey(lim, keyHash, create); !ok {
 				s.rateLimited(w, r, no)
 				return
@@ -307,8 +305,8 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			}
 			defer release()
 		}
-		info(r).org = key.OrgID
-		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, key)))
+		info(r).org = who.OrgID
+		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, who)))
 	}
 }
 
@@ -333,8 +331,7 @@ func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool
 
 // caller is the organization and key that authenticated the request.
 func caller(r *http.Request) control.Caller {
-	k := r.Context().Value(ctxKey{}).(store.APIKey)
-	return control.Caller{OrgID: k.OrgID, KeyID: k.ID}
+	return r.Context().Value(ctxKey{}).(control.Caller)
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v, refusing unknown

@@ -60,7 +60,7 @@ func newTestServer(t testing.TB, fc *controltest.Cluster, opts ...func(*Options,
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	co := control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, Log: log, ClusterTimeout: time.Second,
 		Caps: control.Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}, StorageClasses: []string{"fast"}}}
-	so := Options{Store: db, Log: log}
+	so := Options{Log: log}
 	for _, o := range opts {
 		o(&so, &co)
 	}

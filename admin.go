@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/server"
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -131,8 +131,8 @@ func (c *OrgIdleCmd) Run(ctx context.Context, stdout io.Writer) error {
 	var d *time.Duration
 	if c.IdleTimeout != "default" {
 		v, err := time.ParseDuration(c.IdleTimeout)
-		if err != nil || v != 0 && (v < server.MinIdleTimeout || v > server.MaxTTL) {
-			return usageError{fmt.Errorf("duration: %q is not 0, default, or a duration from %s to %s", c.IdleTimeout, server.MinIdleTimeout, server.MaxTTL)}
+		if err != nil || control.CheckIdleTimeout(v) != nil {
+			return usageError{fmt.Errorf("duration: %q is not 0, default, or a duration from %s to %s", c.IdleTimeout, control.MinIdleTimeout, control.MaxTTL)}
 		}
 		d = &v
 	}

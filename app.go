@@ -152,7 +152,7 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		fmt.Fprintf(stdout, "hiloop ssh gateway on %s (host key %s)\n", a.sshLn.Addr(), gossh.FingerprintSHA256(hostKey.PublicKey()))
 	}
 	api, err := server.New(server.Options{
-		Store: a.db, Control: a.core, Log: a.log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
+		Control: a.core, Log: a.log, HostKey: hostPub, SSHPort: sshPort, Metrics: met,
 		// An upload may take as long as it keeps moving: its body's
 		// deadline moves ahead by the I/O timeout with each read.
 		MaxFileBytes: cfg.MaxFileSize, FileIdleTimeout: cfg.HTTPIOTimeout,

@@ -19,10 +19,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/k8s/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
-	"github.com/hiloop/hiloop/server"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -69,7 +69,7 @@ type ClusterFlags struct {
 	Namespace      string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
 	RuntimeClass   string        `default:"${default_runtime_class}" env:"HILOOP_RUNTIME_CLASS" help:"RuntimeClass every sandbox pod runs under."`
 	SessionPort    int           `default:"2223" env:"HILOOP_SESSION_PORT" help:"Port the session helper listens on in each pod (the one the NetworkPolicy opens)."`
-	ClusterTimeout time.Duration `default:"10s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
+	ClusterTimeout time.Duration `default:"${default_cluster_timeout}" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long to wait for the cluster at start-up and per call."`
 	NoGVisor       bool          `name:"insecure-no-gvisor" env:"HILOOP_INSECURE_NO_GVISOR" help:"DEVELOPMENT ONLY (kind): run sandboxes without the gVisor runtime class. Every receipt and sandbox says so, and the self-check reports it."`
 	BoundaryFile   string        `name:"boundary-file" default:"" env:"HILOOP_BOUNDARY_FILE" help:"The chart's rendering of the isolation boundary that the self-check holds the cluster to (the chart mounts it from the ConfigMap hiloop-boundary; helm template's output also works). Default: the chart's default values, built in."`
 
@@ -252,8 +252,8 @@ func (s *ServeCmd) Validate() error {
 	if s.EventRetention < 0 {
 		return errors.New("--event-retention: must not be negative")
 	}
-	if s.DefaultIdleTimeout != 0 && (s.DefaultIdleTimeout < server.MinIdleTimeout || s.DefaultIdleTimeout > server.MaxTTL) {
-		return fmt.Errorf("--default-idle-timeout: must be 0 (off) or from %s to %s", server.MinIdleTimeout, server.MaxTTL)
+	if control.CheckIdleTimeout(s.DefaultIdleTimeout) != nil {
+		return fmt.Errorf("--default-idle-timeout: must be 0 (off) or from %s to %s", control.MinIdleTimeout, control.MaxTTL)
 	}
 	if s.WakeTimeout <= 0 {
 		return errors.New("--wake-timeout: must be positive")

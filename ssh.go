@@ -230,14 +230,14 @@ type SSHRotateCmd struct {
 	offline
 	Kubeconfig     string        `default:"" env:"HILOOP_KUBECONFIG" help:"Kubeconfig file (default: in-cluster, then KUBECONFIG and ~/.kube/config)."`
 	Namespace      string        `default:"${default_namespace}" env:"HILOOP_NAMESPACE" help:"Namespace that holds the sandboxes."`
-	ClusterTimeout time.Duration `default:"60s" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long the whole rotation may take."`
+	ClusterTimeout time.Duration `default:"${default_cluster_timeout}" env:"HILOOP_CLUSTER_TIMEOUT" help:"How long each call to the cluster may take."`
 }
 
-// Run makes the new key (the old one stays as the previous, which the
-// gateway still tries until every helper has the new one) and annotates
-// every Sandbox with a helper. A running serve uses the new key from its
-// next dial.
+// Run rotates the key (control.RotateGatewayKey).
 func (c *SSHRotateCmd) Run(ctx context.Context, stdout io.Writer) error {
+	if c.ClusterTimeout <= 0 {
+		return usageError{errors.New("--cluster-timeout: must be positive")}
+	}
 	cfg, err := k8s.LoadConfig(c.Kubeconfig)
 	if err != nil {
 		return err
@@ -251,19 +251,11 @@ func (c *SSHRotateCmd) Run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	return c.withDB(ctx, func(ctx context.Context, db *store.Store) error {
-		key, err := db.RotateGatewayKey(ctx)
-		if err != nil {
+		pub, n, err := control.RotateGatewayKey(ctx, db, w, c.ClusterTimeout)
+		switch {
+		case err != nil && pub == nil:
 			return err
-		}
-		pub, err := gossh.NewPublicKey(key.Public())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(ctx, c.ClusterTimeout)
-		defer cancel()
-		// Each sandbox gets the login key derived for it from the new key.
-		n, err := w.RotateGatewayKey(ctx, func(id string) (string, error) { return control.HelperAuthorizedKey(key, id) })
-		if err != nil {
+		case err != nil:
 			return fmt.Errorf("new key %s recorded; %d sandboxes annotated before: %w (run again to finish)", gossh.FingerprintSHA256(pub), n, err)
 		}
 		fmt.Fprintf(stdout, "gateway key is now %s; %d sandboxes with a session helper annotated\n", gossh.FingerprintSHA256(pub), n)

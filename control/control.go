@@ -100,7 +100,8 @@ type Options struct {
 	Caps Capabilities
 	// Limits default to 8 sessions per sandbox and 32 per organization.
 	Limits Limits
-	// ClusterTimeout bounds each cluster call; 15s when zero.
+	// ClusterTimeout bounds each cluster call; k8s.DefaultClusterTimeout
+	// when zero.
 	ClusterTimeout time.Duration
 	// SweepInterval is how often live sessions and registered connections
 	// are held to their key and sandbox (a revoke offline, a stop or
@@ -204,7 +205,7 @@ func New(o Options) (*Control, error) {
 		o.Now = time.Now
 	}
 	if o.ClusterTimeout == 0 {
-		o.ClusterTimeout = 15 * time.Second
+		o.ClusterTimeout = k8s.DefaultClusterTimeout
 	}
 	if o.BoundaryInterval == 0 {
 		o.BoundaryInterval = time.Minute

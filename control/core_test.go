@@ -212,13 +212,13 @@ func TestCreateKeyThroughCore(t *testing.T) {
 	}
 }
 
-// TestSSHCallerPerOrganization: organization B registers organization A's
+// TestSSHAuthenticationPerOrganization: organization B registers organization A's
 // public key. A keeps registering and using it; the registration that
 // authorizes a login is the one of the organization that owns the sandbox
 // named as the SSH user, so the key acts as B's key only on B's sandboxes
 // and as A's only on A's, and deleting one organization's registration
 // leaves the other's alone.
-func TestSSHCallerPerOrganization(t *testing.T) {
+func TestSSHAuthenticationPerOrganization(t *testing.T) {
 	c, db, orgA := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
 	orgB, err := db.CreateOrg(ctx, "b", 100, 100)
@@ -251,9 +251,9 @@ func TestSSHCallerPerOrganization(t *testing.T) {
 
 	check := func(when, sandbox string, want Caller, wantOK bool) {
 		t.Helper()
-		got, ok := c.SSHCaller(ctx, key, sandbox)
-		if ok != wantOK || got != want {
-			t.Errorf("%s: SSHCaller(%s) = %+v, %v; want %+v, %v", when, sandbox, got, ok, want, wantOK)
+		got, err := c.Authenticate(ctx, Credential{SSHKey: key, Sandbox: sandbox})
+		if ok := err == nil; ok != wantOK || got != want || (!ok && !errors.Is(err, ErrUnauthenticated)) {
+			t.Errorf("%s: Authenticate(%s) = %+v, %v; want %+v, ok %v", when, sandbox, got, err, want, wantOK)
 		}
 	}
 	check("both registered", sbA.ID, Caller{OrgID: orgA.ID, KeyID: kA.ID}, true)
@@ -275,8 +275,8 @@ func TestSSHCallerPerOrganization(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("A deleted its registration", sbA.ID, Caller{}, false)
-	if got, ok := c.SSHCaller(ctx, nil, sbA.ID); ok {
-		t.Errorf("no key: %+v", got)
+	if got, err := c.Authenticate(ctx, Credential{Sandbox: sbA.ID}); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("no key: %+v, %v", got, err)
 	}
 }
 

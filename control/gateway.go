@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -108,4 +109,30 @@ func (c *Control) PinHelperKey(ctx context.Context, s *Session, podUID, fp strin
 		c.touch(s.SandboxID)
 	}
 	return pinned, nil
+}
+
+// GatewayKeyWriter hands sandboxes their helpers' login keys:
+// k8s.Writer satisfies it. key gives the one for each sandbox id.
+type GatewayKeyWriter interface {
+	RotateGatewayKey(ctx context.Context, callTimeout time.Duration, key func(id string) (string, error)) (int, error)
+}
+
+// RotateGatewayKey gives the gateway a new key and hands every sandbox with
+// a session helper the login key derived for it from the new one, each
+// cluster call bounded by callTimeout. The key it replaced stays as the
+// previous one, which the gateway still tries (GatewayKeys) until every
+// helper has the new one, so a rotation cut short is finished by running it
+// again. A running serve uses the new key from its next dial. It returns
+// the new key's public key and how many sandboxes were handed theirs.
+func RotateGatewayKey(ctx context.Context, db *store.Store, cluster GatewayKeyWriter, callTimeout time.Duration) (gossh.PublicKey, int, error) {
+	key, err := db.RotateGatewayKey(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	pub, err := gossh.NewPublicKey(key.Public())
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := cluster.RotateGatewayKey(ctx, callTimeout, func(id string) (string, error) { return HelperAuthorizedKey(key, id) })
+	return pub, n, err
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"testing"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -134,4 +135,62 @@ func fingerprint(t *testing.T, k ed25519.PrivateKey) string {
 		t.Fatal(err)
 	}
 	return gossh.FingerprintSHA256(pub)
+}
+
+// keyWriter records the keys a rotation hands each sandbox.
+type keyWriter struct {
+	ids  []string
+	got  map[string]string
+	err  error
+	call time.Duration
+}
+
+func (w *keyWriter) RotateGatewayKey(_ context.Context, callTimeout time.Duration, key func(id string) (string, error)) (int, error) {
+	w.call, w.got = callTimeout, map[string]string{}
+	for _, id := range w.ids {
+		line, err := key(id)
+		if err != nil {
+			return len(w.got), err
+		}
+		w.got[id] = line
+	}
+	return len(w.got), w.err
+}
+
+// TestRotateGatewayKey: a rotation records a new gateway key, hands each
+// sandbox the login key derived for it from the new key (never the gateway
+// key itself), and bounds each cluster call by the timeout it was given.
+// A cluster failure still answers the new key, so the caller can say the
+// rotation is recorded and must be finished.
+func TestRotateGatewayKey(t *testing.T) {
+	_, db, _ := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	w := &keyWriter{ids: []string{"sbx_a", "sbx_b"}}
+	pub, n, err := RotateGatewayKey(ctx, db, w, 7*time.Second)
+	if err != nil || n != 2 || w.call != 7*time.Second {
+		t.Fatalf("rotation: %d, %v, timeout %s", n, err, w.call)
+	}
+	cur, err := db.PrivateKey(ctx, store.KeyGateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gossh.FingerprintSHA256(pub); got != fingerprint(t, cur) {
+		t.Errorf("answered key %s, recorded %s", got, fingerprint(t, cur))
+	}
+	for _, id := range w.ids {
+		want, err := HelperAuthorizedKey(cur, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.got[id] != want {
+			t.Errorf("%s handed %q, want its own derived key %q", id, w.got[id], want)
+		}
+	}
+	if w.got["sbx_a"] == w.got["sbx_b"] {
+		t.Error("two sandboxes were handed the same key")
+	}
+	w.err = errors.New("cluster away")
+	if pub, _, err := RotateGatewayKey(ctx, db, w, time.Second); err == nil || pub == nil {
+		t.Errorf("a rotation the cluster cut short: %v, %v; want the error and the new key", pub, err)
+	}
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -52,23 +53,53 @@ func (c *Control) DeleteSSHKey(ctx context.Context, who Caller, id string) error
 	return nil
 }
 
-// SSHCaller is who an SSH connection for sandbox id authenticates as with
-// this key: the registration of the key by the organization that owns the
-// sandbox, found in one lookup of key and sandbox together. When several
-// organizations registered the same public key, the sandbox decides whose
-// registration applies, so each acts only on its own organization's
-// sandboxes. An unregistered key, an absent sandbox and another
-// organization's sandbox all answer false, after the same one lookup.
-func (c *Control) SSHCaller(ctx context.Context, key gossh.PublicKey, id string) (Caller, bool) {
-	if key == nil || id == "" {
-		return Caller{}, false
-	}
-	k, err := c.o.Store.SSHKeyForSandbox(ctx, gossh.FingerprintSHA256(key), id)
-	if err != nil || k.OrgID == "" || k.ID == "" {
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			c.log.Error("ssh key lookup", "sandbox", id, "err", err)
+// Credential is what a caller presents: the secret of an API key (HTTP),
+// or an SSH public key with the sandbox it logs in to (SSH, where the
+// sandbox is the user name).
+type Credential struct {
+	Secret string
+	// SSHKey and Sandbox: the registration that applies is the one of the
+	// organization that owns the sandbox, found in one lookup of key and
+	// sandbox together. When several organizations registered the same
+	// public key, the sandbox decides whose registration applies, so each
+	// acts only on its own organization's sandboxes.
+	SSHKey  gossh.PublicKey
+	Sandbox string
+}
+
+// Authenticate is the one authentication of every way in: it returns the
+// caller that cred authenticates, the key's organization and the key
+// itself. A revoked or unknown API key, an unregistered SSH key, an absent
+// sandbox, another organization's sandbox, and a credential of neither
+// kind all answer ErrUnauthenticated, each after at most the same one
+// lookup; any other error is the record's (unavailable).
+func (c *Control) Authenticate(ctx context.Context, cred Credential) (Caller, error) {
+	var who Caller
+	switch {
+	case cred.Secret != "" && cred.SSHKey == nil && cred.Sandbox == "":
+		k, err := c.o.Store.Authenticate(ctx, cred.Secret)
+		if err != nil {
+			return Caller{}, unauthenticated(err)
 		}
-		return Caller{}, false
+		who = Caller{OrgID: k.OrgID, KeyID: k.ID}
+	case cred.SSHKey != nil && cred.Sandbox != "" && cred.Secret == "":
+		k, err := c.o.Store.SSHKeyForSandbox(ctx, gossh.FingerprintSHA256(cred.SSHKey), cred.Sandbox)
+		if err != nil {
+			return Caller{}, unauthenticated(err)
+		}
+		who = Caller{OrgID: k.OrgID, KeyID: k.ID}
 	}
-	return Caller{OrgID: k.OrgID, KeyID: k.ID}, true
+	if who.OrgID == "" || who.KeyID == "" {
+		return Caller{}, ErrUnauthenticated
+	}
+	return who, nil
+}
+
+// unauthenticated is ErrUnauthenticated for a key the record does not
+// hold, and the record's own error otherwise.
+func unauthenticated(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return ErrUnauthenticated
+	}
+	return fmt.Errorf("authenticate: %w", err)
 }

@@ -122,37 +122,48 @@ func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while st
 	}
 }
 
-// SetTTL sets a sandbox's expiry to now plus ttl, restoring the record's
-// expiry when the cluster write fails.
-func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Duration) (store.Sandbox, error) {
+// Update is a change of a sandbox's lifetime: a nil field stays as it is.
+type Update struct {
+	// TTL sets the expiry to now plus TTL.
+	TTL *time.Duration
+	// IdleTimeout changes the idle timeout; 0 turns idle stop off. The
+	// idle clock keeps running: a timeout shorter than the time the
+	// sandbox has already gone unused stops it at the next check.
+	IdleTimeout *time.Duration
+}
+
+// Update applies a lifetime change as one: every field or none. The
+// record takes them in one transaction, then the cluster its new expiry;
+// when that cluster write fails, the record is restored whole.
+func (c *Control) Update(ctx context.Context, who Caller, id string, u Update) (store.Sandbox, error) {
+	if err := u.check(); err != nil {
+		return store.Sandbox{}, err
+	}
 	unlock, err := c.lockOwned(ctx, who, id)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer unlock()
-	before, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+	var l store.Lifetime
+	if u.TTL != nil {
+		at := c.o.Now().Add(*u.TTL).UTC().Truncate(time.Second)
+		l.ExpiresAt, l.TTLSeconds = &at, int64(*u.TTL/time.Second)
+	}
+	l.IdleTimeout = u.IdleTimeout
+	ch, err := c.o.Store.SetLifetime(ctx, who.OrgID, id, l)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	at := c.o.Now().Add(ttl).UTC().Truncate(time.Second)
-	after, err := c.o.Store.SetExpiry(ctx, who.OrgID, id, at, int64(ttl/time.Second))
-	if err != nil {
-		return store.Sandbox{}, err
+	if l.ExpiresAt == nil {
+		return ch.After, nil
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
-	if err := c.o.Cluster.SetExpiry(cctx, id, at); err != nil && !k8s.IsNotFound(err) {
-		if rerr := c.o.Store.RestoreExpiry(context.WithoutCancel(c.base), before); rerr != nil {
-			c.log.Error("restore expiry", "sandbox", id, "err", rerr)
+	if err := c.o.Cluster.SetExpiry(cctx, id, *l.ExpiresAt); err != nil && !k8s.IsNotFound(err) {
+		if rerr := c.o.Store.RestoreLifetime(context.WithoutCancel(c.base), ch.Before); rerr != nil {
+			c.log.Error("restore lifetime", "sandbox", id, "err", rerr)
 		}
 		return store.Sandbox{}, c.clusterFailed("patch", err)
 	}
-	return after, nil
-}
-
-// SetIdleTimeout changes a sandbox's idle timeout; 0 turns idle stop off.
-// Its idle clock keeps running: a timeout shorter than the time it has
-// already gone unused stops it at the next check.
-func (c *Control) SetIdleTimeout(ctx context.Context, who Caller, id string, d time.Duration) (store.Sandbox, error) {
-	return c.o.Store.SetIdleTimeout(ctx, who.OrgID, id, d)
+	return ch.After, nil
 }

@@ -42,7 +42,11 @@ func TestOrgCheckBeforeLock(t *testing.T) {
 			return err
 		},
 		"delete": func(who Caller) error { _, err := c.SetMode(ctx, who, sb.ID, store.ModeDeleted); return err },
-		"ttl":    func(who Caller) error { _, err := c.SetTTL(ctx, who, sb.ID, time.Hour); return err },
+		"update": func(who Caller) error {
+			ttl := time.Hour
+			_, err := c.Update(ctx, who, sb.ID, Update{TTL: &ttl})
+			return err
+		},
 	}
 	for name, op := range ops {
 		for _, who := range []Caller{liveCaller(t, db, other.ID), {}} {

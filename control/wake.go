@@ -105,29 +105,46 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	}
 }
 
-// wakeTries bounds how often AdmitWaking wakes again after an idle stop
-// raced its admission.
+// wakeTries bounds how often UseWaking tries a use of a sandbox that an
+// idle stop raced.
 const wakeTries = 3
 
-// AdmitWaking is Admit for a caller who may wake the sandbox (ssh, ssh -L,
-// exec with wake=true): a sandbox that is not running is handed to Wake,
-// which starts it or says why not, and admitted once it runs. An idle stop
-// that lands in between is woken from again. A running sandbox costs
-// nothing more than Admit.
-func (c *Control) AdmitWaking(ctx context.Context, who Caller, id string, o WakeOptions) (*Session, error) {
+// UseWaking is the one wake-and-retry of every way in. It calls use, what
+// the caller does with the sandbox (admit a session, take a use of a
+// session it holds); when use reports that the sandbox was not running for
+// it, or stopped for idleness under it (raced), the sandbox is handed to
+// Wake, which starts it or says why not, and use is called again, up to
+// wakeTries calls in all. The last use's error, or Wake's refusal, is
+// returned. o.Waking is called at most once over every wake.
+func (c *Control) UseWaking(ctx context.Context, who Caller, id string, o WakeOptions, use func() (raced bool, err error)) error {
 	if o.Waking != nil {
 		o.Waking = sync.OnceFunc(o.Waking)
 	}
 	for try := 1; ; try++ {
-		s, err := c.Admit(ctx, who, id, o.Transport)
-		var se *StateError
-		if !errors.As(err, &se) || try == wakeTries {
-			return s, err
+		raced, err := use()
+		if !raced || try == wakeTries {
+			return err
 		}
 		if err := c.Wake(ctx, who, id, o); err != nil {
-			return nil, err
+			return err
 		}
 	}
+}
+
+// AdmitWaking is Admit for a caller who may wake the sandbox (ssh, ssh -L,
+// exec with wake=true): a sandbox that is not running is handed to Wake
+// (UseWaking) and admitted once it runs. An idle stop that lands in
+// between is woken from again. A running sandbox costs nothing more than
+// Admit.
+func (c *Control) AdmitWaking(ctx context.Context, who Caller, id string, o WakeOptions) (*Session, error) {
+	var s *Session
+	err := c.UseWaking(ctx, who, id, o, func() (bool, error) {
+		var err error
+		s, err = c.Admit(ctx, who, id, o.Transport)
+		var se *StateError
+		return errors.As(err, &se), err
+	})
+	return s, err
 }
 
 // wakeable reports whether a wake would bring sb up: it was stopped for

@@ -296,3 +296,40 @@ func TestModeWritingCoversTheClusterWrite(t *testing.T) {
 		t.Fatalf("after the failed start the record asks for %s", rec.DesiredMode)
 	}
 }
+
+// TestUseWakingBounded: a use that an idle stop keeps racing is tried
+// wakeTries times and its last error returned; one that succeeds on a
+// later try ends the loop; a refused wake ends it with the refusal.
+func TestUseWakingBounded(t *testing.T) {
+	c, db, org := newControl(t, &controltest.Cluster{})
+	ctx := context.Background()
+	who := liveCaller(t, db, org.ID)
+	sb := runningSandbox(t, c, db, who)
+	o := WakeOptions{Transport: sandbox.TransportExec}
+	raced := errors.New("raced")
+	calls := 0
+	err := c.UseWaking(ctx, who, sb.ID, o, func() (bool, error) { calls++; return true, raced })
+	if calls != wakeTries || err != raced {
+		t.Errorf("always raced: %d calls, %v; want %d, raced", calls, err, wakeTries)
+	}
+	calls = 0
+	err = c.UseWaking(ctx, who, sb.ID, o, func() (bool, error) {
+		calls++
+		if calls == 1 {
+			return true, raced
+		}
+		return false, nil
+	})
+	if calls != 2 || err != nil {
+		t.Errorf("raced once: %d calls, %v; want 2, nil", calls, err)
+	}
+	if _, err := c.SetMode(ctx, who, sb.ID, store.ModeStopped); err != nil {
+		t.Fatal(err)
+	}
+	calls = 0
+	err = c.UseWaking(ctx, who, sb.ID, o, func() (bool, error) { calls++; return true, raced })
+	var se *StateError
+	if calls != 1 || !errors.As(err, &se) {
+		t.Errorf("a sandbox its owner stopped: %d calls, %v; want 1 and the wake's refusal", calls, err)
+	}
+}

@@ -37,10 +37,14 @@ const (
 	DefaultSessionPort = 2223
 	// HelperUser is the uid the session helper runs as.
 	HelperUser = 65532
+	// ReservedVolumePrefix starts the names of the pod volumes rendered
+	// for hiloop itself; a sandbox's own volumes may not use it, or the
+	// controller would put the claim in place of hiloop's volume of the
+	// same name.
+	ReservedVolumePrefix = "hiloop-"
 	// GatewayKeyVolume is the pod volume that projects the gateway-key
-	// annotation into the helper. Volume names that start with "hiloop-"
-	// are hiloop's; the API refuses them for a sandbox's own volumes.
-	GatewayKeyVolume = "hiloop-gateway-key"
+	// annotation into the helper.
+	GatewayKeyVolume = ReservedVolumePrefix + "gateway-key"
 	// HelperSandboxEnv carries the sandbox id to the helper, from the pod's
 	// sandbox label through the downward API: the helper refuses a login
 	// under any other user name.
@@ -56,6 +60,9 @@ const (
 const (
 	DefaultNamespace    = "hiloop-sandboxes"
 	DefaultRuntimeClass = "gvisor"
+	// DefaultClusterTimeout bounds each call to the API server
+	// (HILOOP_CLUSTER_TIMEOUT): serve's, doctor's and a key rotation's.
+	DefaultClusterTimeout = 10 * time.Second
 )
 
 // Selector selects every object hiloop made.

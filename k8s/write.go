@@ -289,8 +289,12 @@ func PodReady(p *corev1.Pod) bool {
 // the projected file, and the helper reads it at the next login. A Sandbox
 // whose label does not name the id of its name is left alone. It returns
 // how many were patched.
-func (w *Writer) RotateGatewayKey(ctx context.Context, key func(id string) (string, error)) (int, error) {
-	list, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Selector})
+// Each call to the API server (the list, each patch) is bounded by
+// callTimeout.
+func (w *Writer) RotateGatewayKey(ctx context.Context, callTimeout time.Duration, key func(id string) (string, error)) (int, error) {
+	lctx, cancel := context.WithTimeout(ctx, callTimeout)
+	list, err := w.c.Sandbox.AgentsV1beta1().Sandboxes(w.opts.Namespace).List(lctx, metav1.ListOptions{LabelSelector: Selector})
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -309,7 +313,10 @@ func (w *Writer) RotateGatewayKey(ctx context.Context, key func(id string) (stri
 		if err != nil {
 			return n, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		if err := w.Annotate(ctx, id, AnnotationGatewayKey, line); err != nil {
+		actx, cancel := context.WithTimeout(ctx, callTimeout)
+		err = w.Annotate(actx, id, AnnotationGatewayKey, line)
+		cancel()
+		if err != nil {
 			return n, err
 		}
 		n++

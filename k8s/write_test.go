@@ -196,7 +196,7 @@ func TestRotateGatewayKeyPerSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := w.RotateGatewayKey(ctx, func(id string) (string, error) { return "new-" + id, nil })
+	n, err := w.RotateGatewayKey(ctx, k8s.DefaultClusterTimeout, func(id string) (string, error) { return "new-" + id, nil })
 	if err != nil || n != 2 {
 		t.Fatalf("rotated %d sandboxes (%v), want 2", n, err)
 	}

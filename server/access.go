@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"regexp"
+	"sync"
 	"time"
 )
 
@@ -35,8 +37,10 @@ func info(r *http.Request) *reqInfo {
 // RequestIDHeader carries a request's id both ways.
 const RequestIDHeader = "X-Request-Id"
 
-// clientID is what a client may choose as its request id.
-var clientID = lazyRegexp(`^[A-Za-z0-9._-]{1,64}$`)
+// clientID is what a client may choose as its request id. It is compiled
+// on first use: the CLI is the same binary and initializes this package
+// before every command.
+var clientID = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`) })
 
 func newRequestID() string {
 	b := make([]byte, 8)

@@ -30,6 +30,9 @@ func fieldError(field, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Message: field + ": " + msg, Field: field}}
 }
 
+// truncate keeps input echoed in a message short, as control's messages do.
+func truncate(s string) string { return control.Truncate(s) }
+
 var (
 	// errNotFound is the one answer for an absent sandbox and for another
 	// organization's: the two must be indistinguishable.
@@ -52,6 +55,8 @@ func toAPIError(err error) *apiError {
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: fe.Field, Message: fe.Error()}}
 	case errors.As(err, &fe) && errors.Is(err, control.ErrUnsupported):
 		return &apiError{status: http.StatusUnprocessableEntity, detail: api.ErrorDetail{Code: api.CodeUnsupportedCapability, Field: fe.Field, Message: fe.Message}}
 	case errors.Is(err, control.ErrUnauthenticated):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -361,4 +362,30 @@ func (ts *testServer) stopIdle(id string) string {
 	}
 	ts.db.Observe(ctx, id, store.Observation{State: store.StateStopped})
 	return id
+}
+
+// TestPatchAllOrNothing: a PATCH that sets the TTL and the idle timeout
+// applies both or neither. Here the sandbox is recorded lost (as the
+// mirror would) while the cluster carries out the new expiry: the answer
+// must not refuse the PATCH with one of its fields already applied.
+func TestPatchAllOrNothing(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	id := ts.create(`{"image":"busybox","ttl":"1h","idle_timeout":"5m"}`)
+	before := ts.record(id)
+	ts.fc.Set(func(f *controltest.Cluster) {
+		f.OnExpiry = func(id string) {
+			if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: store.StateLost}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"2h","idle_timeout":"10m"}`)
+	after := ts.record(id)
+	ttlSet, idleSet := !after.ExpiresAt.Equal(*before.ExpiresAt), after.IdleTimeout == 10*time.Minute
+	switch {
+	case rec.Code == http.StatusOK && !(ttlSet && idleSet):
+		t.Errorf("PATCH answered 200 and applied ttl %v, idle_timeout %v", ttlSet, idleSet)
+	case rec.Code != http.StatusOK && (ttlSet || idleSet):
+		t.Errorf("PATCH answered %d %s and applied ttl %v, idle_timeout %v", rec.Code, errCode(t, rec), ttlSet, idleSet)
+	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
-	org, err := s.o.Store.Org(r.Context(), caller(r).OrgID)
+	org, err := s.o.Control.Org(r.Context(), caller(r))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -23,7 +23,7 @@ func (s *Server) getOrg(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
-	keys, err := s.o.Store.Keys(r.Context(), caller(r).OrgID)
+	keys, err := s.o.Control.Keys(r.Context(), caller(r))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -39,7 +39,7 @@ type RateLimits struct {
 	// PerAddress is requests per second, with AddressBurst, from one client
 	// address (an IPv4 address, or an IPv6 /64) that carry no valid key: a
 	// missing, unknown or revoked token, and the endpoints that need no key
-	// but the kubelet's probes (see probes).
+	// but the kubelet's probes (see the probe access of routes).
 	PerAddress   rate.Limit
 	AddressBurst int
 	// WaitsPerKey is how many long polls of one key, and of one

@@ -1,9 +1,6 @@
 package server
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -23,26 +20,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	idem := r.Header.Get("Idempotency-Key")
-	if len(idem) > 255 {
-		s.writeError(w, r, &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: "Idempotency-Key", Message: "Idempotency-Key: at most 255 characters"}})
-		return
-	}
-	spec, err := validateCreate(req)
+	cr, err := control.NewCreateRequest(req, idem)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	var idle *time.Duration
-	if req.IdleTimeout != "" {
-		d, err := parseIdleTimeout(req.IdleTimeout)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		idle = &d
-	}
-	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), control.CreateRequest{
-		Spec: spec, IdempotencyKey: idem, RequestHash: canonicalHash(req), IdleTimeout: idle})
+	sb, outcome, err := s.o.Control.Create(r.Context(), caller(r), cr)
 	if errors.Is(err, store.ErrConflict) && idem != "" {
 		err = newError(http.StatusConflict, api.CodeIdempotencyConflict, "Idempotency-Key was already used with a different request")
 	}
@@ -63,16 +46,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// canonicalHash identifies a create request by its meaning, not its bytes:
-// the same request with its keys reordered or other whitespace is the same
-// request (encoding/json marshals struct fields in order and map keys
-// sorted).
-func canonicalHash(req api.CreateSandboxRequest) string {
-	b, _ := json.Marshal(req)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
 // defaultWait is how long GET /v1/sandboxes/{id}?while=STATE waits when the
 // request gives no wait.
 const defaultWait = 30 * time.Second
@@ -89,7 +62,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	while, wait := q.Get("while"), defaultWait
 	if while != "" && !validState(while) {
-		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", truncate(while))))
+		s.writeError(w, r, fieldError("while", fmt.Sprintf("%q is not a state", control.Truncate(while))))
 		return
 	}
 	if q.Has("wait") {
@@ -107,7 +80,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	var sb store.Sandbox
 	var err error
 	if while == "" || info(r).noWait {
-		sb, err = s.o.Store.Sandbox(r.Context(), caller(r).OrgID, r.PathValue("id"))
+		sb, err = s.o.Control.Sandbox(r.Context(), caller(r), r.PathValue("id"))
 	} else {
 		sb, err = s.o.Control.WaitWhile(r.Context(), caller(r), r.PathValue("id"), store.State(while), wait)
 	}
@@ -120,14 +93,14 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	opts := store.ListOptions{OrgID: caller(r).OrgID, After: q.Get("after"), Limit: 100}
+	opts := store.ListOptions{After: q.Get("after"), Limit: 100}
 	if err := knownQuery(q, "state", "label", "limit", "after"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	if st := q.Get("state"); st != "" {
 		if !validState(st) {
-			s.writeError(w, r, fieldError("state", fmt.Sprintf("%q is not a state", truncate(st))))
+			s.writeError(w, r, fieldError("state", fmt.Sprintf("%q is not a state", control.Truncate(st))))
 			return
 		}
 		opts.State = store.State(st)
@@ -145,17 +118,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		for _, l := range ls {
 			k, v, ok := strings.Cut(l, "=")
 			if !ok {
-				s.writeError(w, r, fieldError("label", fmt.Sprintf("%q is not key=value", truncate(l))))
+				s.writeError(w, r, fieldError("label", fmt.Sprintf("%q is not key=value", control.Truncate(l))))
 				return
 			}
 			opts.Labels[k] = v
 		}
-		if err := validateLabels("label", opts.Labels); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 	}
-	list, next, err := s.o.Store.ListSandboxes(r.Context(), opts)
+	list, next, err := s.o.Control.Sandboxes(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -203,37 +172,15 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if req.TTL == "" && req.IdleTimeout == "" {
-		s.writeError(w, r, fieldError("ttl", "ttl or idle_timeout is required"))
+	u, err := control.NewUpdate(req)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	// Both are checked before either is set.
-	var ttl, idle time.Duration
-	var err error
-	if req.TTL != "" {
-		if ttl, err = parseTTL("ttl", req.TTL); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	if req.IdleTimeout != "" {
-		if idle, err = parseIdleTimeout(req.IdleTimeout); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	var sb store.Sandbox
-	if req.TTL != "" {
-		if sb, err = s.o.Control.SetTTL(r.Context(), caller(r), r.PathValue("id"), ttl); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	if req.IdleTimeout != "" {
-		if sb, err = s.o.Control.SetIdleTimeout(r.Context(), caller(r), r.PathValue("id"), idle); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
+	sb, err := s.o.Control.Update(r.Context(), caller(r), r.PathValue("id"), u)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, toAPI(sb))
 }
@@ -254,7 +201,7 @@ func (s *Server) touchSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
-	evs, err := s.o.Store.Events(r.Context(), caller(r).OrgID, r.PathValue("id"))
+	evs, err := s.o.Control.Events(r.Context(), caller(r), r.PathValue("id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -26,7 +26,6 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/metrics"
-	"github.com/hiloop/hiloop/store"
 )
 
 // MaxBodyBytes caps every request body.
@@ -34,9 +33,8 @@ const MaxBodyBytes = 64 << 10
 
 // Options configure New.
 type Options struct {
-	// Store answers every read.
-	Store *store.Store
-	// Control does everything a caller may do to a sandbox.
+	// Control authenticates every request, answers every read, and does
+	// everything a caller may do to a sandbox.
 	Control *control.Control
 	Log     *slog.Logger
 	// Ready reports whether the server may take traffic (cluster checked,
@@ -62,7 +60,7 @@ type Options struct {
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
-// control or a read of the store, HTTP out.
+// control, HTTP out.
 type Server struct {
 	o        Options
 	log      *slog.Logger
@@ -77,8 +75,8 @@ type Server struct {
 
 // New builds the API.
 func New(o Options) (*Server, error) {
-	if o.Store == nil || o.Control == nil {
-		return nil, errors.New("server: store and control are required")
+	if o.Control == nil {
+		return nil, errors.New("server: control is required")
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -95,10 +93,10 @@ func New(o Options) (*Server, error) {
 	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(), held: make(chan struct{}, maxHeld)}
 	for _, rt := range s.routes() {
 		h := rt.handler
-		switch {
-		case rt.auth:
-			h = s.authenticated(h)
-		case !slices.Contains(probes, rt.pattern):
+		switch rt.access {
+		case keyed:
+			h = s.authenticated(rt, h)
+		case anyone:
 			h = s.anonymous(h)
 		}
 		pattern := rt.pattern
@@ -111,46 +109,77 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// route is one entry of the API. Routes lists them for the OpenAPI test.
+// route is one entry of the API, with what the middleware holds its
+// requests to. Routes lists them for the OpenAPI test.
 type route struct {
 	pattern string
-	auth    bool
+	access  access
+	// load is what a request holds beyond its key's rate (keyed routes).
+	load    load
 	handler http.HandlerFunc
 }
 
-// probes are the kubelet's probes, which no address limit holds: the
-// kubelet can share an address with anyone behind the same NAT, and a
-// flood there must not fail them (a failed liveness probe restarts hiloop).
-// /healthz costs nothing, and /readyz runs one check at a time (see
-// readiness).
-var probes = []string{"GET /healthz", "GET /readyz"}
+// access says who may call a route.
+type access int
+
+const (
+	// keyed: an API key (authenticated), limited per key and organization.
+	keyed access = iota
+	// anyone, limited per client address (anonymous).
+	anyone
+	// probe: the kubelet's probes, which no address limit holds: the
+	// kubelet can share an address with anyone behind the same NAT, and a
+	// flood there must not fail them (a failed liveness probe restarts
+	// hiloop). /healthz costs nothing, and /readyz runs one check at a time
+	// (see readiness).
+	probe
+)
+
+// load is what a keyed request holds while it runs, beyond a token of its
+// key's and organization's rate (see slots).
+type load int
+
+const (
+	// write: nothing more.
+	write load = iota
+	// read: a GET, which waits its turn for one of the key's read slots.
+	read
+	// create: a token of the key's and organization's create rate too.
+	create
+	// poll: a read that, with ?while=STATE, is a long poll and holds one
+	// of the key's and organization's waiting slots instead.
+	poll
+	// session: an exec stream or a file transfer, which the session limits
+	// hold, not a read slot.
+	session
+)
 
 func (s *Server) routes() []route {
 	return []route{
-		{"GET /healthz", false, s.healthz},
-		{"GET /readyz", false, s.readyz},
-		{"GET /v1/openapi.json", false, s.openapi},
-		{"GET /v1/org", true, s.getOrg},
-		{"GET /v1/keys", true, s.listKeys},
-		{"POST /v1/keys", true, s.createKey},
-		{"DELETE /v1/keys/{id}", true, s.revokeKey},
-		{"GET /v1/ssh-keys", true, s.listSSHKeys},
-		{"POST /v1/ssh-keys", true, s.addSSHKey},
-		{"DELETE /v1/ssh-keys/{id}", true, s.deleteSSHKey},
-		{"GET /v1/ssh/host-key", true, s.hostKey},
-		{"POST /v1/sandboxes", true, s.createSandbox},
-		{"GET /v1/sandboxes", true, s.listSandboxes},
-		{"GET /v1/sandboxes/{id}", true, s.getSandbox},
-		{"PATCH /v1/sandboxes/{id}", true, s.updateSandbox},
-		{"DELETE /v1/sandboxes/{id}", true, s.deleteSandbox},
-		{"POST /v1/sandboxes/{id}/stop", true, s.stopSandbox},
-		{"POST /v1/sandboxes/{id}/start", true, s.startSandbox},
-		{"POST /v1/sandboxes/{id}/touch", true, s.touchSandbox},
-		{"GET /v1/sandboxes/{id}/events", true, s.sandboxEvents},
-		{"GET /v1/sandboxes/{id}/exec", true, s.execStream},
-		{"POST /v1/sandboxes/{id}/exec/run", true, s.execRun},
-		{"PUT /v1/sandboxes/{id}/files", true, s.putFile},
-		{"GET /v1/sandboxes/{id}/files", true, s.getFile},
+		{"GET /healthz", probe, write, s.healthz},
+		{"GET /readyz", probe, write, s.readyz},
+		{"GET /v1/openapi.json", anyone, write, s.openapi},
+		{"GET /v1/org", keyed, read, s.getOrg},
+		{"GET /v1/keys", keyed, read, s.listKeys},
+		{"POST /v1/keys", keyed, write, s.createKey},
+		{"DELETE /v1/keys/{id}", keyed, write, s.revokeKey},
+		{"GET /v1/ssh-keys", keyed, read, s.listSSHKeys},
+		{"POST /v1/ssh-keys", keyed, write, s.addSSHKey},
+		{"DELETE /v1/ssh-keys/{id}", keyed, write, s.deleteSSHKey},
+		{"GET /v1/ssh/host-key", keyed, read, s.hostKey},
+		{"POST /v1/sandboxes", keyed, create, s.createSandbox},
+		{"GET /v1/sandboxes", keyed, read, s.listSandboxes},
+		{"GET /v1/sandboxes/{id}", keyed, poll, s.getSandbox},
+		{"PATCH /v1/sandboxes/{id}", keyed, write, s.updateSandbox},
+		{"DELETE /v1/sandboxes/{id}", keyed, write, s.deleteSandbox},
+		{"POST /v1/sandboxes/{id}/stop", keyed, write, s.stopSandbox},
+		{"POST /v1/sandboxes/{id}/start", keyed, write, s.startSandbox},
+		{"POST /v1/sandboxes/{id}/touch", keyed, write, s.touchSandbox},
+		{"GET /v1/sandboxes/{id}/events", keyed, read, s.sandboxEvents},
+		{"GET /v1/sandboxes/{id}/exec", keyed, session, s.execStream},
+		{"POST /v1/sandboxes/{id}/exec/run", keyed, write, s.execRun},
+		{"PUT /v1/sandboxes/{id}/files", keyed, session, s.putFile},
+		{"GET /v1/sandboxes/{id}/files", keyed, session, s.getFile},
 	}
 }
 
@@ -229,7 +258,8 @@ func (s *Server) anonymous(next http.HandlerFunc) http.HandlerFunc {
 // given back if it authenticates, and gets buckets only once it has: made-up
 // tokens never get a key's buckets, so they can neither crowd a real key's
 // out nor spend anyone's budget but their address's.
-func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
+func (s *Server) authenticated(rt route, next http.HandlerFunc) http.HandlerFunc {
+	creating := rt.load == create
 	return func(w http.ResponseWriter, r *http.Request) {
 		lim, addr, refund := s.o.RateLimits, clientAddress(r), func() {}
 		h := r.Header.Get("Authorization")
@@ -258,14 +288,13 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		}
 		sum := sha256.Sum256([]byte(secret))
 		keyHash := hex.EncodeToString(sum[:16])
-		create := r.Method == http.MethodPost && info(r).route == "POST /v1/sandboxes"
-		found, ok, no := s.limiters.allowKey(lim, keyHash, create)
+		found, ok, no := s.limiters.allowKey(lim, keyHash, creating)
 		switch {
 		case found && !ok:
 			s.rateLimited(w, r, no)
 			return
 		case found:
-			release, ok := s.slots(r, keyHash)
+			release, ok := s.slots(r, rt, keyHash)
 			if !ok {
 				return // the client went away while waiting its turn
 			}
@@ -277,9 +306,9 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 		}
-		key, err := s.o.Store.Authenticate(r.Context(), secret)
+		who, err := s.o.Control.Authenticate(r.Context(), control.Credential{Secret: secret})
 		if err != nil {
-			if !errors.Is(err, store.ErrNotFound) {
+			if !errors.Is(err, control.ErrUnauthenticated) {
 				s.writeError(w, r, err)
 				return
 			}
@@ -296,19 +325,19 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 		}
 		if !found {
 			refund()
-			s.limiters.addKey(lim, keyHash, key.OrgID)
-			if _, ok, no := s.limiters.allowKey(lim, keyHash, create); !ok {
+			s.limiters.addKey(lim, keyHash, who.OrgID)
+			if _, ok, no := s.limiters.allowKey(lim, keyHash, creating); !ok {
 				s.rateLimited(w, r, no)
 				return
 			}
-			release, ok := s.slots(r, keyHash)
+			release, ok := s.slots(r, rt, keyHash)
 			if !ok {
 				return
 			}
 			defer release()
 		}
-		info(r).org = key.OrgID
-		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, key)))
+		info(r).org = who.OrgID
+		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, who)))
 	}
 }
 
@@ -318,13 +347,13 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 // download (sessions, which the session limits hold) one of
 // their read slots, waiting its turn. ok is false when the client went
 // away while waiting.
-func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool) {
+func (s *Server) slots(r *http.Request, rt route, keyHash string) (release func(), ok bool) {
 	switch {
-	case info(r).route == "GET /v1/sandboxes/{id}" && r.URL.Query().Has("while"):
+	case rt.load == poll && r.URL.Query().Has("while"):
 		release, ok := s.limiters.wait(keyHash)
 		info(r).noWait = !ok
 		return release, true
-	case r.Method == http.MethodGet && !strings.HasSuffix(info(r).route, "/exec") && !strings.HasSuffix(info(r).route, "/files"):
+	case rt.load == read || rt.load == poll:
 		release, err := s.limiters.read(r.Context(), keyHash)
 		return release, err == nil
 	}
@@ -333,8 +362,7 @@ func (s *Server) slots(r *http.Request, keyHash string) (release func(), ok bool
 
 // caller is the organization and key that authenticated the request.
 func caller(r *http.Request) control.Caller {
-	k := r.Context().Value(ctxKey{}).(store.APIKey)
-	return control.Caller{OrgID: k.OrgID, KeyID: k.ID}
+	return r.Context().Value(ctxKey{}).(control.Caller)
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v, refusing unknown

@@ -61,7 +61,7 @@ func newTestServer(t testing.TB, fc *controltest.Cluster, opts ...func(*Options,
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	co := control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, Log: log, ClusterTimeout: time.Second,
 		Caps: control.Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}, StorageClasses: []string{"fast"}}}
-	so := Options{Store: db, Log: log}
+	so := Options{Log: log}
 	for _, o := range opts {
 		o(&so, &co)
 	}
@@ -167,19 +167,20 @@ func TestErrorMap(t *testing.T) {
 		id := ts.create(`{"image":"busybox","ttl":"1h"}`)
 		before := ts.record(id)
 		ts.fc.Set(func(f *controltest.Cluster) { f.ExpiryErr = errTimeout })
-		rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"5h"}`)
+		rec := ts.do("PATCH", "/v1/sandboxes/"+id, `{"ttl":"5h","idle_timeout":"7m"}`)
 		if rec.Code != 503 || errCode(t, rec) != api.CodeClusterUnavailable {
 			t.Fatalf("ttl with the cluster away: %d %s", rec.Code, rec.Body.String())
 		}
 		after := ts.record(id)
-		if !after.ExpiresAt.Equal(*before.ExpiresAt) || after.Spec.TTLSeconds != before.Spec.TTLSeconds {
-			t.Fatalf("expiry after a failed change: %v %d, want %v %d", after.ExpiresAt, after.Spec.TTLSeconds, before.ExpiresAt, before.Spec.TTLSeconds)
+		if !after.ExpiresAt.Equal(*before.ExpiresAt) || after.Spec.TTLSeconds != before.Spec.TTLSeconds || after.IdleTimeout != before.IdleTimeout {
+			t.Fatalf("expiry and idle timeout after a failed change: %v %d %v, want %v %d %v", after.ExpiresAt, after.Spec.TTLSeconds, after.IdleTimeout,
+				before.ExpiresAt, before.Spec.TTLSeconds, before.IdleTimeout)
 		}
 		// A sandbox without expiry gets none back.
 		id2 := ts.create(`{"image":"busybox"}`)
-		ts.do("PATCH", "/v1/sandboxes/"+id2, `{"ttl":"5h"}`)
-		if got := ts.record(id2); got.ExpiresAt != nil || got.Spec.TTLSeconds != 0 {
-			t.Fatalf("expiry appeared after a failed change: %v", got.ExpiresAt)
+		ts.do("PATCH", "/v1/sandboxes/"+id2, `{"ttl":"5h","idle_timeout":"7m"}`)
+		if got := ts.record(id2); got.ExpiresAt != nil || got.Spec.TTLSeconds != 0 || got.IdleTimeout != 0 {
+			t.Fatalf("expiry or idle timeout appeared after a failed change: %v %v", got.ExpiresAt, got.IdleTimeout)
 		}
 	})
 	t.Run("conflict", func(t *testing.T) {

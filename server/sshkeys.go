@@ -72,7 +72,7 @@ func parseSSHKey(line string) (gossh.PublicKey, string, error) {
 }
 
 func (s *Server) listSSHKeys(w http.ResponseWriter, r *http.Request) {
-	keys, err := s.o.Store.SSHKeys(r.Context(), caller(r).OrgID)
+	keys, err := s.o.Control.SSHKeys(r.Context(), caller(r))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

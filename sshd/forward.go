@@ -103,39 +103,57 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 // upstreamInUse wakes the connection's sandbox if it was stopped for
 // idleness and returns the connection's upstream with one use of the
 // sandbox counted until done. An idle stop that lands in between is woken
-// from again. It rejects nc and reports false when it cannot.
+// from again (control.UseWaking). It rejects nc and reports false when it
+// cannot.
 func (g *Gateway) upstreamInUse(ctx ssh.Context, nc gossh.NewChannel, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*upstream, func(), bool) {
-	for try := 1; ; try++ {
-		if err := g.o.Control.Wake(ctx, who, conn.User(), control.WakeOptions{Transport: sandbox.TransportForward}); err != nil {
-			reason := gossh.Prohibited
-			if errors.Is(err, control.ErrTooManyWaits) {
-				reason = gossh.ResourceShortage
-			}
-			nc.Reject(reason, refusal(conn.User(), err))
-			return nil, nil, false
-		}
-		up, err := g.upstream(ctx, conn, who, log)
-		if err != nil {
-			nc.Reject(gossh.ConnectionFailed, err.Error())
-			return nil, nil, false
-		}
-		done, err := up.sess.Use()
-		if err == nil {
-			return up, done, true
-		}
-		// The upstream's session is being ended by an idle stop: forget it,
-		// so the next try dials the woken sandbox's helper.
-		g.upstreams.CompareAndDelete(conn, up)
-		if try == wakeTries {
-			nc.Reject(gossh.Prohibited, refusal(conn.User(), err))
-			return nil, nil, false
-		}
+	wo := control.WakeOptions{Transport: sandbox.TransportForward}
+	if err := g.o.Control.Wake(ctx, who, conn.User(), wo); err != nil {
+		rejectWake(nc, conn, err)
+		return nil, nil, false
 	}
+	var up *upstream
+	var done func()
+	err := g.o.Control.UseWaking(ctx, who, conn.User(), wo, func() (bool, error) {
+		var err error
+		if up, err = g.upstream(ctx, conn, who, log); err != nil {
+			return false, &rejection{gossh.ConnectionFailed, err.Error()}
+		}
+		if done, err = up.sess.Use(); err != nil {
+			// The upstream's session is being ended by an idle stop:
+			// forget it, so the next try dials the woken sandbox's helper.
+			g.upstreams.CompareAndDelete(conn, up)
+			return true, &rejection{gossh.Prohibited, refusal(conn.User(), err)}
+		}
+		return false, nil
+	})
+	var rj *rejection
+	switch {
+	case errors.As(err, &rj):
+		nc.Reject(rj.reason, rj.message)
+		return nil, nil, false
+	case err != nil:
+		rejectWake(nc, conn, err)
+		return nil, nil, false
+	}
+	return up, done, true
 }
 
-// wakeTries bounds how often a -L channel wakes its sandbox again after an
-// idle stop raced it.
-const wakeTries = 3
+// rejection is a channel refused with its reason and message.
+type rejection struct {
+	reason  gossh.RejectionReason
+	message string
+}
+
+func (r *rejection) Error() string { return r.message }
+
+// rejectWake refuses a channel whose sandbox could not be woken.
+func rejectWake(nc gossh.NewChannel, conn *gossh.ServerConn, err error) {
+	reason := gossh.Prohibited
+	if errors.Is(err, control.ErrTooManyWaits) {
+		reason = gossh.ResourceShortage
+	}
+	nc.Reject(reason, refusal(conn.User(), err))
+}
 
 // upstream is the connection's upstream, dialled once for all its -L
 // channels: the first channel dials, the others wait for that dial, each

@@ -13,6 +13,7 @@
 package sshd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -227,7 +228,7 @@ func New(o Options) (*Gateway, error) {
 // sandbox id). It may be called for keys the client only offers; what it
 // decides is re-checked for the key that signed, in verified.
 func (g *Gateway) publicKey(ctx ssh.Context, key ssh.PublicKey) bool {
-	_, ok := g.o.Control.SSHCaller(ctx, key, ctx.User())
+	_, ok := g.caller(ctx, key, ctx.User())
 	if !ok {
 		g.o.Metrics.AuthFailure("ssh_key_refused")
 		g.log.Info("ssh key refused", "fingerprint", gossh.FingerprintSHA256(key), "user", ctx.User(), "remote", ctx.RemoteAddr().String())
@@ -235,12 +236,29 @@ func (g *Gateway) publicKey(ctx ssh.Context, key ssh.PublicKey) bool {
 	return ok
 }
 
+// caller is who key authenticates as for sandbox id (control.Authenticate),
+// and false for anyone else. A record that cannot answer refuses the key
+// too, and is logged.
+func (g *Gateway) caller(ctx context.Context, key gossh.PublicKey, id string) (control.Caller, bool) {
+	if key == nil || id == "" {
+		return control.Caller{}, false
+	}
+	who, err := g.o.Control.Authenticate(ctx, control.Credential{SSHKey: key, Sandbox: id})
+	if err != nil {
+		if !errors.Is(err, control.ErrUnauthenticated) {
+			g.log.Error("ssh key lookup", "sandbox", id, "err", err)
+		}
+		return control.Caller{}, false
+	}
+	return who, true
+}
+
 // verified runs once the client proved it holds key: the permissions it
 // returns are the connection's, so the session acts for this key and no
 // other. The connection is registered with the core under this key, so
 // that it is closed when the key goes, and not only its sessions.
 func (g *Gateway) verified(ctx ssh.Context, conn gossh.ConnMetadata, key gossh.PublicKey, _ *gossh.Permissions, _ string) (*gossh.Permissions, error) {
-	who, ok := g.o.Control.SSHCaller(ctx, key, conn.User())
+	who, ok := g.caller(ctx, key, conn.User())
 	if !ok {
 		return nil, errors.New("permission denied")
 	}

@@ -66,54 +66,58 @@ func stateOrDeleting(sb Sandbox) string {
 	return string(sb.State)
 }
 
-// SetExpiry records a new expiry. It is refused (ErrConflict) for a sandbox
-// that is terminal or being deleted.
-func (s *Store) SetExpiry(ctx context.Context, orgID, id string, at time.Time, ttlSeconds int64) (Sandbox, error) {
-	var sb Sandbox
+// Lifetime is a change of a sandbox's expiry and idle timeout: a nil field
+// stays as it is.
+type Lifetime struct {
+	// ExpiresAt is the new expiry, TTLSeconds the TTL it was computed from.
+	ExpiresAt  *time.Time
+	TTLSeconds int64
+	// IdleTimeout is the new idle timeout; 0 turns idle stop off. The idle
+	// clock keeps running from its last start.
+	IdleTimeout *time.Duration
+}
+
+// LifetimeChange is a lifetime change and what the record held before it,
+// so that a failed cluster write can be undone exactly.
+type LifetimeChange struct {
+	Before, After Sandbox
+}
+
+// SetLifetime records a lifetime change in one transaction: every field it
+// sets, or none. It is refused (ErrConflict) for a sandbox that is terminal
+// or being deleted, and a new expiry for one that expired.
+func (s *Store) SetLifetime(ctx context.Context, orgID, id string, l Lifetime) (LifetimeChange, error) {
+	var ch LifetimeChange
 	err := s.inTx(ctx, func(tx *txn) error {
-		var err error
-		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
+		sb, err := sandboxInTx(ctx, tx, orgID, id)
+		if err != nil {
 			return err
 		}
-		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted || sb.State == StateExpired {
+		ch.Before = sb
+		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted || (l.ExpiresAt != nil && sb.State == StateExpired) {
 			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
 		}
-		at = at.UTC().Truncate(time.Millisecond)
-		sb.ExpiresAt, sb.Spec.TTLSeconds, sb.UpdatedAt = &at, ttlSeconds, s.now().UTC().Truncate(time.Millisecond)
+		if l.ExpiresAt != nil {
+			at := l.ExpiresAt.UTC().Truncate(time.Millisecond)
+			sb.ExpiresAt, sb.Spec.TTLSeconds = &at, l.TTLSeconds
+		}
+		if l.IdleTimeout != nil {
+			sb.IdleTimeout = l.IdleTimeout.Truncate(time.Second)
+		}
+		sb.UpdatedAt = s.now().UTC().Truncate(time.Millisecond)
 		spec, err := json.Marshal(sb.Spec)
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = ?, updated_at = ? WHERE id = ?`, ms(at), string(spec), ms(sb.UpdatedAt), id)
+		ch.After = sb
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = ?, idle_timeout = ?, updated_at = ? WHERE id = ?`,
+			nullMS(sb.ExpiresAt), string(spec), int64(sb.IdleTimeout/time.Second), ms(sb.UpdatedAt), id)
 		return err
 	})
 	if err != nil {
-		return Sandbox{}, fmt.Errorf("set expiry: %w", err)
+		return LifetimeChange{}, fmt.Errorf("set lifetime: %w", err)
 	}
-	return sb, nil
-}
-
-// SetIdleTimeout changes a sandbox's idle timeout; 0 turns idle stop off.
-// It is refused (ErrConflict) for a sandbox that is terminal or being
-// deleted. The idle clock keeps running from its last start.
-func (s *Store) SetIdleTimeout(ctx context.Context, orgID, id string, d time.Duration) (Sandbox, error) {
-	var sb Sandbox
-	err := s.inTx(ctx, func(tx *txn) error {
-		var err error
-		if sb, err = sandboxInTx(ctx, tx, orgID, id); err != nil {
-			return err
-		}
-		if sb.State.Terminal() || sb.DesiredMode == ModeDeleted {
-			return fmt.Errorf("sandbox is %s: %w", stateOrDeleting(sb), ErrConflict)
-		}
-		sb.IdleTimeout, sb.UpdatedAt = d.Truncate(time.Second), s.now().UTC().Truncate(time.Millisecond)
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET idle_timeout = ?, updated_at = ? WHERE id = ?`, int64(sb.IdleTimeout/time.Second), ms(sb.UpdatedAt), id)
-		return err
-	})
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("set idle timeout: %w", err)
-	}
-	return sb, nil
+	return ch, nil
 }
 
 // RestoreMode puts back the desired mode (and the outside-mode mark and the
@@ -128,25 +132,20 @@ func (s *Store) RestoreMode(ctx context.Context, before Sandbox) error {
 	return nil
 }
 
-// RestoreExpiry puts back the expiry a failed cluster write was meant to
-// change.
-func (s *Store) RestoreExpiry(ctx context.Context, before Sandbox) error {
-	if before.ExpiresAt == nil {
-		return s.ClearExpiry(ctx, before.ID)
+// RestoreLifetime puts back the expiry, TTL and idle timeout that a failed
+// cluster write was meant to change, in one statement. It checks nothing:
+// it undoes, it does not ask.
+func (s *Store) RestoreLifetime(ctx context.Context, before Sandbox) error {
+	ttl := any(nil)
+	if before.ExpiresAt != nil {
+		ttl = before.Spec.TTLSeconds
 	}
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?, spec = json_set(spec, '$.ttl_seconds', ?), updated_at = ? WHERE id = ?`,
-		ms(*before.ExpiresAt), before.Spec.TTLSeconds, ms(s.now()), before.ID)
+	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ?,
+		spec = CASE WHEN ? IS NULL THEN json_remove(spec, '$.ttl_seconds') ELSE json_set(spec, '$.ttl_seconds', ?) END,
+		idle_timeout = ?, updated_at = ? WHERE id = ?`,
+		nullMS(before.ExpiresAt), ttl, ttl, int64(before.IdleTimeout/time.Second), ms(s.now()), before.ID)
 	if err != nil {
-		return fmt.Errorf("restore expiry: %w", err)
-	}
-	return nil
-}
-
-// ClearExpiry removes a sandbox's expiry (undoing a failed TTL change).
-func (s *Store) ClearExpiry(ctx context.Context, id string) error {
-	_, err := s.write.ExecContext(ctx, `UPDATE sandboxes SET expires_at = NULL, spec = json_remove(spec, '$.ttl_seconds'), updated_at = ? WHERE id = ?`, ms(s.now()), id)
-	if err != nil {
-		return fmt.Errorf("clear expiry: %w", err)
+		return fmt.Errorf("restore lifetime: %w", err)
 	}
 	return nil
 }

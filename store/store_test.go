@@ -608,8 +608,9 @@ func TestScopingFailsClosed(t *testing.T) {
 	if _, err := s.SetDesiredMode(ctx, "", sb.ID, store.ModeStopped, store.StopUser); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("SetDesiredMode with empty org: %v", err)
 	}
-	if _, err := s.SetExpiry(ctx, "", sb.ID, time.Now(), 60); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("SetExpiry with empty org: %v", err)
+	now := time.Now()
+	if _, err := s.SetLifetime(ctx, "", sb.ID, store.Lifetime{ExpiresAt: &now, TTLSeconds: 60}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SetLifetime with empty org: %v", err)
 	}
 	if _, err := s.Events(ctx, "", sb.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Events with empty org: %v", err)

@@ -43,6 +43,9 @@ type Cluster struct {
 	// the API server has the write and hiloop has not its answer, when
 	// what the write does to the pod (its processes killed) happens.
 	OnMode func(id string, mode store.Mode)
+	// OnExpiry, when set, is called (without the fake's lock) by SetExpiry
+	// before it answers, as OnMode is by SetMode.
+	OnExpiry func(id string)
 }
 
 // onMode calls OnMode, when set.
@@ -145,8 +148,14 @@ func (f *Cluster) SetMode(_ context.Context, id string, mode store.Mode) error {
 	return f.ModeErr
 }
 
-// SetExpiry fails with ExpiryErr.
+// SetExpiry calls OnExpiry and fails with ExpiryErr.
 func (f *Cluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
+	f.mu.Lock()
+	on := f.OnExpiry
+	f.mu.Unlock()
+	if on != nil {
+		on(id)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("expiry " + id)

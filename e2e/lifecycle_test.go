@@ -238,6 +238,11 @@ func devCommand(t *testing.T, node string) {
 	var url, workdir string
 	// The real node waits for another test process's to stop.
 	eventually.Within(t, "dev serving", 10*time.Minute, func() (bool, error) {
+		select {
+		case err := <-done:
+			t.Fatalf("hiloop dev exited before it served: %v\n%s", err, out.String())
+		default:
+		}
 		if m := e2e.ServingRE.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 		}

@@ -502,9 +502,16 @@ func (c *Cluster) prepare(ctx context.Context) error {
 // command line once the Sandbox CRD is served. Its quota controller
 // discovers resources at start and then only every 30 s, and until it has
 // counted Sandboxes the API server refuses every Sandbox create in a
-// namespace with a quota ("status unknown for quota").
+// namespace with a quota ("status unknown for quota"). The command line is
+// the one kwokctl saved in its kwok.yaml, so a controller manager that
+// already exited (it gives up when the API server is slow to answer on a
+// loaded machine) is started all the same.
 func (c *Cluster) restartControllerManager(ctx context.Context) error {
 	dir := filepath.Join(c.Workdir, "clusters", c.name)
+	args, err := componentCommand(filepath.Join(dir, "kwok.yaml"), "kube-controller-manager")
+	if err != nil {
+		return err
+	}
 	pidFile := filepath.Join(dir, "pids", "kube-controller-manager.pid")
 	raw, err := os.ReadFile(pidFile)
 	if err != nil {
@@ -514,12 +521,7 @@ func (c *Cluster) restartControllerManager(ctx context.Context) error {
 	if _, err := fmt.Sscan(strings.TrimSpace(string(raw)), &pid); err != nil || pid <= 0 {
 		return fmt.Errorf("bad pid file %q", raw)
 	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return err
-	}
-	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
 		return err
 	}
 	for gone := false; !gone; {
@@ -545,6 +547,31 @@ func (c *Cluster) restartControllerManager(ctx context.Context) error {
 	}
 	go cmd.Wait() // reaps it when the reaper or Stop kills it
 	return os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+}
+
+// componentCommand reads the command line kwokctl runs a component with
+// (its binary, then its args) from the cluster's saved configuration.
+func componentCommand(kwokYAML, name string) ([]string, error) {
+	raw, err := os.ReadFile(kwokYAML)
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Components []struct {
+			Name   string   `json:"name"`
+			Binary string   `json:"binary"`
+			Args   []string `json:"args"`
+		} `json:"components"`
+	}
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", kwokYAML, err)
+	}
+	for _, comp := range cfg.Components {
+		if comp.Name == name && comp.Binary != "" {
+			return append([]string{comp.Binary}, comp.Args...), nil
+		}
+	}
+	return nil, fmt.Errorf("%s names no %s", kwokYAML, name)
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -162,7 +162,6 @@ func killedRun(t *testing.T, real bool) {
 		time.Sleep(time.Hour)
 		return
 	}
-	sysctls := readSysctls()
 	cmd := exec.Command(os.Args[0], "-test.run="+name)
 	cmd.Env = append(os.Environ(), "HILOOP_K8STEST_CHILD=1")
 	out, err := cmd.StdoutPipe()
@@ -193,7 +192,18 @@ func killedRun(t *testing.T, real bool) {
 	if n := processesMentioning(workdir); len(n) < 5 {
 		t.Fatalf("expected the control plane running under %s, found %v", workdir, n)
 	}
+	// What the node found before it changed the machine's settings, and
+	// must put back (another suite's node may have run before this one).
+	var sysctls string
 	if real {
+		raw, err := os.ReadFile(filepath.Join(nodedir, "sysctl.saved"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			key, value, _ := strings.Cut(line, " ")
+			sysctls += key + "=" + value + " "
+		}
 		if n := processesMentioning(nodedir); len(n) < 4 {
 			t.Fatalf("expected containerd, the kubelet and a pod's gVisor sandbox running under %s, found %v", nodedir, n)
 		}
@@ -217,33 +227,35 @@ func killedRun(t *testing.T, real bool) {
 	if !real {
 		return
 	}
-	eventually.Within(t, "the node torn down", 60*time.Second, func() (bool, error) {
-		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/hiloop-node")
-		mounts, _ := os.ReadFile("/proc/self/mountinfo")
-		switch {
-		case exists(nodedir):
-			return false, fmt.Errorf("%s is there", nodedir)
-		case len(cgroups) > 0:
-			return false, fmt.Errorf("cgroups left: %v", cgroups)
-		case linkExists(localcluster.RealBridge):
-			return false, fmt.Errorf("bridge %s left", localcluster.RealBridge)
-		case bytes.Contains(mounts, []byte(nodedir)):
-			return false, fmt.Errorf("mounts left under %s", nodedir)
-		}
-		return true, nil
-	})
-	if got := readSysctls(); got != sysctls {
-		t.Errorf("sysctls after the node: %q, before it: %q", got, sysctls)
-	}
+	// The reaper holds the machine's real-node lock until it has torn the
+	// node down. Once this test holds the lock, the teardown is over, and
+	// no other test process's node (another suite may run beside this one)
+	// can be mistaken for what this one left.
 	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "hiloop-realnode.lock"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	eventually.Within(t, "the real node's lock free", 30*time.Second, func() (bool, error) {
+	eventually.Within(t, "the real node's lock, released by the reaper", 30*time.Minute, func() (bool, error) {
 		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		return err == nil, err
 	})
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/hiloop-node")
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	switch {
+	case exists(nodedir):
+		t.Errorf("%s is there", nodedir)
+	case len(cgroups) > 0:
+		t.Errorf("cgroups left: %v", cgroups)
+	case linkExists(localcluster.RealBridge):
+		t.Errorf("bridge %s left", localcluster.RealBridge)
+	case bytes.Contains(mounts, []byte(nodedir)):
+		t.Errorf("mounts left under %s", nodedir)
+	}
+	if got := readSysctls(); got != sysctls {
+		t.Errorf("sysctls after the node: %q, before it: %q", got, sysctls)
+	}
 }
 
 func exists(path string) bool {

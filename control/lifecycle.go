@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -73,7 +73,7 @@ func (c *Control) applyMode(ch store.ModeChange) (store.Sandbox, error) {
 	} else {
 		err = c.o.Cluster.SetMode(cctx, id, mode)
 	}
-	if err != nil && !k8s.IsNotFound(err) {
+	if err != nil && !cluster.IsNotFound(err) {
 		if rerr := c.o.Store.RestoreMode(context.WithoutCancel(c.base), ch.Before); rerr != nil {
 			c.log.Error("restore desired mode", "sandbox", id, "err", rerr)
 		}
@@ -141,7 +141,7 @@ func (c *Control) SetTTL(ctx context.Context, who Caller, id string, ttl time.Du
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
-	if err := c.o.Cluster.SetExpiry(cctx, id, at); err != nil && !k8s.IsNotFound(err) {
+	if err := c.o.Cluster.SetExpiry(cctx, id, at); err != nil && !cluster.IsNotFound(err) {
 		if rerr := c.o.Store.RestoreExpiry(context.WithoutCancel(c.base), before); rerr != nil {
 			c.log.Error("restore expiry", "sandbox", id, "err", rerr)
 		}

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/k8s"
 )
 
 // Files move through the exec path: only it sees the workload container's
@@ -214,7 +214,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	body := &uploadBody{r: io.TeeReader(io.LimitReader(r.Body, size), sum), cancel: cancel,
 		rc: http.NewResponseController(w), idle: s.o.FileIdleTimeout}
 	stderr := &capWriter{max: maxFileStderr}
-	st, err := sess.Exec(ctx, k8s.ExecRequest{Command: argv, Stdin: sess.In(body), Stdout: opened, Stderr: stderr})
+	st, err := sess.Exec(ctx, cluster.ExecRequest{Command: argv, Stdin: sess.In(body), Stdout: opened, Stderr: stderr})
 	switch {
 	case body.err != nil:
 		// The upload was cut: nobody may be listening, but the sandbox is
@@ -247,7 +247,7 @@ func (s *Server) cleanUp(sess *control.Session, tmp string, opened bool) {
 	if !opened {
 		wait = strconv.Itoa(cleanupWaitSeconds)
 	}
-	if st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"sh", "-c", cleanupScript, "sh", tmp, wait}, Stdout: io.Discard, Stderr: io.Discard}); err != nil || st.Code != 0 {
+	if st, err := sess.Exec(ctx, cluster.ExecRequest{Command: []string{"sh", "-c", cleanupScript, "sh", tmp, wait}, Stdout: io.Discard, Stderr: io.Discard}); err != nil || st.Code != 0 {
 		s.log.Warn("could not remove a cut upload's temporary file", "sandbox", sess.SandboxID, "exit", st.Code, "err", err)
 	}
 }
@@ -319,12 +319,12 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	pr, pw := io.Pipe()
 	stderr := &capWriter{max: maxFileStderr}
 	type result struct {
-		st  k8s.ExitStatus
+		st  cluster.ExitStatus
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"sh", "-c", getScript, "sh", p}, Stdout: sess.Out(pw), Stderr: stderr})
+		st, err := sess.Exec(ctx, cluster.ExecRequest{Command: []string{"sh", "-c", getScript, "sh", p}, Stdout: sess.Out(pw), Stderr: stderr})
 		pw.Close()
 		done <- result{st, err}
 	}()
@@ -435,7 +435,7 @@ var errNoShell = newError(http.StatusUnprocessableEntity, api.CodeShellUnavailab
 // that could not start sh says so in its refusal (kubelets answer "executable
 // file not found", kwok "no such file or directory").
 func fileExecFailed(err error) error {
-	var re *k8s.RemoteError
+	var re *cluster.RemoteError
 	if errors.As(err, &re) && (strings.Contains(re.Message, "executable file not found") || strings.Contains(re.Message, "no such file or directory")) {
 		return errNoShell
 	}

@@ -13,17 +13,18 @@ const mod = "github.com/hiloop/hiloop"
 // may reach, directly or not.
 var below = map[string][]string{
 	"api":               {},
+	"cluster":           {},
 	"sandbox":           {},
 	"forward":           {},
 	"metrics":           {"sandbox"},
 	"store":             {"api", "sandbox", "migrations"},
-	"k8s":               {"api", "sandbox", "store", "migrations"},
+	"k8s":               {"api", "cluster", "sandbox", "store", "migrations"},
 	"internal/ociimage": {},
-	"k8s/localcluster":  {"api", "internal/ociimage", "k8s", "sandbox", "store", "migrations"},
-	"control":           {"api", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"mirror":            {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"server":            {"api", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
-	"sshd":              {"api", "control", "forward", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"k8s/localcluster":  {"api", "cluster", "internal/ociimage", "k8s", "sandbox", "store", "migrations"},
+	"control":           {"api", "cluster", "sandbox", "store", "metrics", "migrations"},
+	"mirror":            {"api", "cluster", "control", "k8s", "sandbox", "store", "metrics", "migrations"},
+	"server":            {"api", "cluster", "control", "sandbox", "store", "metrics", "migrations"},
+	"sshd":              {"api", "cluster", "control", "forward", "sandbox", "store", "metrics", "migrations"},
 	"agent":             {"forward"},
 }
 

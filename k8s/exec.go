@@ -28,7 +28,6 @@ import (
 	"k8s.io/client-go/transport/websocket"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 
-	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
 )
 
@@ -242,7 +241,7 @@ func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req cl
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 
-	send := api.NewChannelConn(conn).Send
+	send := channelSender(conn)
 	if req.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)
@@ -338,6 +337,28 @@ read:
 		return cluster.ExitStatus{}, cluster.ErrNoStatus
 	}
 	return decodeStatus(status)
+}
+
+// channelSender returns the one writer of the v5 protocol's messages on
+// conn: each is one channel byte followed by the payload. Stdin and resize
+// are sent from two goroutines, so it serialises them.
+func channelSender(conn *gwebsocket.Conn) func(ch byte, p []byte) error {
+	var mu sync.Mutex
+	return func(ch byte, p []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		w, err := conn.NextWriter(gwebsocket.BinaryMessage)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write([]byte{ch}); err != nil {
+			return err
+		}
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+		return w.Close()
+	}
 }
 
 // spdyStreams is an exec stream set up over SPDY: the connection and the

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/metrics"
@@ -111,7 +112,7 @@ func newApp(ctx context.Context, cfg *ServeCmd, stdout io.Writer, extra func(con
 		Caps: control.Capabilities{StorageClasses: cfg.StorageClasses, Transports: cfg.Transports},
 		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg,
 			WakeWaitsPerKey: cfg.MaxWaitingWakesPerKey, WakeWaitsPerOrg: cfg.MaxWaitingWakesPerOrg},
-		Boundary: func(ctx context.Context) []k8s.Check {
+		Boundary: func(ctx context.Context) []cluster.Check {
 			return clients.CheckBoundary(ctx, cfg.boundaryOptions())
 		},
 		BoundaryInterval:   cfg.SelfCheck,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -33,11 +34,11 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "FAIL    cluster: %v\n        fix: pass --kubeconfig, or check that the API server answers\n", err)
 		return errChecksFailed(1)
 	}
-	checks := []k8s.Check{{Name: "cluster", Object: "API server " + clients.Config.Host, OK: true}}
+	checks := []cluster.Check{{Name: "cluster", Object: "API server " + clients.Config.Host, OK: true}}
 	sctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
 	err = clients.CheckSandboxAPI(sctx)
 	cancel()
-	api := k8s.Check{Name: "sandbox_api", Object: "Sandbox API " + k8s.SandboxGroup + "/" + k8s.SandboxVersion, OK: err == nil}
+	api := cluster.Check{Name: "sandbox_api", Object: "Sandbox API " + k8s.SandboxGroup + "/" + k8s.SandboxVersion, OK: err == nil}
 	if err != nil {
 		api.Problem, api.Fix = err.Error(), "install the agent-sandbox CRD and controller (the chart does, unless agent-sandbox.enabled=false)"
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -70,7 +71,7 @@ func newParser(ctx context.Context, grammar any, stdout io.Writer) (*kong.Kong, 
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.Vars{"default_namespace": k8s.DefaultNamespace, "default_runtime_class": k8s.DefaultRuntimeClass,
-			"default_cluster_timeout": k8s.DefaultClusterTimeout.String()},
+			"default_cluster_timeout": cluster.DefaultTimeout.String()},
 		kong.BindTo(stdout, (*io.Writer)(nil)),
 		kong.BindTo(ctx, (*context.Context)(nil)),
 	)

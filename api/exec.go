@@ -88,9 +88,9 @@ type StartFrame struct {
 	Command []string `json:"command"`
 }
 
-// ChannelConn writes the channel-prefixed binary messages that both the
-// Kubernetes v5 exec protocol and hiloop's own exec protocol use: each
-// message is one channel byte followed by the payload. It serialises writers.
+// ChannelConn writes the channel-prefixed binary messages of hiloop's exec
+// protocol: each message is one channel byte followed by the payload. It
+// serialises writers.
 type ChannelConn struct {
 	mu   sync.Mutex
 	conn *websocket.Conn

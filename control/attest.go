@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
@@ -24,21 +24,21 @@ import (
 
 // probe is one way to read the first line of /proc/version in a pod.
 type probe struct {
-	container string // "" is the workload
-	argv      []string
+	helper bool // in the session helper's container, else the workload's
+	argv   []string
 }
 
 // helperProbe runs hiloop's own binary in the session helper's container:
 // it needs nothing of the tenant's image, and the workload cannot replace
 // it.
-var helperProbe = probe{k8s.HelperContainer, []string{"/hiloop", "runtime-probe"}}
+var helperProbe = probe{true, []string{"/hiloop", "runtime-probe"}}
 
 // workloadProbes are tried in the workload container, in order: the image
 // may have no cat, or no shell at all (then the observation is unknown,
 // which is allowed).
 var workloadProbes = []probe{
-	{"", []string{"cat", "/proc/version"}},
-	{"", []string{"sh", "-c", `read -r l </proc/version && echo "$l"`}},
+	{false, []string{"cat", "/proc/version"}},
+	{false, []string{"sh", "-c", `read -r l </proc/version && echo "$l"`}},
 }
 
 const (
@@ -139,7 +139,7 @@ func (c *Control) attest(id, pod string) {
 	if _, err := c.o.Cluster.PodAddr(ctx, id, pod); err != nil {
 		// A pod that is not serving changes, and the mirror sees it; a
 		// cluster that did not answer is asked again.
-		var ns *k8s.PodNotServingError
+		var ns *cluster.PodNotServingError
 		if !errors.As(err, &ns) {
 			c.retryAttest(id, err)
 		}
@@ -181,7 +181,7 @@ func (c *Control) retryAttest(id string, err error) {
 // probeRuntime reads /proc/version in the sandbox's pod, trying the
 // session helper first when the pod has one, and classifies the first
 // answer that is a kernel's line; unknown when none is. reached reports
-// whether any probe's stream was set up (a *k8s.ConnectError says it was
+// whether any probe's stream was set up (a *cluster.ConnectError says it was
 // not): a probe that never reached the pod says nothing of its image.
 //
 // The workload's probes run the tenant's programs, so their line is the
@@ -201,7 +201,7 @@ func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.R
 		reached = reached || r
 		if ok {
 			if seen, release := sandbox.ClassifyKernel(answer); seen != sandbox.RuntimeUnknown {
-				if seen == sandbox.RuntimeGVisor && helper && p.container != k8s.HelperContainer {
+				if seen == sandbox.RuntimeGVisor && helper && !p.helper {
 					return sandbox.RuntimeUnknown, "", true
 				}
 				return seen, release, true
@@ -223,8 +223,8 @@ func (c *Control) runProbe(ctx context.Context, id string, p probe) (out string,
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	buf := cappedBuffer{full: cancel}
-	st, err := c.o.Exec.Exec(pctx, id, k8s.ExecRequest{Container: p.container, Command: p.argv, Stdout: &buf})
-	var ce *k8s.ConnectError
+	st, err := c.o.Exec.Exec(pctx, id, cluster.ExecRequest{Helper: p.helper, Command: p.argv, Stdout: &buf})
+	var ce *cluster.ConnectError
 	reached = !errors.As(err, &ce)
 	if err != nil || st.Code != 0 || buf.cut {
 		return "", false, reached

@@ -14,8 +14,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -39,9 +39,9 @@ type answer struct {
 
 // probeName names a probe as the tests do: the container ("helper" or
 // "workload") and the program.
-func probeName(req k8s.ExecRequest) string {
+func probeName(req cluster.ExecRequest) string {
 	c := "workload"
-	if req.Container == k8s.HelperContainer {
+	if req.Helper {
 		c = "helper"
 	}
 	return c + " " + req.Command[0]
@@ -60,24 +60,24 @@ func attestCore(t *testing.T, helper bool, answers map[string]answer) (*Control,
 	t.Cleanup(func() { db.Close() })
 	var mu sync.Mutex
 	var probes []string
-	exec := controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+	exec := controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 		name := probeName(req)
 		mu.Lock()
 		probes = append(probes, name)
 		mu.Unlock()
 		a, ok := answers[name]
 		if !ok {
-			return k8s.ExitStatus{}, &k8s.RemoteError{Message: "executable file not found in $PATH"}
+			return cluster.ExitStatus{}, &cluster.RemoteError{Message: "executable file not found in $PATH"}
 		}
 		if a.endless {
 			for ctx.Err() == nil {
 				n, _ := io.WriteString(req.Stdout, a.out)
 				*a.wrote += n
 			}
-			return k8s.ExitStatus{}, ctx.Err()
+			return cluster.ExitStatus{}, ctx.Err()
 		}
 		io.WriteString(req.Stdout, a.out)
-		return k8s.ExitStatus{Code: a.code}, a.err
+		return cluster.ExitStatus{Code: a.code}, a.err
 	}}
 	fc := &controltest.Cluster{}
 	if helper {
@@ -253,7 +253,7 @@ func TestAttestOnlyTheObservedPod(t *testing.T) {
 // or the node does not answer) record nothing, and the mirror is asked
 // again later rather than told the runtime is unknown.
 func TestAttestUnreachable(t *testing.T) {
-	unreachable := answer{err: &k8s.ConnectError{Err: errors.New("connection refused")}}
+	unreachable := answer{err: &cluster.ConnectError{Err: errors.New("connection refused")}}
 	c, db, id, probes := attestCore(t, false, map[string]answer{"workload cat": unreachable, "workload sh": unreachable})
 	c.attest(id, controltest.PodUID(id))
 	rec, err := db.SandboxAnyOrg(context.Background(), id)

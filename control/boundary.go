@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 )
 
 // ErrNotHardened: the cluster lacks part of the isolation boundary (see
@@ -14,7 +14,7 @@ import (
 var ErrNotHardened = errors.New("the cluster is not hardened")
 
 // NotHardenedError names the boundary objects that are missing or weakened.
-type NotHardenedError struct{ Failed []k8s.Check }
+type NotHardenedError struct{ Failed []cluster.Check }
 
 func (e *NotHardenedError) Error() string {
 	parts := make([]string, 0, len(e.Failed))
@@ -27,14 +27,14 @@ func (e *NotHardenedError) Unwrap() error { return ErrNotHardened }
 
 // BoundaryReport is one run of the isolation self-check.
 type BoundaryReport struct {
-	At     time.Time   `json:"at"`
-	Checks []k8s.Check `json:"checks"`
+	At     time.Time       `json:"at"`
+	Checks []cluster.Check `json:"checks"`
 }
 
 // Err is a NotHardenedError naming every failure the deployment does not
 // allow, or nil.
 func (r *BoundaryReport) Err() error {
-	var failed []k8s.Check
+	var failed []cluster.Check
 	for _, c := range r.Checks {
 		if c.Failed() {
 			failed = append(failed, c)
@@ -57,7 +57,7 @@ func (c *Control) CheckBoundary(ctx context.Context) *BoundaryReport {
 	r := &BoundaryReport{At: c.o.Now(), Checks: c.o.Boundary(ctx)}
 	prev := c.boundary.Swap(r)
 	for _, ch := range r.Checks {
-		if ch.Name == k8s.CheckForeignSandboxes {
+		if ch.Name == cluster.CheckForeignSandboxes {
 			c.foreign(ch, prev)
 			continue
 		}
@@ -92,7 +92,7 @@ func (c *Control) Hardened() error {
 	}
 	r := c.boundary.Load()
 	if r == nil {
-		return &NotHardenedError{Failed: []k8s.Check{{Object: "isolation self-check", Problem: "it has not run yet"}}}
+		return &NotHardenedError{Failed: []cluster.Check{{Object: "isolation self-check", Problem: "it has not run yet"}}}
 	}
 	return r.Err()
 }
@@ -101,12 +101,12 @@ func (c *Control) Hardened() error {
 // gauge every run, and a log line when what is found changes. No record
 // can say so: the product record holds only sandboxes an organization made
 // through hiloop, and these belong to none.
-func (c *Control) foreign(ch k8s.Check, prev *BoundaryReport) {
+func (c *Control) foreign(ch cluster.Check, prev *BoundaryReport) {
 	c.o.Metrics.ForeignSandboxes(ch.Count)
 	was := ""
 	if prev != nil {
 		for _, p := range prev.Checks {
-			if p.Name == k8s.CheckForeignSandboxes {
+			if p.Name == cluster.CheckForeignSandboxes {
 				was = p.Problem
 			}
 		}

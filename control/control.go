@@ -5,8 +5,9 @@
 // outcome is unknown, capability admission, and the admission and registry
 // of live sessions (exec and shells), with their limits.
 //
-// Calls run downward: control uses store and the cluster vocabulary of k8s
-// and never calls the mirror or a way in. The mirror calls down into it (to
+// Calls run downward: control uses store, speaks package cluster's
+// vocabulary to the cluster adapter without importing it (k8s implements
+// Cluster and Executor), and never calls the mirror or a way in. The mirror calls down into it (to
 // resolve pending creates) and learns which records control changed
 // without a cluster event from Changed and TakeChanged.
 package control
@@ -22,13 +23,14 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/metrics"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
 // Cluster is what control needs of the cluster: k8s.Writer satisfies it.
+// Its calls fail with a *cluster.Error.
 type Cluster interface {
 	// Receipt is what a sandbox of the organization with this spec is
 	// promised; it is stored in the record and annotated on the object.
@@ -45,14 +47,15 @@ type Cluster interface {
 	Delete(ctx context.Context, id string) error
 	// PodAddr is the IP of a sandbox's pod, only when it is the pod of
 	// this uid and it is Running and Ready now; otherwise a
-	// *k8s.PodNotServingError.
+	// *cluster.PodNotServingError.
 	PodAddr(ctx context.Context, id, uid string) (ip string, err error)
 }
 
 // Executor runs a command in a sandbox's workload container: k8s.Execer
-// satisfies it.
+// satisfies it. A stream that was never set up fails with a
+// *cluster.ConnectError.
 type Executor interface {
-	Exec(ctx context.Context, sandboxID string, req k8s.ExecRequest) (k8s.ExitStatus, error)
+	Exec(ctx context.Context, sandboxID string, req cluster.ExecRequest) (cluster.ExitStatus, error)
 }
 
 // Capabilities are what this deployment backs. A request for anything else
@@ -100,7 +103,7 @@ type Options struct {
 	Caps Capabilities
 	// Limits default to 8 sessions per sandbox and 32 per organization.
 	Limits Limits
-	// ClusterTimeout bounds each cluster call; k8s.DefaultClusterTimeout
+	// ClusterTimeout bounds each cluster call; cluster.DefaultTimeout
 	// when zero.
 	ClusterTimeout time.Duration
 	// SweepInterval is how often live sessions and registered connections
@@ -114,7 +117,7 @@ type Options struct {
 	// Boundary is the isolation self-check (k8s.Clients.CheckBoundary).
 	// With it, creates and starts are refused until a check passes, and
 	// whenever the last one failed. Nil runs without (the core's own tests).
-	Boundary func(ctx context.Context) []k8s.Check
+	Boundary func(ctx context.Context) []cluster.Check
 	// BoundaryInterval is how often Run repeats the self-check; 1m when zero.
 	BoundaryInterval time.Duration
 	// EventRetention is how long state transitions are kept; Run prunes
@@ -205,7 +208,7 @@ func New(o Options) (*Control, error) {
 		o.Now = time.Now
 	}
 	if o.ClusterTimeout == 0 {
-		o.ClusterTimeout = k8s.DefaultClusterTimeout
+		o.ClusterTimeout = cluster.DefaultTimeout
 	}
 	if o.BoundaryInterval == 0 {
 		o.BoundaryInterval = time.Minute

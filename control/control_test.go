@@ -15,9 +15,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -372,9 +372,9 @@ func TestStopThatKillsTheCommandReportsTheStop(t *testing.T) {
 			fc.Set(func(f *controltest.Cluster) {
 				f.OnMode = func(string, store.Mode) { close(killed); <-exited }
 			})
-			c.o.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
+			c.o.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
 				<-killed
-				return k8s.ExitStatus{Code: 143, Signal: "terminated"}, nil
+				return cluster.ExitStatus{Code: 143, Signal: "terminated"}, nil
 			}}
 			s, err := c.Admit(ctx, who, sb.ID, "exec")
 			if err != nil {
@@ -382,12 +382,12 @@ func TestStopThatKillsTheCommandReportsTheStop(t *testing.T) {
 			}
 			defer s.End()
 			type result struct {
-				st  k8s.ExitStatus
+				st  cluster.ExitStatus
 				err error
 			}
 			res := make(chan result, 1)
 			go func() {
-				st, err := s.Exec(s.Context(), k8s.ExecRequest{Command: []string{"sleep", "300"}})
+				st, err := s.Exec(s.Context(), cluster.ExecRequest{Command: []string{"sleep", "300"}})
 				res <- result{st, err}
 				close(exited)
 			}()

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 	gossh "golang.org/x/crypto/ssh"
@@ -39,7 +39,7 @@ func TestExecOutcome(t *testing.T) {
 	broken := errors.New("websocket: close 1006 (abnormal closure): pod-7f node-3")
 	for _, tc := range []struct {
 		name string
-		run  func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
+		run  func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error)
 		// timeout bounds the caller's context; left cancels it first; end
 		// ends the session from outside first; hang never opens the
 		// stream (against a hung API server).
@@ -47,43 +47,43 @@ func TestExecOutcome(t *testing.T) {
 		left    bool
 		end     error
 		hang    bool
-		want    func(k8s.ExitStatus, error) bool
+		want    func(cluster.ExitStatus, error) bool
 	}{
-		{name: "exited", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
-			return k8s.ExitStatus{Code: 3}, nil
-		}, want: func(st k8s.ExitStatus, err error) bool { return err == nil && st.Code == 3 }},
-		{name: "stream broke", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
-			return k8s.ExitStatus{}, broken
-		}, want: func(_ k8s.ExitStatus, err error) bool {
+		{name: "exited", run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{Code: 3}, nil
+		}, want: func(st cluster.ExitStatus, err error) bool { return err == nil && st.Code == 3 }},
+		{name: "stream broke", run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{}, broken
+		}, want: func(_ cluster.ExitStatus, err error) bool {
 			var se *StreamError
 			return errors.As(err, &se) && errors.Is(err, ErrStreamBroken) && errors.Is(err, broken)
 		}},
-		{name: "never connected", run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
-			return k8s.ExitStatus{}, &k8s.ConnectError{Err: broken}
-		}, want: func(_ k8s.ExitStatus, err error) bool {
+		{name: "never connected", run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{}, &cluster.ConnectError{Err: broken}
+		}, want: func(_ cluster.ExitStatus, err error) bool {
 			var ce *ClusterError
 			return errors.As(err, &ce) && errors.Is(err, ErrClusterUnavailable)
 		}},
 		{name: "timed out", timeout: time.Millisecond,
-			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrExecTimeout) }},
+			want: func(_ cluster.ExitStatus, err error) bool { return errors.Is(err, ErrExecTimeout) }},
 		// The caller's timeout passed while the stream was being opened:
 		// no command ran, so none timed out.
 		{name: "timeout before the stream opened", timeout: time.Millisecond, hang: true,
-			want: func(_ k8s.ExitStatus, err error) bool {
+			want: func(_ cluster.ExitStatus, err error) bool {
 				var ce *ClusterError
 				return errors.As(err, &ce) && errors.Is(err, ErrClusterUnavailable) && !errors.Is(err, ErrExecTimeout)
 			}},
 		{name: "caller left before the stream opened", left: true, hang: true,
-			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
+			want: func(_ cluster.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
 		{name: "caller left", left: true,
-			want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
-		{name: "key revoked", end: ErrKeyRevoked, want: func(_ k8s.ExitStatus, err error) bool {
+			want: func(_ cluster.ExitStatus, err error) bool { return errors.Is(err, ErrCallerGone) }},
+		{name: "key revoked", end: ErrKeyRevoked, want: func(_ cluster.ExitStatus, err error) bool {
 			var ee *EndedError
 			return errors.As(err, &ee) && errors.Is(err, ErrKeyRevoked) && strings.Contains(err.Error(), "revoked")
 		}},
-		{name: "revoked beats a failed connect", end: ErrKeyRevoked, run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) {
-			return k8s.ExitStatus{}, &k8s.ConnectError{Err: broken}
-		}, want: func(_ k8s.ExitStatus, err error) bool { return errors.Is(err, ErrKeyRevoked) }},
+		{name: "revoked beats a failed connect", end: ErrKeyRevoked, run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{}, &cluster.ConnectError{Err: broken}
+		}, want: func(_ cluster.ExitStatus, err error) bool { return errors.Is(err, ErrKeyRevoked) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db, err := store.Open(context.Background(), store.Options{Path: filepath.Join(t.TempDir(), "c.db")})
@@ -117,7 +117,7 @@ func TestExecOutcome(t *testing.T) {
 			if tc.end != nil {
 				c.end(tc.end, func(string, string) bool { return true })
 			}
-			st, err := sess.Exec(ctx, k8s.ExecRequest{Command: []string{"true"}})
+			st, err := sess.Exec(ctx, cluster.ExecRequest{Command: []string{"true"}})
 			if !tc.want(st, err) {
 				t.Errorf("Exec = %+v, %v (%T)", st, err, err)
 			}

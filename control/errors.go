@@ -3,14 +3,9 @@ package control
 import (
 	"errors"
 	"fmt"
-	"net"
-	"regexp"
-	"strings"
-	"syscall"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -38,15 +33,15 @@ var (
 	ErrUnsupported = errors.New("unsupported capability")
 	// ErrClusterUnavailable: the cluster did not answer in time or could not
 	// be reached; trying again later may work.
-	ErrClusterUnavailable = errors.New("the cluster is unavailable")
+	ErrClusterUnavailable = cluster.ErrUnavailable
 	// ErrClusterRejected: the cluster's admission refused the object (a
 	// deployment policy, not a hiloop fault).
-	ErrClusterRejected = errors.New("the cluster refused the sandbox")
+	ErrClusterRejected = cluster.ErrRejected
 	// ErrClusterQuota: the cluster's own quota for sandboxes is exhausted.
-	ErrClusterQuota = errors.New("the cluster's sandbox quota is exhausted")
+	ErrClusterQuota = cluster.ErrQuota
 	// ErrClusterForbidden: the cluster refused hiloop's own request for lack
 	// of permission: an operator fault, never the caller's.
-	ErrClusterForbidden = errors.New("the cluster refused hiloop's request (permissions)")
+	ErrClusterForbidden = cluster.ErrForbidden
 	// ErrNoExec: this deployment has no exec backend.
 	ErrNoExec = errors.New("exec is not available")
 	// ErrPodNotServing: the sandbox's pod is not the one the record
@@ -190,21 +185,14 @@ func (e *TransportError) Error() string {
 }
 
 // ClusterError is a failed cluster call: Kind is one of the ErrCluster*
-// sentinels, Err the cluster's own error, which is logged and never sent to a
-// caller (it can name service accounts, pods and nodes).
-type ClusterError struct {
-	Kind error
-	Err  error
-	// Policy names the admission policy that refused the object, and Rule
-	// is that policy's message when it is one of hiloop's own rules
-	// ("[runtime-class] ..."); both are fit to send.
-	Policy, Rule string
-}
+// sentinels, Err the cluster's own error, which is logged and never sent to
+// a caller (it can name service accounts, pods and nodes). The cluster
+// adapter classifies its failures (k8s.Classify).
+type ClusterError = cluster.Error
 
-func (e *ClusterError) Error() string   { return e.Kind.Error() + ": " + e.Err.Error() }
-func (e *ClusterError) Unwrap() []error { return []error{e.Kind, e.Err} }
-
-// classify turns a cluster error into a ClusterError of the right kind.
+// classify makes any error of a cluster call a ClusterError: one the
+// adapter did not classify (a local failure before the call) is
+// ErrClusterUnavailable.
 func classify(err error) error {
 	if err == nil {
 		return nil
@@ -213,58 +201,16 @@ func classify(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	kind := ErrClusterUnavailable
-	switch {
-	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
-		kind = ErrClusterRejected
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
-		kind = ErrClusterQuota
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "status unknown for quota"):
-		// A quota the controller has not counted yet: the cluster refuses
-		// for now, and a retry in a moment succeeds.
-		kind = ErrClusterUnavailable
-	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-		kind = ErrClusterForbidden
-	}
-	ce = &ClusterError{Kind: kind, Err: err}
-	if kind == ErrClusterRejected {
-		if m := policyDenial.FindStringSubmatch(err.Error()); m != nil {
-			ce.Policy = m[1]
-			if strings.HasPrefix(m[2], "[") {
-				ce.Rule = m[2]
-			}
-		}
-	}
-	return ce
+	return &ClusterError{Kind: ErrClusterUnavailable, Err: err, Ambiguous: true}
 }
 
-// policyDenial reads the API server's message for a ValidatingAdmissionPolicy
-// refusal.
-var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '[^']+' denied request: ([^\n]*)`)
-
-// ambiguous reports whether a failed create may still have been written: a
-// timeout or a server-side failure after the request was sent. A refusal
-// (an API status in the 4xx range other than a timeout) or a connection that
-// was never made is definite.
+// ambiguous reports whether a failed create may still have been written
+// (ClusterError.Ambiguous). A failure the adapter did not classify may
+// have been too.
 func ambiguous(err error) bool {
-	var se apierrors.APIStatus
-	if errors.As(err, &se) {
-		code := se.Status().Code
-		if apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) {
-			return true
-		}
-		return code == 0 || code >= 500
-	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return false
-	}
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return false
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return false
+	var ce *ClusterError
+	if errors.As(err, &ce) {
+		return ce.Ambiguous
 	}
 	return true
 }

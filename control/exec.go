@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 )
 
 // ArgvError is a command line no sandbox is given: empty, with a NUL byte,
@@ -59,12 +59,12 @@ func (s *Session) Context() context.Context { return s.ctx }
 //   - a *StreamError when the stream broke before the exit status arrived.
 //
 // ctx should derive from Context.
-func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func (s *Session) Exec(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	if s.c.o.Exec == nil {
-		return k8s.ExitStatus{}, ErrNoExec
+		return cluster.ExitStatus{}, ErrNoExec
 	}
 	if err := CheckArgv(req.Command); err != nil {
-		return k8s.ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
 	// The cause first, even over an exit status: a stop or delete ends
@@ -79,7 +79,7 @@ func (s *Session) Exec(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus
 	if err == nil {
 		return st, nil
 	}
-	var ce *k8s.ConnectError
+	var ce *cluster.ConnectError
 	connect := errors.As(err, &ce)
 	switch {
 	case errors.Is(ctx.Err(), context.Canceled):

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -594,9 +594,9 @@ func TestWakeRefusals(t *testing.T) {
 	t.Run("boundary", func(t *testing.T) {
 		var broken atomic.Bool
 		ic := newIdleCore(t, func(o *Options) {
-			o.Boundary = func(context.Context) []k8s.Check {
+			o.Boundary = func(context.Context) []cluster.Check {
 				if broken.Load() {
-					return []k8s.Check{{Object: "policy", Problem: "missing"}}
+					return []cluster.Check{{Object: "policy", Problem: "missing"}}
 				}
 				return nil
 			}

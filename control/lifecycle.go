@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -73,7 +73,7 @@ func (c *Control) applyMode(ch store.ModeChange) (store.Sandbox, error) {
 	} else {
 		err = c.o.Cluster.SetMode(cctx, id, mode)
 	}
-	if err != nil && !k8s.IsNotFound(err) {
+	if err != nil && !cluster.IsNotFound(err) {
 		if rerr := c.o.Store.RestoreMode(context.WithoutCancel(c.base), ch.Before); rerr != nil {
 			c.log.Error("restore desired mode", "sandbox", id, "err", rerr)
 		}
@@ -159,7 +159,7 @@ func (c *Control) Update(ctx context.Context, who Caller, id string, u Update) (
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
-	if err := c.o.Cluster.SetExpiry(cctx, id, *l.ExpiresAt); err != nil && !k8s.IsNotFound(err) {
+	if err := c.o.Cluster.SetExpiry(cctx, id, *l.ExpiresAt); err != nil && !cluster.IsNotFound(err) {
 		if rerr := c.o.Store.RestoreLifetime(context.WithoutCancel(c.base), ch.Before); rerr != nil {
 			c.log.Error("restore lifetime", "sandbox", id, "err", rerr)
 		}

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -174,7 +174,7 @@ func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID stri
 	cctx, cancel := c.clusterCtx()
 	defer cancel()
 	ip, err := c.o.Cluster.PodAddr(cctx, s.SandboxID, sb.PodUID)
-	var pe *k8s.PodNotServingError
+	var pe *cluster.PodNotServingError
 	if errors.As(err, &pe) {
 		return "", "", fmt.Errorf("%w: %s", ErrPodNotServing, pe.Reason)
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
@@ -589,7 +590,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	if err := w.Annotate(ctx, "sbx_admission", k8s.AnnotationGatewayKey, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB== annotated"); err != nil {
 		t.Fatalf("annotate: %v", err)
 	}
-	n, err := w.RotateGatewayKey(ctx, k8s.DefaultClusterTimeout, func(id string) (string, error) { return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC== " + id, nil })
+	n, err := w.RotateGatewayKey(ctx, cluster.DefaultTimeout, func(id string) (string, error) { return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC== " + id, nil })
 	if err != nil || n != 2 {
 		t.Fatalf("rotation: %d patched, %v", n, err)
 	}

@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/hiloop/hiloop/cluster"
 )
 
 // The objects of the isolation boundary, as the chart (deploy/chart) names
@@ -34,10 +36,6 @@ const (
 	quotaResource    = "count/sandboxes.agents.x-k8s.io"
 	ruleRuntimeClass = "runtime-class"
 )
-
-// CheckForeignSandboxes names the finding of Sandboxes in the namespace
-// that hiloop did not make: reported, never a failure.
-const CheckForeignSandboxes = "foreign_sandboxes"
 
 // PolicyRules are the ids of some of the rules every isolation policy
 // holds; each rule's message starts with its id in brackets. The
@@ -196,32 +194,6 @@ func (o BoundaryOptions) expected() *Boundary {
 	return ChartBoundary()
 }
 
-// Check is one finding of the self-check.
-type Check struct {
-	// Name is a fixed name, fit for a metric label.
-	Name string `json:"name"`
-	// Object is the cluster object checked ("Namespace hiloop-sandboxes"),
-	// fixed for a deployment, fit for a metric label.
-	Object string `json:"object"`
-	OK     bool   `json:"ok"`
-	// Allowed marks a failure this deployment accepts (--insecure-no-gvisor).
-	Allowed bool `json:"allowed,omitempty"`
-	// Warning marks a finding that is reported (log, metric, doctor) but
-	// refuses nothing: Sandboxes hiloop did not make.
-	Warning bool   `json:"warning,omitempty"`
-	Problem string `json:"problem,omitempty"`
-	Fix     string `json:"fix,omitempty"`
-	// Count is how many objects a warning is about.
-	Count int `json:"count,omitempty"`
-	// Detail is the cluster's own error when the object could not be read.
-	// It can name hiloop's service account, so it goes to the log and to
-	// `hiloop doctor`, never into an API answer.
-	Detail string `json:"-"`
-}
-
-// Failed reports whether the check fails and the failure is not allowed.
-func (c Check) Failed() bool { return !c.OK && !c.Allowed && !c.Warning }
-
 const fixChart = "install or upgrade the hiloop chart (docs/install.md)"
 
 // CheckBoundary reads every object the isolation boundary depends on and
@@ -230,9 +202,9 @@ const fixChart = "install or upgrade the hiloop chart (docs/install.md)"
 // bindings, the quota, and every NetworkPolicy of the namespace together.
 // It also reports Sandboxes in the namespace that hiloop did not make. An
 // object it cannot read is a failure.
-func (c *Clients) CheckBoundary(ctx context.Context, o BoundaryOptions) []Check {
+func (c *Clients) CheckBoundary(ctx context.Context, o BoundaryOptions) []cluster.Check {
 	exp := o.expected()
-	out := []Check{c.checkNamespace(ctx, o, exp), c.checkRuntimeClass(ctx, o)}
+	out := []cluster.Check{c.checkNamespace(ctx, o, exp), c.checkRuntimeClass(ctx, o)}
 	for _, name := range []string{PolicySandbox, PolicyPod} {
 		out = append(out, c.checkPolicy(ctx, o, exp, name), c.checkBinding(ctx, o, exp, name))
 	}
@@ -241,7 +213,7 @@ func (c *Clients) CheckBoundary(ctx context.Context, o BoundaryOptions) []Check 
 }
 
 // readFailure is a check that could not read its object.
-func readFailure(ch Check, err error) Check {
+func readFailure(ch cluster.Check, err error) cluster.Check {
 	if apierrors.IsNotFound(err) {
 		ch.Problem, ch.Fix = "missing", fixChart
 		return ch
@@ -254,8 +226,8 @@ func readFailure(ch Check, err error) Check {
 // Pod Security levels, weakest first.
 var psaLevels = []string{"privileged", "baseline", "restricted"}
 
-func (c *Clients) checkNamespace(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
-	ch := Check{Name: "namespace", Object: "Namespace " + o.Namespace}
+func (c *Clients) checkNamespace(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+	ch := cluster.Check{Name: "namespace", Object: "Namespace " + o.Namespace}
 	ns, err := c.Kube.CoreV1().Namespaces().Get(ctx, o.Namespace, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
@@ -308,8 +280,8 @@ func orLatest(v string) string {
 	return v
 }
 
-func (c *Clients) checkRuntimeClass(ctx context.Context, o BoundaryOptions) Check {
-	ch := Check{Name: "runtime_class", Object: "RuntimeClass " + o.RuntimeClass}
+func (c *Clients) checkRuntimeClass(ctx context.Context, o BoundaryOptions) cluster.Check {
+	ch := cluster.Check{Name: "runtime_class", Object: "RuntimeClass " + o.RuntimeClass}
 	if o.NoGVisor {
 		ch.Object, ch.Allowed = "RuntimeClass (none)", true
 		ch.Problem = "sandboxes run without gVisor (--insecure-no-gvisor): the workload shares the node's kernel"
@@ -339,8 +311,8 @@ func isRuntimeClassRule(v admissionv1.Validation) bool {
 	return strings.HasPrefix(v.Message, "["+ruleRuntimeClass+"]")
 }
 
-func (c *Clients) checkPolicy(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) Check {
-	ch := Check{Name: "admission_policy", Object: "ValidatingAdmissionPolicy " + name}
+func (c *Clients) checkPolicy(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) cluster.Check {
+	ch := cluster.Check{Name: "admission_policy", Object: "ValidatingAdmissionPolicy " + name}
 	p, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
@@ -396,8 +368,8 @@ func selectedNames(s *metav1.LabelSelector) (sets.Set[string], bool) {
 	return nil, false
 }
 
-func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) Check {
-	ch := Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding " + name}
+func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) cluster.Check {
+	ch := cluster.Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding " + name}
 	b, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
@@ -432,8 +404,8 @@ func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boun
 	return ch
 }
 
-func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
-	ch := Check{Name: "quota", Object: "ResourceQuota " + o.Namespace + "/" + QuotaName}
+func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+	ch := cluster.Check{Name: "quota", Object: "ResourceQuota " + o.Namespace + "/" + QuotaName}
 	q, err := c.Kube.CoreV1().ResourceQuotas(o.Namespace).Get(ctx, QuotaName, metav1.GetOptions{})
 	if err != nil {
 		return readFailure(ch, err)
@@ -468,8 +440,8 @@ func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Bounda
 // checkNetworkPolicies evaluates every NetworkPolicy of the namespace
 // together (see netpol.go): some must isolate every pod both ways, and none
 // may allow a peer or port the chart's policy does not.
-func (c *Clients) checkNetworkPolicies(ctx context.Context, o BoundaryOptions, exp *Boundary) Check {
-	ch := Check{Name: "network_policy", Object: "NetworkPolicies in namespace " + o.Namespace}
+func (c *Clients) checkNetworkPolicies(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+	ch := cluster.Check{Name: "network_policy", Object: "NetworkPolicies in namespace " + o.Namespace}
 	list, err := c.Kube.NetworkingV1().NetworkPolicies(o.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return readFailure(ch, err)
@@ -494,8 +466,8 @@ const ForeignLimit = 500
 // managed-by label, which the mirror, watching hiloop's label only, never
 // sees. The admission policies hold them like any other, so they refuse
 // nothing; they are reported.
-func (c *Clients) checkForeignSandboxes(ctx context.Context, o BoundaryOptions) Check {
-	ch := Check{Name: CheckForeignSandboxes, Object: "Sandboxes in namespace " + o.Namespace + " that hiloop did not make"}
+func (c *Clients) checkForeignSandboxes(ctx context.Context, o BoundaryOptions) cluster.Check {
+	ch := cluster.Check{Name: cluster.CheckForeignSandboxes, Object: "Sandboxes in namespace " + o.Namespace + " that hiloop did not make"}
 	list, err := c.Sandbox.AgentsV1beta1().Sandboxes(o.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: LabelManagedBy + "!=" + ManagedBy, Limit: ForeignLimit})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -51,9 +52,9 @@ func TestChartBoundary(t *testing.T) {
 
 const ns = "t-boundary"
 
-// cluster is a fake cluster holding the chart's boundary in namespace ns,
+// fakeCluster is a fake cluster holding the chart's boundary in namespace ns,
 // with f applied to its objects first.
-func cluster(t *testing.T, f func(*objects)) *k8s.Clients {
+func fakeCluster(t *testing.T, f func(*objects)) *k8s.Clients {
 	t.Helper()
 	b := k8s.ChartBoundary()
 	o := &objects{namespace: b.Namespace.DeepCopy(), quota: b.Quota.DeepCopy(), np: b.NetworkPolicy.DeepCopy(),
@@ -97,9 +98,9 @@ type objects struct {
 	sandboxes []*v1beta1.Sandbox
 }
 
-func check(t *testing.T, c *k8s.Clients, noGVisor bool) map[string]k8s.Check {
+func check(t *testing.T, c *k8s.Clients, noGVisor bool) map[string]cluster.Check {
 	t.Helper()
-	out := map[string]k8s.Check{}
+	out := map[string]cluster.Check{}
 	for _, ch := range c.CheckBoundary(context.Background(), k8s.BoundaryOptions{Namespace: ns, RuntimeClass: "gvisor", NoGVisor: noGVisor}) {
 		out[ch.Object] = ch
 	}
@@ -111,7 +112,7 @@ func check(t *testing.T, c *k8s.Clients, noGVisor bool) map[string]k8s.Check {
 // quota or namespace label is a failure naming the object, and a
 // foreign Sandbox is a warning that refuses nothing.
 func TestCheckBoundary(t *testing.T) {
-	for _, ch := range check(t, cluster(t, nil), false) {
+	for _, ch := range check(t, fakeCluster(t, nil), false) {
 		if !ch.OK {
 			t.Fatalf("the chart's boundary: %s: %s", ch.Object, ch.Problem)
 		}
@@ -199,7 +200,7 @@ func TestCheckBoundary(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := check(t, cluster(t, tc.edit), false)
+			got := check(t, fakeCluster(t, tc.edit), false)
 			ch := got[tc.object]
 			if !ch.Failed() || !strings.Contains(ch.Problem, tc.want) {
 				t.Errorf("%s: failed %v, problem %q, want %q", tc.object, ch.Failed(), ch.Problem, tc.want)
@@ -213,7 +214,7 @@ func TestCheckBoundary(t *testing.T) {
 	}
 
 	// Stricter than the chart is fine.
-	stricter := check(t, cluster(t, func(o *objects) {
+	stricter := check(t, fakeCluster(t, func(o *objects) {
 		o.namespace.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
 		delete(o.namespace.Labels, "pod-security.kubernetes.io/enforce-version")
 		o.quota.Spec.Hard["requests.cpu"] = resource.MustParse("10")
@@ -225,7 +226,7 @@ func TestCheckBoundary(t *testing.T) {
 	}
 
 	// A Sandbox hiloop did not make is reported and refuses nothing.
-	foreign := check(t, cluster(t, func(o *objects) {
+	foreign := check(t, fakeCluster(t, func(o *objects) {
 		o.sandboxes = append(o.sandboxes,
 			&v1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "by-hand", Namespace: ns}},
 			&v1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "sbx-abc", Namespace: ns, Labels: map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}}})
@@ -245,18 +246,18 @@ func TestCheckBoundaryNoGVisor(t *testing.T) {
 			p.Spec.Validations = slices.DeleteFunc(p.Spec.Validations, func(v admissionv1.Validation) bool { return strings.HasPrefix(v.Message, "[runtime-class]") })
 		}
 	}
-	for obj, ch := range check(t, cluster(t, drop), true) {
+	for obj, ch := range check(t, fakeCluster(t, drop), true) {
 		if strings.HasPrefix(obj, "ValidatingAdmissionPolicy ") && (!ch.Allowed || ch.Failed()) {
 			t.Errorf("%s without the rule: %+v", obj, ch)
 		}
 	}
-	for obj, ch := range check(t, cluster(t, nil), true) {
+	for obj, ch := range check(t, fakeCluster(t, nil), true) {
 		if strings.HasPrefix(obj, "ValidatingAdmissionPolicy ") && !ch.OK {
 			t.Errorf("%s with the rule: %+v", obj, ch)
 		}
 	}
 	// Another rule dropped as well is no longer the insecure mode's gap.
-	got := check(t, cluster(t, func(o *objects) {
+	got := check(t, fakeCluster(t, func(o *objects) {
 		drop(o)
 		v := o.policies[k8s.PolicyPod].Spec.Validations
 		o.policies[k8s.PolicyPod].Spec.Validations = v[:len(v)-1]
@@ -269,7 +270,7 @@ func TestCheckBoundaryNoGVisor(t *testing.T) {
 // TestBoundaryIsSemantic: a policy as the API server stores it, with its
 // defaults filled in and empty fields spelled out, equals the chart's.
 func TestBoundaryIsSemantic(t *testing.T) {
-	c := cluster(t, func(o *objects) {
+	c := fakeCluster(t, func(o *objects) {
 		p := o.policies[k8s.PolicyPod]
 		p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{}
 		p.Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{}

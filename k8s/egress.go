@@ -10,6 +10,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/cluster"
 )
 
 // clusterAddr is one of the cluster's own addresses a sandbox must not
@@ -25,9 +27,9 @@ type clusterAddr struct {
 // evaluated together (their ipBlocks), let a sandbox reach any of them.
 // hiloop doctor runs it with the operator's credentials: serve's account
 // may not list nodes.
-func (c *Clients) CheckEgress(ctx context.Context, ns string) Check {
-	ch := Check{Name: "egress", Object: "Egress from namespace " + ns + " to the cluster's own addresses"}
-	fail := func(what string, err error) Check {
+func (c *Clients) CheckEgress(ctx context.Context, ns string) cluster.Check {
+	ch := cluster.Check{Name: "egress", Object: "Egress from namespace " + ns + " to the cluster's own addresses"}
+	fail := func(what string, err error) cluster.Check {
 		ch.Problem, ch.Detail = "cannot read "+what, shortError(err)
 		ch.Fix = "run hiloop doctor with credentials that may list " + what
 		return ch

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -29,77 +28,22 @@ import (
 	"k8s.io/client-go/transport/websocket"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 
-	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 )
 
 // copyBuffer is the size of the chunks exec output is copied in.
 const copyBuffer = 256 << 10
 
-// ExecRequest is one command to run in a container.
-type ExecRequest struct {
-	Command []string
-	// Stdin, when not nil, is copied to the command; its EOF is delivered
-	// as the command's stdin EOF.
-	Stdin io.Reader
-	// Stdout and Stderr receive the command's output. With TTY, stderr is
-	// merged into stdout by the terminal.
-	Stdout, Stderr io.Writer
-	TTY            bool
-	// Resize carries terminal size changes (TTY only).
-	Resize <-chan TerminalSize
-	// ConnectTimeout bounds reaching the container (the stream's set-up),
-	// apart from how long the command may run; only ctx bounds it when zero.
-	ConnectTimeout time.Duration
-	// Container is the container to run in: the workload when empty, the
-	// only one a way in ever names. hiloop's own runtime probe may name
-	// the session helper (HelperContainer).
-	Container string
-}
-
-// TerminalSize is a terminal's width and height in characters.
-type TerminalSize struct {
-	Width  uint16 `json:"Width"`
-	Height uint16 `json:"Height"`
-}
-
-// ExitStatus is how a command ended, as the API server's terminating
-// status frame said.
-type ExitStatus struct {
-	// Code is the exit code; 128+n for a death by signal n.
-	Code int
-	// Signal names the signal that killed the command, when the status
-	// says so.
-	Signal string
-}
-
-// Transport errors. A stream that ends without a status frame is never an
-// exit code, least of all 0.
-var (
-	ErrNoStatus = errors.New("exec stream ended without a status frame")
-)
-
-// ConnectError reports that the exec stream could not be set up: the API
-// server or the node could not be reached, or refused the stream, or the
-// caller's context or the set-up's deadline (ConnectTimeout) ended first
-// (Err then wraps that context's error). No command ran. The stream is
-// set up once the upgrade is answered and, with SPDY, its streams are
-// created: the kubelet starts the command only after that.
-type ConnectError struct{ Err error }
-
-func (e *ConnectError) Error() string { return "exec: connect: " + e.Err.Error() }
-func (e *ConnectError) Unwrap() error { return e.Err }
-
-// RemoteError is a failure status frame that carries no exit code: the
-// runtime could not run the command at all, for example.
-type RemoteError struct{ Message string }
-
-func (e *RemoteError) Error() string { return "remote: " + e.Message }
-
-// ExecURL is the pods/exec URL of a container.
-func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
+// ExecURL is the pods/exec URL of a container: the workload's, or the
+// session helper's for a request with Helper.
+func (c *Clients) ExecURL(namespace, pod string, req cluster.ExecRequest) *url.URL {
+	container := WorkloadContainer
+	if req.Helper {
+		container = HelperContainer
+	}
 	return c.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(namespace).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
-			Container: cmp.Or(req.Container, WorkloadContainer),
+			Container: container,
 			Command:   req.Command,
 			Stdin:     req.Stdin != nil,
 			Stdout:    req.Stdout != nil,
@@ -108,7 +52,8 @@ func (c *Clients) ExecURL(namespace, pod string, req ExecRequest) *url.URL {
 		}, scheme.ParameterCodec).URL()
 }
 
-// Execer runs commands in sandboxes of one namespace.
+// Execer runs commands in sandboxes of one namespace; it is the core's
+// executor (control.Executor).
 type Execer struct {
 	Clients   *Clients
 	Namespace string
@@ -121,13 +66,13 @@ type Execer struct {
 }
 
 // Exec runs a command in the workload container of a sandbox's pod.
-func (e *Execer) Exec(ctx context.Context, sandboxID string, req ExecRequest) (ExitStatus, error) {
+func (e *Execer) Exec(ctx context.Context, sandboxID string, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	if req.ConnectTimeout == 0 {
 		req.ConnectTimeout = e.ConnectTimeout
 	}
 	e.once.Do(func() { e.dialer, e.err = newExecDialer(e.Clients.Config) })
 	if e.err != nil {
-		return ExitStatus{}, e.err
+		return cluster.ExitStatus{}, e.err
 	}
 	return e.dialer.exec(ctx, e.Clients.ExecURL(e.Namespace, ObjectName(sandboxID), req), req)
 }
@@ -188,7 +133,7 @@ func (d *execDialer) roundTripper() (http.RoundTripper, websocket.ConnectionHold
 // attempt and a SPDY fallback share it, so the fallback never starts a
 // budget of its own. Both transports use the request's context only to
 // dial and upgrade, so ending it afterwards does not end the stream.
-func connectCtx(ctx context.Context, req ExecRequest) (context.Context, context.CancelFunc) {
+func connectCtx(ctx context.Context, req cluster.ExecRequest) (context.Context, context.CancelFunc) {
 	if req.ConnectTimeout <= 0 {
 		return context.WithCancel(ctx)
 	}
@@ -240,15 +185,15 @@ func within[T io.Closer](cctx context.Context, setUp func() (T, error)) (T, erro
 // (v5.channel.k8s.io) first, SPDY (v4.channel.k8s.io) when the server does
 // not upgrade to WebSocket. The exit status comes only from the terminating
 // status frame.
-func Exec(ctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+func Exec(ctx context.Context, cfg *rest.Config, u *url.URL, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	d, err := newExecDialer(cfg)
 	if err != nil {
-		return ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}
 	return d.exec(ctx, u, req)
 }
 
-func (d *execDialer) exec(ctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
+func (d *execDialer) exec(ctx context.Context, u *url.URL, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	cctx, cancel := connectCtx(ctx, req)
 	defer cancel()
 	st, err := d.execWebSocket(ctx, cctx, u, req)
@@ -270,14 +215,14 @@ func (e *upgradeError) Error() string { return "websocket upgrade: " + e.err.Err
 
 // execWebSocket runs the command over WebSocket, its stream set up within
 // cctx.
-func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req ExecRequest) (ExitStatus, error) {
+func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	rt, holder, err := d.roundTripper()
 	if err != nil {
-		return ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}
 	hreq, err := http.NewRequestWithContext(cctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}
 	conn, err := within(cctx, func() (*gwebsocket.Conn, error) {
 		return websocket.Negotiate(rt, holder, hreq, remotecommand.StreamProtocolV5Name)
@@ -288,15 +233,15 @@ func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req Ex
 		// connection's deadline and cctx's timer are apart).
 		var uf *streamhttp.UpgradeFailureError
 		if errors.As(err, &uf) && cctx.Err() == nil {
-			return ExitStatus{}, &upgradeError{err}
+			return cluster.ExitStatus{}, &upgradeError{err}
 		}
-		return ExitStatus{}, connectError(ctx, cctx, err)
+		return cluster.ExitStatus{}, connectError(ctx, cctx, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 
-	send := api.NewChannelConn(conn).Send
+	send := channelSender(conn)
 	if req.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)
@@ -369,7 +314,7 @@ read:
 				n, err := io.ReadFull(r, buf)
 				if n > 0 {
 					if _, werr := dst.Write(buf[:n]); werr != nil {
-						return ExitStatus{}, fmt.Errorf("exec: write output: %w", werr)
+						return cluster.ExitStatus{}, fmt.Errorf("exec: write output: %w", werr)
 					}
 				}
 				if err == io.EOF || err == io.ErrUnexpectedEOF {
@@ -383,15 +328,37 @@ read:
 		}
 	}
 	if ctx.Err() != nil {
-		return ExitStatus{}, ctx.Err()
+		return cluster.ExitStatus{}, ctx.Err()
 	}
 	if !gotStatus {
 		if readErr != nil && !gwebsocket.IsCloseError(readErr, gwebsocket.CloseNormalClosure) {
-			return ExitStatus{}, fmt.Errorf("%w: %v", ErrNoStatus, readErr)
+			return cluster.ExitStatus{}, fmt.Errorf("%w: %v", cluster.ErrNoStatus, readErr)
 		}
-		return ExitStatus{}, ErrNoStatus
+		return cluster.ExitStatus{}, cluster.ErrNoStatus
 	}
 	return decodeStatus(status)
+}
+
+// channelSender returns the one writer of the v5 protocol's messages on
+// conn: each is one channel byte followed by the payload. Stdin and resize
+// are sent from two goroutines, so it serialises them.
+func channelSender(conn *gwebsocket.Conn) func(ch byte, p []byte) error {
+	var mu sync.Mutex
+	return func(ch byte, p []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		w, err := conn.NextWriter(gwebsocket.BinaryMessage)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write([]byte{ch}); err != nil {
+			return err
+		}
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+		return w.Close()
+	}
 }
 
 // spdyStreams is an exec stream set up over SPDY: the connection and the
@@ -408,7 +375,7 @@ func (s *spdyStreams) Close() error { return s.conn.Close() }
 // setUpSPDY upgrades to SPDY and creates the streams of req. The kubelet
 // runs the command once every stream is created: until then, a failure
 // is one to set the stream up.
-func setUpSPDY(cctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (*spdyStreams, error) {
+func setUpSPDY(cctx context.Context, cfg *rest.Config, u *url.URL, req cluster.ExecRequest) (*spdyStreams, error) {
 	rt, upgrader, err := spdy.RoundTripperFor(cfg)
 	if err != nil {
 		return nil, err
@@ -474,14 +441,14 @@ func (e *protocolError) Error() string {
 }
 
 // execSPDY runs the command over SPDY, its stream set up within cctx.
-func execSPDY(ctx, cctx context.Context, cfg *rest.Config, u *url.URL, req ExecRequest) (ExitStatus, error) {
+func execSPDY(ctx, cctx context.Context, cfg *rest.Config, u *url.URL, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	s, err := within(cctx, func() (*spdyStreams, error) { return setUpSPDY(cctx, cfg, u, req) })
 	var pe *protocolError
 	if errors.As(err, &pe) {
-		return ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}
 	if err != nil {
-		return ExitStatus{}, connectError(ctx, cctx, err)
+		return cluster.ExitStatus{}, connectError(ctx, cctx, err)
 	}
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { s.Close() })
@@ -521,20 +488,22 @@ func execSPDY(ctx, cctx context.Context, cfg *rest.Config, u *url.URL, req ExecR
 	// All output is delivered before the exit is reported.
 	copies.Wait()
 	if ctx.Err() != nil {
-		return ExitStatus{}, ctx.Err()
+		return cluster.ExitStatus{}, ctx.Err()
 	}
 	if len(status) == 0 {
 		if readErr != nil {
-			return ExitStatus{}, fmt.Errorf("%w: %v", ErrNoStatus, readErr)
+			return cluster.ExitStatus{}, fmt.Errorf("%w: %v", cluster.ErrNoStatus, readErr)
 		}
-		return ExitStatus{}, ErrNoStatus
+		return cluster.ExitStatus{}, cluster.ErrNoStatus
 	}
 	return decodeStatus(status)
 }
 
 // connectError is a failure to set up the stream, with the context error
-// of what ended first: the caller's context, else the set-up's (cctx).
-func connectError(ctx, cctx context.Context, err error) *ConnectError {
+// of what ended first: the caller's context, else the set-up's (cctx). The
+// stream is set up once the upgrade is answered and, with SPDY, its streams
+// are created: the kubelet starts the command only after that.
+func connectError(ctx, cctx context.Context, err error) *cluster.ConnectError {
 	for _, c := range []context.Context{ctx, cctx} {
 		cerr := c.Err()
 		// A dial or read cut short by the deadline may fail a moment
@@ -546,11 +515,11 @@ func connectError(ctx, cctx context.Context, err error) *ConnectError {
 		case cerr == nil:
 			continue
 		case errors.Is(err, cerr):
-			return &ConnectError{err}
+			return &cluster.ConnectError{Err: err}
 		}
-		return &ConnectError{fmt.Errorf("%w (%v)", cerr, err)}
+		return &cluster.ConnectError{Err: fmt.Errorf("%w (%v)", cerr, err)}
 	}
-	return &ConnectError{err}
+	return &cluster.ConnectError{Err: err}
 }
 
 // goExitRE matches the text of a Go exec error that a runtime wrapped into
@@ -559,17 +528,17 @@ func connectError(ctx, cctx context.Context, err error) *ConnectError {
 var goExitRE = regexp.MustCompile(`(?:exit status (\d+)|signal: ([a-z ]+))$`)
 
 // decodeStatus reads a terminating status frame.
-func decodeStatus(b []byte) (ExitStatus, error) {
+func decodeStatus(b []byte) (cluster.ExitStatus, error) {
 	var st metav1.Status
 	if err := json.Unmarshal(b, &st); err != nil {
-		return ExitStatus{}, fmt.Errorf("exec: unreadable status frame %q: %w", truncateBytes(b), err)
+		return cluster.ExitStatus{}, fmt.Errorf("exec: unreadable status frame %q: %w", truncateBytes(b), err)
 	}
 	switch st.Status {
 	case metav1.StatusSuccess:
-		return ExitStatus{Code: 0}, nil
+		return cluster.ExitStatus{Code: 0}, nil
 	case metav1.StatusFailure:
 	default:
-		return ExitStatus{}, fmt.Errorf("exec: status frame with status %q", st.Status)
+		return cluster.ExitStatus{}, fmt.Errorf("exec: status frame with status %q", st.Status)
 	}
 	if st.Reason == remotecommand.NonZeroExitCodeReason && st.Details != nil {
 		for _, c := range st.Details.Causes {
@@ -578,21 +547,21 @@ func decodeStatus(b []byte) (ExitStatus, error) {
 			}
 			code, err := strconv.ParseUint(c.Message, 10, 8)
 			if err != nil {
-				return ExitStatus{}, fmt.Errorf("exec: invalid exit code %q", c.Message)
+				return cluster.ExitStatus{}, fmt.Errorf("exec: invalid exit code %q", c.Message)
 			}
-			return ExitStatus{Code: int(code)}, nil
+			return cluster.ExitStatus{Code: int(code)}, nil
 		}
 	}
 	if m := goExitRE.FindStringSubmatch(st.Message); m != nil {
 		if m[1] != "" {
 			code, _ := strconv.Atoi(m[1])
-			return ExitStatus{Code: code}, nil
+			return cluster.ExitStatus{Code: code}, nil
 		}
 		if sig, ok := signals[m[2]]; ok {
-			return ExitStatus{Code: 128 + int(sig), Signal: m[2]}, nil
+			return cluster.ExitStatus{Code: 128 + int(sig), Signal: m[2]}, nil
 		}
 	}
-	return ExitStatus{}, &RemoteError{Message: st.Message}
+	return cluster.ExitStatus{}, &cluster.RemoteError{Message: st.Message}
 }
 
 // signals maps Go's signal descriptions ("killed") to numbers.

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/internal/hungtest"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -43,11 +44,11 @@ func TestExecDeadlineBeforeTheStreamOpens(t *testing.T) {
 		}
 	}()
 	base := "http://" + silent.Addr().String()
-	req := k8s.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: time.Minute}
+	req := cluster.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: time.Minute}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	_, err = k8s.Exec(ctx, &rest.Config{Host: base}, execURL(base, req), req)
-	var ce *k8s.ConnectError
+	var ce *cluster.ConnectError
 	if !errors.As(err, &ce) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Exec = %v (%T), want a ConnectError wrapping the deadline", err, err)
 	}
@@ -61,7 +62,7 @@ func TestExecDeadlineBeforeTheStreamOpens(t *testing.T) {
 			defer cancel()
 			// The command writes until its writes fail, so it ends once the
 			// stream is gone rather than outliving the test.
-			req := k8s.ExecRequest{Command: []string{"sh", "-c", "while echo started; do sleep 0.1; done"}, Stderr: io.Discard}
+			req := cluster.ExecRequest{Command: []string{"sh", "-c", "while echo started; do sleep 0.1; done"}, Stderr: io.Discard}
 			req.Stdout = writerFunc(func(p []byte) (int, error) {
 				select {
 				case <-opened:
@@ -75,7 +76,7 @@ func TestExecDeadlineBeforeTheStreamOpens(t *testing.T) {
 				cancel()
 			}()
 			_, err := k8s.Exec(ctx, cfg, execURL(base, req), req)
-			var ce *k8s.ConnectError
+			var ce *cluster.ConnectError
 			if errors.As(err, &ce) || !errors.Is(err, context.Canceled) {
 				t.Fatalf("Exec = %v (%T), want the bare context error of a command that ran", err, err)
 			}
@@ -122,7 +123,7 @@ func TestExecSetUpEndsAtItsDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			base := tc.scheme + "://" + hungtest.Server(t, tc.answer)
 			cfg := &rest.Config{Host: base, TLSClientConfig: rest.TLSClientConfig{Insecure: tc.scheme == "https"}}
-			req := k8s.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: 200 * time.Millisecond}
+			req := cluster.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: 200 * time.Millisecond}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			done := make(chan error, 1)
@@ -136,7 +137,7 @@ func TestExecSetUpEndsAtItsDeadline(t *testing.T) {
 			case <-time.After(time.Minute): // a hang, not a slow answer
 				t.Fatal("the exec still waits on the hung server")
 			}
-			var ce *k8s.ConnectError
+			var ce *cluster.ConnectError
 			if !errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded) != tc.deadline {
 				t.Fatalf("Exec = %v (%T), want a ConnectError (at the set-up's deadline: %v)", err, err, tc.deadline)
 			}

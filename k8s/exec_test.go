@@ -31,6 +31,7 @@ import (
 	criremote "k8s.io/cri-streaming/pkg/streaming/remotecommand"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
@@ -140,7 +141,7 @@ func server(t *testing.T, tr transport) (*rest.Config, string) {
 	return &rest.Config{Host: front.URL}, front.URL
 }
 
-func execURL(base string, req k8s.ExecRequest) *url.URL {
+func execURL(base string, req cluster.ExecRequest) *url.URL {
 	q := url.Values{"command": req.Command}
 	q.Set("stdin", fmt.Sprint(req.Stdin != nil))
 	q.Set("stdout", fmt.Sprint(req.Stdout != nil))
@@ -150,7 +151,7 @@ func execURL(base string, req k8s.ExecRequest) *url.URL {
 	return u
 }
 
-func run(t *testing.T, tr transport, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func run(t *testing.T, tr transport, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	t.Helper()
 	cfg, base := server(t, tr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -163,7 +164,7 @@ func TestExecExitCodes(t *testing.T) {
 		for _, code := range []int{0, 1, 42, 255} {
 			t.Run(fmt.Sprintf("%s/%d", tr.name, code), func(t *testing.T) {
 				var out bytes.Buffer
-				st, err := run(t, tr, k8s.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("echo hi; exit %d", code)}, Stdout: &out, Stderr: io.Discard})
+				st, err := run(t, tr, cluster.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("echo hi; exit %d", code)}, Stdout: &out, Stderr: io.Discard})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -178,7 +179,7 @@ func TestExecExitCodes(t *testing.T) {
 func TestExecSignalDeath(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			st, err := run(t, tr, k8s.ExecRequest{Command: []string{"sh", "-c", "kill -KILL $$"}, Stdout: io.Discard, Stderr: io.Discard})
+			st, err := run(t, tr, cluster.ExecRequest{Command: []string{"sh", "-c", "kill -KILL $$"}, Stdout: io.Discard, Stderr: io.Discard})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,14 +238,14 @@ func TestExecConnectionCutIsNeverExitZero(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			_, base := server(t, tr)
 			addr := cutProxy(t, strings.TrimPrefix(base, "http://"), 64<<10)
-			req := k8s.ExecRequest{Command: []string{"sh", "-c", "yes hiloop | head -c 50000000; exit 0"}, Stdout: io.Discard, Stderr: io.Discard}
+			req := cluster.ExecRequest{Command: []string{"sh", "-c", "yes hiloop | head -c 50000000; exit 0"}, Stdout: io.Discard, Stderr: io.Discard}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			st, err := k8s.Exec(ctx, &rest.Config{Host: "http://" + addr}, execURL("http://"+addr, req), req)
 			if err == nil {
 				t.Fatalf("cut stream reported %+v with no error", st)
 			}
-			if !errors.Is(err, k8s.ErrNoStatus) {
+			if !errors.Is(err, cluster.ErrNoStatus) {
 				t.Fatalf("want ErrNoStatus, got %v", err)
 			}
 		})
@@ -277,7 +278,7 @@ func TestExecLargeOutputCompleteAndInOrder(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
 			got := &hashWriter{h: sha256.New()}
-			st, err := run(t, tr, k8s.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("seq 1 20000000 | head -c %d", size)}, Stdout: got, Stderr: io.Discard})
+			st, err := run(t, tr, cluster.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("seq 1 20000000 | head -c %d", size)}, Stdout: got, Stderr: io.Discard})
 			if err != nil || st.Code != 0 {
 				t.Fatalf("%+v %v", st, err)
 			}
@@ -294,7 +295,7 @@ func TestExecStdinEOF(t *testing.T) {
 			var out bytes.Buffer
 			in := strings.NewReader("line one\nline two\n")
 			// wc only finishes, and prints, once stdin reaches EOF.
-			st, err := run(t, tr, k8s.ExecRequest{Command: []string{"wc", "-l"}, Stdin: in, Stdout: &out, Stderr: io.Discard})
+			st, err := run(t, tr, cluster.ExecRequest{Command: []string{"wc", "-l"}, Stdin: in, Stdout: &out, Stderr: io.Discard})
 			if err != nil || st.Code != 0 {
 				t.Fatalf("%+v %v", st, err)
 			}
@@ -308,8 +309,8 @@ func TestExecStdinEOF(t *testing.T) {
 func TestExecTTYWithResize(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			resize := make(chan k8s.TerminalSize, 2)
-			resize <- k8s.TerminalSize{Width: 80, Height: 24}
+			resize := make(chan cluster.TerminalSize, 2)
+			resize <- cluster.TerminalSize{Width: 80, Height: 24}
 			stdinR, stdinW := io.Pipe()
 			// The caller owns stdin and the resizes: the exec's goroutines
 			// that copy them end when they end.
@@ -317,12 +318,12 @@ func TestExecTTYWithResize(t *testing.T) {
 			defer stdinW.Close()
 			out := &e2e.SyncBuffer{}
 			done := make(chan struct{})
-			var st k8s.ExitStatus
+			var st cluster.ExitStatus
 			var err error
 			go func() {
 				defer close(done)
 				// Each input line prints the terminal size; "q" ends it.
-				st, err = run(t, tr, k8s.ExecRequest{Command: []string{"sh", "-c", `while read x; do stty size; [ "$x" = q ] && exit 7; done`},
+				st, err = run(t, tr, cluster.ExecRequest{Command: []string{"sh", "-c", `while read x; do stty size; [ "$x" = q ] && exit 7; done`},
 					Stdin: stdinR, Stdout: out, TTY: true, Resize: resize})
 			}()
 			poke := func(size string) {
@@ -333,7 +334,7 @@ func TestExecTTYWithResize(t *testing.T) {
 				})
 			}
 			poke("24 80")
-			resize <- k8s.TerminalSize{Width: 132, Height: 50}
+			resize <- cluster.TerminalSize{Width: 132, Height: 50}
 			poke("50 132")
 			stdinW.Write([]byte("q\r"))
 			<-done
@@ -371,7 +372,7 @@ func TestExecerResumesTLS(t *testing.T) {
 	e := &k8s.Execer{Clients: clients, Namespace: "ns"}
 	for code := range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		st, err := e.Exec(ctx, "sbx_a", k8s.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("exit %d", code)}, Stdout: io.Discard, Stderr: io.Discard})
+		st, err := e.Exec(ctx, "sbx_a", cluster.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("exit %d", code)}, Stdout: io.Discard, Stderr: io.Discard})
 		cancel()
 		if err != nil || st.Code != code {
 			t.Fatalf("exec %d: %+v %v", code, st, err)

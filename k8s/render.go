@@ -60,9 +60,6 @@ const (
 const (
 	DefaultNamespace    = "hiloop-sandboxes"
 	DefaultRuntimeClass = "gvisor"
-	// DefaultClusterTimeout bounds each call to the API server
-	// (HILOOP_CLUSTER_TIMEOUT): serve's, doctor's and a key rotation's.
-	DefaultClusterTimeout = 10 * time.Second
 )
 
 // Selector selects every object hiloop made.

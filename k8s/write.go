@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -23,7 +24,9 @@ import (
 // Writer is hiloop's whole write vocabulary against the cluster: create a
 // Sandbox (and the org's service account it runs as), merge-patch its mode
 // and expiry, annotate it, and delete it. It never server-side applies, so
-// it never owns a field the controller manages.
+// it never owns a field the controller manages. It is the core's cluster
+// (control.Cluster): the methods the core calls fail with a
+// *cluster.Error (Classify).
 type Writer struct {
 	c    *Clients
 	opts RenderOptions
@@ -92,6 +95,10 @@ func (w *Writer) wrote(id string, obj *v1beta1.Sandbox) {
 // Sandbox that already exists for the same id counts as created, so
 // start-up can finish a create interrupted by a crash.
 func (w *Writer) Create(ctx context.Context, sb store.Sandbox, gatewayKey string) error {
+	return Classify(w.create(ctx, sb, gatewayKey))
+}
+
+func (w *Writer) create(ctx context.Context, sb store.Sandbox, gatewayKey string) error {
 	opts := w.opts
 	opts.GatewayKey = gatewayKey
 	obj, err := Render(sb, opts)
@@ -141,14 +148,10 @@ func (w *Writer) Exists(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("get sandbox: %w", err)
+		return false, Classify(fmt.Errorf("get sandbox: %w", err))
 	}
 	return obj.Labels[LabelSandbox] == id, nil
 }
-
-// IsNotFound reports whether a cluster call failed because the object does
-// not exist.
-func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
 
 // ensureServiceAccount creates the organization's service account, with
 // token automount disabled, the first time one of its sandboxes is created.
@@ -180,12 +183,12 @@ func (w *Writer) ensureServiceAccount(ctx context.Context, orgID string) error {
 
 // SetMode patches operatingMode: Suspended to stop, Running to start.
 func (w *Writer) SetMode(ctx context.Context, id string, mode store.Mode) error {
-	return w.patch(ctx, id, map[string]any{"spec": map[string]any{"operatingMode": operatingMode(mode)}})
+	return Classify(w.patch(ctx, id, map[string]any{"spec": map[string]any{"operatingMode": operatingMode(mode)}}))
 }
 
 // SetExpiry patches shutdownTime.
 func (w *Writer) SetExpiry(ctx context.Context, id string, at time.Time) error {
-	return w.patch(ctx, id, map[string]any{"spec": map[string]any{"shutdownTime": at.UTC().Truncate(time.Second).Format(time.RFC3339)}})
+	return Classify(w.patch(ctx, id, map[string]any{"spec": map[string]any{"shutdownTime": at.UTC().Truncate(time.Second).Format(time.RFC3339)}}))
 }
 
 // Annotate sets one pod-template annotation; the controller re-propagates
@@ -202,7 +205,7 @@ func (w *Writer) Delete(ctx context.Context, id string) error {
 		PropagationPolicy: ptr.To(metav1.DeletePropagationBackground),
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete sandbox: %w", err)
+		return Classify(fmt.Errorf("delete sandbox: %w", err))
 	}
 	w.mu.Lock()
 	delete(w.written, id)
@@ -223,31 +226,24 @@ func (w *Writer) patch(ctx context.Context, id string, body map[string]any) erro
 	return nil
 }
 
-// PodNotServingError says why a sandbox's pod is not one whose address may
-// be dialled now, in words fit to send: Reason names no pod, node or
-// cluster message.
-type PodNotServingError struct{ Reason string }
-
-func (e *PodNotServingError) Error() string { return "the sandbox's pod is not serving: " + e.Reason }
-
 // PodAddr is the IP of a sandbox's pod (the controller names it after the
 // Sandbox), asked of the API server now. It answers only for the pod whose
 // uid the mirror observed, carrying the sandbox's label, and only while it
 // serves: phase Running, Ready, and not being deleted. Anything else is a
-// *PodNotServingError. A pod's status.podIP is its own only while it runs:
+// *cluster.PodNotServingError. A pod's status.podIP is its own only while it runs:
 // a Failed pod keeps it after the network has handed the address to another
 // pod, so without these checks a record that lags could send a dial into
 // another tenant's pod.
 func (w *Writer) PodAddr(ctx context.Context, id, uid string) (string, error) {
 	if uid == "" {
-		return "", &PodNotServingError{Reason: "no pod has been observed yet"}
+		return "", &cluster.PodNotServingError{Reason: "no pod has been observed yet"}
 	}
 	pod, err := w.c.Kube.CoreV1().Pods(w.opts.Namespace).Get(ctx, ObjectName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", &PodNotServingError{Reason: "the pod is gone"}
+		return "", &cluster.PodNotServingError{Reason: "the pod is gone"}
 	}
 	if err != nil {
-		return "", fmt.Errorf("get pod: %w", err)
+		return "", Classify(fmt.Errorf("get pod: %w", err))
 	}
 	var reason string
 	switch {
@@ -266,7 +262,7 @@ func (w *Writer) PodAddr(ctx context.Context, id, uid string) (string, error) {
 	default:
 		return pod.Status.PodIP, nil
 	}
-	return "", &PodNotServingError{Reason: reason}
+	return "", &cluster.PodNotServingError{Reason: reason}
 }
 
 // PodReady reports whether a pod is Running with its Ready condition True.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -147,7 +148,7 @@ func TestPodAddr(t *testing.T) {
 			}
 			ip, err := w.PodAddr(context.Background(), id, tc.uid)
 			reason := ""
-			var pe *k8s.PodNotServingError
+			var pe *cluster.PodNotServingError
 			if errors.As(err, &pe) {
 				reason = pe.Reason
 			} else if err != nil {
@@ -167,7 +168,7 @@ func TestPodAddr(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.PodAddr(context.Background(), id, uid); err == nil || errors.As(err, new(*k8s.PodNotServingError)) {
+	if _, err := w.PodAddr(context.Background(), id, uid); err == nil || errors.As(err, new(*cluster.PodNotServingError)) {
 		t.Errorf("an unavailable API server: %v, want a cluster error", err)
 	}
 }
@@ -196,7 +197,7 @@ func TestRotateGatewayKeyPerSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := w.RotateGatewayKey(ctx, k8s.DefaultClusterTimeout, func(id string) (string, error) { return "new-" + id, nil })
+	n, err := w.RotateGatewayKey(ctx, cluster.DefaultTimeout, func(id string) (string, error) { return "new-" + id, nil })
 	if err != nil || n != 2 {
 		t.Fatalf("rotated %d sandboxes (%v), want 2", n, err)
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
@@ -135,7 +135,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
 	stdout, stderr := &capWriter{max: api.MaxRunOutput}, &capWriter{max: api.MaxRunOutput}
-	ereq := k8s.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
+	ereq := cluster.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
 	if req.Stdin != nil {
 		ereq.Stdin = strings.NewReader(*req.Stdin)
 	}
@@ -297,14 +297,14 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ereq := k8s.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
+	ereq := cluster.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if flags["stdin"] {
 		stdinR, stdinW = io.Pipe()
 		ereq.Stdin = sess.In(stdinR)
 	}
-	resize := make(chan k8s.TerminalSize, 4)
+	resize := make(chan cluster.TerminalSize, 4)
 	if ereq.TTY {
 		ereq.Resize = resize
 	}
@@ -402,7 +402,7 @@ func readStart(conn *websocket.Conn) ([]string, *apiError) {
 }
 
 // handleFrame applies one client message, or says why it is invalid.
-func (s *Server) handleFrame(mt int, b []byte, stdin *io.PipeWriter, resize chan<- k8s.TerminalSize, tty bool) error {
+func (s *Server) handleFrame(mt int, b []byte, stdin *io.PipeWriter, resize chan<- cluster.TerminalSize, tty bool) error {
 	if mt != websocket.BinaryMessage || len(b) == 0 {
 		return errors.New("messages must be binary with a channel byte")
 	}
@@ -432,7 +432,7 @@ func (s *Server) handleFrame(mt int, b []byte, stdin *io.PipeWriter, resize chan
 			return errors.New(`resize frame must be {"width":W,"height":H} with both above 0`)
 		}
 		select {
-		case resize <- k8s.TerminalSize{Width: f.Width, Height: f.Height}:
+		case resize <- cluster.TerminalSize{Width: f.Width, Height: f.Height}:
 		default: // a burst of resizes: the latest that fits is enough
 		}
 	default:

@@ -21,10 +21,10 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -32,14 +32,14 @@ import (
 // in the workload container, with PATH as given: the file scripts meet a
 // real sh, head, wc and tar.
 func localExec(path string, argvs *[][]string) controltest.Exec {
-	return controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+	return controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 		if argvs != nil {
 			*argvs = append(*argvs, req.Command)
 		}
 		bin := lookPath(path, req.Command[0])
 		if bin == "" {
 			// What a kubelet answers for a command the image lacks.
-			return k8s.ExitStatus{}, &k8s.RemoteError{Message: `OCI runtime exec failed: exec failed: unable to start container process: exec: "` + req.Command[0] + `": executable file not found in $PATH: unknown`}
+			return cluster.ExitStatus{}, &cluster.RemoteError{Message: `OCI runtime exec failed: exec failed: unable to start container process: exec: "` + req.Command[0] + `": executable file not found in $PATH: unknown`}
 		}
 		cmd := exec.CommandContext(ctx, bin, req.Command[1:]...)
 		cmd.Env = []string{"PATH=" + path}
@@ -47,9 +47,9 @@ func localExec(path string, argvs *[][]string) controltest.Exec {
 		err := cmd.Run()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return k8s.ExitStatus{Code: ee.ExitCode()}, nil
+			return cluster.ExitStatus{Code: ee.ExitCode()}, nil
 		}
-		return k8s.ExitStatus{}, err
+		return cluster.ExitStatus{}, err
 	}}
 }
 
@@ -66,7 +66,7 @@ func lookPath(path, name string) string {
 // outlives its stream, which never closes its stdin, and is killed only
 // when the test ends.
 func lingeringExec(t *testing.T, path string) controltest.Exec {
-	return controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+	return controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 		cmd := exec.Command(lookPath(path, req.Command[0]), req.Command[1:]...)
 		cmd.Env = []string{"PATH=" + path}
 		cmd.Stdout, cmd.Stderr = req.Stdout, req.Stderr
@@ -74,12 +74,12 @@ func lingeringExec(t *testing.T, path string) controltest.Exec {
 		if req.Stdin != nil {
 			in, err := cmd.StdinPipe()
 			if err != nil {
-				return k8s.ExitStatus{}, err
+				return cluster.ExitStatus{}, err
 			}
 			go io.Copy(in, req.Stdin)
 		}
 		if err := cmd.Start(); err != nil {
-			return k8s.ExitStatus{}, err
+			return cluster.ExitStatus{}, err
 		}
 		var err error
 		done := make(chan struct{})
@@ -95,11 +95,11 @@ func lingeringExec(t *testing.T, path string) controltest.Exec {
 		case <-done:
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
-				return k8s.ExitStatus{Code: ee.ExitCode()}, nil
+				return cluster.ExitStatus{Code: ee.ExitCode()}, nil
 			}
-			return k8s.ExitStatus{}, err
+			return cluster.ExitStatus{}, err
 		case <-ctx.Done():
-			return k8s.ExitStatus{}, ctx.Err()
+			return cluster.ExitStatus{}, ctx.Err()
 		}
 	}}
 }
@@ -428,11 +428,11 @@ func TestFilesAdmittedAsExec(t *testing.T) {
 	hold, held := make(chan struct{}), make(chan struct{})
 	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, co *control.Options) {
 		local := localExec(os.Getenv("PATH"), &argvs)
-		co.Exec = controltest.Exec{Run: func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+		co.Exec = controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 			if req.Command[0] == "hold" {
 				close(held)
 				<-hold
-				return k8s.ExitStatus{}, nil
+				return cluster.ExitStatus{}, nil
 			}
 			return local.Run(ctx, req)
 		}}

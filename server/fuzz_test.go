@@ -8,8 +8,8 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 )
 
 // bodyRoutes are the routes that take a JSON body.
@@ -82,7 +82,7 @@ func FuzzFrames(f *testing.F) {
 	}
 	s := &Server{}
 	f.Fuzz(func(t *testing.T, mt int, frame []byte, tty bool) {
-		resize := make(chan k8s.TerminalSize, 1)
+		resize := make(chan cluster.TerminalSize, 1)
 		s.handleFrame(mt, frame, nil, resize, tty)
 	})
 }

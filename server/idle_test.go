@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -110,7 +110,9 @@ func TestStoppedByAndWake(t *testing.T) {
 	fc := &controltest.Cluster{}
 	ts := newTestServer(t, fc, func(_ *Options, co *control.Options) {
 		co.WakeTimeout = 200 * time.Millisecond
-		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{Code: 3}, nil }}
+		co.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{Code: 3}, nil
+		}}
 	})
 	ctx := context.Background()
 	stoppedBy := func(id string) string {
@@ -187,7 +189,9 @@ func TestWakeWaitLimit(t *testing.T) {
 	fc := &controltest.Cluster{}
 	ts := newTestServer(t, fc, func(_ *Options, co *control.Options) {
 		co.Limits.WakeWaitsPerKey, co.Limits.WakeWaitsPerOrg = 1, 4
-		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
+		co.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{}, nil
+		}}
 	})
 	ctx := context.Background()
 	running := ts.runningIdle
@@ -256,7 +260,9 @@ func TestWakeWaitLimit(t *testing.T) {
 // client may try again against the next hiloop.
 func TestWakeAtShutdown(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = controltest.Exec{Run: func(context.Context, k8s.ExecRequest) (k8s.ExitStatus, error) { return k8s.ExitStatus{}, nil }}
+		co.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
+			return cluster.ExitStatus{}, nil
+		}}
 	})
 	ctx := context.Background()
 	stopped := func() string { return ts.stopIdle(ts.runningIdle()) }

@@ -12,10 +12,10 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -26,10 +26,10 @@ func revokeStream(t *testing.T) (ts *testServer, url, id, secret string) {
 	t.Helper()
 	chunk := []byte(strings.Repeat("x", 32<<10))
 	ts = newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = controltest.Exec{Run: func(_ context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+		co.Exec = controltest.Exec{Run: func(_ context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 			for {
 				if _, err := req.Stdout.Write(chunk); err != nil {
-					return k8s.ExitStatus{}, err
+					return cluster.ExitStatus{}, err
 				}
 			}
 		}}

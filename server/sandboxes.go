@@ -36,13 +36,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	switch outcome {
 	case control.Replayed:
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, toAPI(sb))
+		writeJSON(w, http.StatusOK, sb.API())
 	case control.Accepted:
 		// The record stands and is resolved from evidence; retrying would
 		// only find it again.
-		writeJSON(w, http.StatusAccepted, toAPI(sb))
+		writeJSON(w, http.StatusAccepted, sb.API())
 	default:
-		writeJSON(w, http.StatusCreated, toAPI(sb))
+		writeJSON(w, http.StatusCreated, sb.API())
 	}
 }
 
@@ -88,7 +88,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, sb.API())
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -129,7 +129,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, api.SandboxList{Items: mappedSandboxes(list), Next: next})
+	writeJSON(w, http.StatusOK, api.SandboxList{Items: store.APIList[store.Sandbox, api.Sandbox](list), Next: next})
 }
 
 func validState(s string) bool {
@@ -163,7 +163,7 @@ func (s *Server) setMode(w http.ResponseWriter, r *http.Request, mode store.Mode
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, sb.API())
 }
 
 func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
@@ -182,7 +182,7 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, sb.API())
 }
 
 // touchSandbox counts a use of the sandbox now: its idle clock starts
@@ -197,7 +197,7 @@ func (s *Server) touchSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, sb.API())
 }
 
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {

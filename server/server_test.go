@@ -26,11 +26,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -448,7 +448,7 @@ func TestSessionsEndOnRevoke(t *testing.T) {
 // cluster_unavailable, not a command that timed out.
 func TestExecClusterUnreachable(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = controltest.Exec{Err: &k8s.ConnectError{Err: errors.New("dial tcp: " + leaky)}}
+		co.Exec = controltest.Exec{Err: &cluster.ConnectError{Err: errors.New("dial tcp: " + leaky)}}
 	})
 	id := ts.create(`{"image":"busybox"}`)
 	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
@@ -498,9 +498,9 @@ func TestEveryCodeDocumented(t *testing.T) {
 func TestExecArgvInFirstMessage(t *testing.T) {
 	got := make(chan []string, 1)
 	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
-		co.Exec = controltest.Exec{Run: func(_ context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+		co.Exec = controltest.Exec{Run: func(_ context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 			got <- req.Command
-			return k8s.ExitStatus{Code: 7}, nil
+			return cluster.ExitStatus{Code: 7}, nil
 		}}
 	})
 	id := ts.create(`{"image":"busybox"}`)
@@ -696,12 +696,12 @@ func contains(list []string, s string) bool {
 // reads and stops go on; a passing check lifts it. A policy refusal names the policy and the chart's rule,
 // and a cluster quota refusal is its own 429.
 func TestNotHardened(t *testing.T) {
-	var checks atomic.Pointer[[]k8s.Check]
-	set := func(c ...k8s.Check) { checks.Store(&c) }
-	ok := k8s.Check{Name: "quota", Object: "ResourceQuota ns/hiloop-sandboxes", OK: true}
+	var checks atomic.Pointer[[]cluster.Check]
+	set := func(c ...cluster.Check) { checks.Store(&c) }
+	ok := cluster.Check{Name: "quota", Object: "ResourceQuota ns/hiloop-sandboxes", OK: true}
 	set(ok)
 	ts := newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
-		co.Boundary = func(context.Context) []k8s.Check { return *checks.Load() }
+		co.Boundary = func(context.Context) []cluster.Check { return *checks.Load() }
 	})
 	readyz := func(state string) {
 		t.Helper()
@@ -721,9 +721,9 @@ func TestNotHardened(t *testing.T) {
 	ts.ctl.CheckBoundary(context.Background())
 	id := ts.create(`{"image":"busybox"}`)
 
-	set(ok, k8s.Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding hiloop-sandbox-isolation", Problem: "missing",
+	set(ok, cluster.Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding hiloop-sandbox-isolation", Problem: "missing",
 		Detail: "validatingadmissionpolicybindings is forbidden: User \"system:serviceaccount:x:y\" cannot get"},
-		k8s.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"})
+		cluster.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"})
 	ts.ctl.CheckBoundary(context.Background())
 	rec := ts.do("POST", "/v1/sandboxes", `{"image":"busybox"}`)
 	if rec.Code != 503 || errCode(t, rec) != api.CodeClusterNotHardened || rec.Header().Get("Retry-After") == "" ||
@@ -743,8 +743,8 @@ func TestNotHardened(t *testing.T) {
 	}
 
 	// An allowed failure alone is insecure; a warning refuses nothing.
-	set(ok, k8s.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"},
-		k8s.Check{Name: k8s.CheckForeignSandboxes, Object: "Sandboxes in namespace ns that hiloop did not make", Warning: true, Count: 1, Problem: "1 Sandboxes: x"})
+	set(ok, cluster.Check{Name: "runtime_class", Object: "RuntimeClass (none)", Allowed: true, Problem: "no gVisor"},
+		cluster.Check{Name: cluster.CheckForeignSandboxes, Object: "Sandboxes in namespace ns that hiloop did not make", Warning: true, Count: 1, Problem: "1 Sandboxes: x"})
 	ts.ctl.CheckBoundary(context.Background())
 	readyz("insecure")
 	if rec := ts.do("POST", "/v1/sandboxes/"+id+"/start", ""); rec.Code != 200 {

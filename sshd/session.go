@@ -11,8 +11,8 @@ import (
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -40,7 +40,7 @@ type session struct {
 	term    string
 	// resize carries window changes to the exec stream; it is closed when
 	// the channel's requests end, which ends the stream's resize loop.
-	resize chan k8s.TerminalSize
+	resize chan cluster.TerminalSize
 }
 
 // session handles a "session" channel.
@@ -60,7 +60,7 @@ func (g *Gateway) session(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.NewCha
 	if err != nil {
 		return
 	}
-	s := &session{g: g, ch: ch, who: who, id: conn.User(), resize: make(chan k8s.TerminalSize, 4)}
+	s := &session{g: g, ch: ch, who: who, id: conn.User(), resize: make(chan cluster.TerminalSize, 4)}
 	log := g.log.With("sandbox", s.id, "org", who.OrgID, "key", who.KeyID)
 	// The requests end when the channel closes: the client left, or the
 	// session is over. Either way the command's context ends.
@@ -145,7 +145,7 @@ func (s *session) queueResize(w, h uint32) {
 		return
 	}
 	select {
-	case s.resize <- k8s.TerminalSize{Width: uint16(w), Height: uint16(h)}:
+	case s.resize <- cluster.TerminalSize{Width: uint16(w), Height: uint16(h)}:
 	default:
 	}
 }
@@ -190,7 +190,7 @@ func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bo
 	if !tty {
 		argv[3] = "sh" // no terminal, no TERM
 	}
-	req := k8s.ExecRequest{Command: argv, Stdin: sess.In(s.ch), Stdout: sess.Out(s.ch), Stderr: s.ch.Stderr(), TTY: tty}
+	req := cluster.ExecRequest{Command: argv, Stdin: sess.In(s.ch), Stdout: sess.Out(s.ch), Stderr: s.ch.Stderr(), TTY: tty}
 	if tty {
 		req.Resize = s.resize
 	}

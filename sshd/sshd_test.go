@@ -20,9 +20,9 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
@@ -371,9 +371,9 @@ func (e *echoSession) wait(t *testing.T) result {
 // A shell (no command) prints whether it has a terminal and TERM, then the
 // first two terminal sizes it is given, and exits 0. Anything long-running
 // ends, as a real stream does, when its context ends.
-func workload(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func workload(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	if len(req.Command) < 4 || req.Command[0] != "/bin/sh" || req.Command[1] != "-c" {
-		return k8s.ExitStatus{}, fmt.Errorf("unexpected argv %q", req.Command)
+		return cluster.ExitStatus{}, fmt.Errorf("unexpected argv %q", req.Command)
 	}
 	if len(req.Command) == 4 {
 		return shell(ctx, req)
@@ -382,47 +382,47 @@ func workload(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) 
 	switch name {
 	case "exit":
 		code, err := strconv.Atoi(args)
-		return k8s.ExitStatus{Code: code}, err
+		return cluster.ExitStatus{Code: code}, err
 	case "signal":
 		n, desc, _ := strings.Cut(args, " ")
 		code, err := strconv.Atoi(n)
-		return k8s.ExitStatus{Code: code, Signal: desc}, err
+		return cluster.ExitStatus{Code: code, Signal: desc}, err
 	case "print":
 		io.WriteString(req.Stdout, "out\n")
 		io.WriteString(req.Stderr, "err\n")
-		return k8s.ExitStatus{}, nil
+		return cluster.ExitStatus{}, nil
 	case "tty":
 		fmt.Fprintf(req.Stdout, "tty=%v $0=%s\n", req.TTY, req.Command[3])
-		return k8s.ExitStatus{}, nil
+		return cluster.ExitStatus{}, nil
 	case "cat":
 		return cat(ctx, req)
 	case "nostatus":
-		return k8s.ExitStatus{}, k8s.ErrNoStatus
+		return cluster.ExitStatus{}, cluster.ErrNoStatus
 	case "unreachable":
-		return k8s.ExitStatus{}, &k8s.ConnectError{Err: errors.New("dial tcp 10.96.0.1:443: connect: connection refused")}
+		return cluster.ExitStatus{}, &cluster.ConnectError{Err: errors.New("dial tcp 10.96.0.1:443: connect: connection refused")}
 	}
-	return k8s.ExitStatus{Code: 127}, nil
+	return cluster.ExitStatus{Code: 127}, nil
 }
 
-func shell(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func shell(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	fmt.Fprintf(req.Stdout, "tty=%v TERM=%s\n", req.TTY, req.Command[3])
 	for range 2 {
 		select {
 		case size, ok := <-req.Resize:
 			if !ok {
-				return k8s.ExitStatus{}, errors.New("resize closed")
+				return cluster.ExitStatus{}, errors.New("resize closed")
 			}
 			fmt.Fprintf(req.Stdout, "%dx%d\n", size.Width, size.Height)
 		case <-ctx.Done():
-			return k8s.ExitStatus{}, ctx.Err()
+			return cluster.ExitStatus{}, ctx.Err()
 		}
 	}
-	return k8s.ExitStatus{}, nil
+	return cluster.ExitStatus{}, nil
 }
 
 // cat echoes each line, unless its context ended before the line came: a
 // line echoed after something ended the session would prove nothing.
-func cat(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func cat(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	lines := make(chan string)
 	done := make(chan struct{})
 	defer close(done)
@@ -446,13 +446,13 @@ func cat(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return k8s.ExitStatus{}, ctx.Err()
+			return cluster.ExitStatus{}, ctx.Err()
 		case l, ok := <-lines:
 			if !ok {
-				return k8s.ExitStatus{}, nil
+				return cluster.ExitStatus{}, nil
 			}
 			if ctx.Err() != nil {
-				return k8s.ExitStatus{}, ctx.Err()
+				return cluster.ExitStatus{}, ctx.Err()
 			}
 			io.WriteString(req.Stdout, l)
 		}

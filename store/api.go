@@ -1,12 +1,16 @@
 package store
 
-import "github.com/hiloop/hiloop/api"
+import (
+	"time"
 
-// The records the API shows as they are map themselves to the API's types
-// here, field by field, for the server and for the offline admin commands
-// alike: a record's struct is not the contract, and a field added to one
-// shows in no answer until it is mapped. A sandbox, which the API shows
-// computed, is mapped by the server.
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/sandbox"
+)
+
+// The records map themselves to the API's types here, and only here, field
+// by field, for the server and for the offline admin commands alike: a
+// record's struct is not the contract, and a field added to one shows in
+// no answer until it is mapped.
 
 // API is the organization as the API shows it.
 func (o Org) API() api.Org {
@@ -38,6 +42,63 @@ func APIList[R interface{ API() A }, A any](in []R) []A {
 	out := make([]A, 0, len(in))
 	for _, r := range in {
 		out = append(out, r.API())
+	}
+	return out
+}
+
+// stoppedBy says who stopped a sandbox that is stopping, stopped or
+// expired: its TTL, someone outside hiloop, hiloop for idleness, or its
+// owner (records older than the stop cause say none: the API's stop was
+// the only one). "" otherwise, a delete under way included.
+func stoppedBy(sb Sandbox) string {
+	switch {
+	case sb.State == StateExpired:
+		return api.StoppedByTTL
+	case sb.State != StateStopping && sb.State != StateStopped:
+		return ""
+	case sb.ModeOutside:
+		return api.StoppedByOutside
+	case sb.DesiredMode != ModeStopped:
+		return ""
+	case sb.StopCause == StopIdle:
+		return api.StoppedByIdle
+	}
+	return api.StoppedByUser
+}
+
+// API is the sandbox as the API shows it, computed from its record.
+func (sb Sandbox) API() api.Sandbox {
+	out := api.Sandbox{
+		ID: sb.ID, State: api.State(sb.State), Anomaly: sb.Anomaly, Reason: sb.Reason, ExitCode: sb.ExitCode, Desired: api.Mode(sb.DesiredMode),
+		Image: sb.Spec.Image,
+		Resources: api.Resources{CPURequest: sb.Spec.CPURequest, CPULimit: sb.Spec.CPULimit,
+			MemoryRequest: sb.Spec.MemoryRequest, MemoryLimit: sb.Spec.MemoryLimit},
+		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
+		Volumes: []api.VolumeRequest{}, Labels: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
+		IdleTimeout: sb.IdleTimeout.String(), LastActivityAt: sb.LastActivityAt, StoppedBy: stoppedBy(sb),
+		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
+		RuntimeObserved: string(sb.RuntimeObserved), KernelRelease: sb.RuntimeRelease,
+	}
+	if r, err := sandbox.ParseReceipt(sb.Receipt); err == nil {
+		out.Isolation = r.Isolation()
+	}
+	if sb.Spec.TTLSeconds > 0 {
+		out.TTL = (time.Duration(sb.Spec.TTLSeconds) * time.Second).String()
+	}
+	for _, v := range sb.Spec.Volumes {
+		out.Volumes = append(out.Volumes, api.VolumeRequest(v))
+	}
+	for k, v := range sb.Spec.Labels {
+		out.Labels[k] = v
+	}
+	return out
+}
+
+// transportNames are the transports as the API names them.
+func transportNames(ts []sandbox.Transport) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = string(t)
 	}
 	return out
 }

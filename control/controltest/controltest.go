@@ -8,13 +8,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
 // Cluster is a control.Cluster with programmable failures. It records every
-// call as "verb id [mode]".
+// call as "verb id [mode]". Its failures are classified as the cluster
+// writer classifies its own (k8s.Classify), so a test may set an API
+// server's error.
 type Cluster struct {
 	mu      sync.Mutex
 	calls   []string
@@ -111,7 +114,7 @@ func (f *Cluster) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
 // not).
 func (f *Cluster) Create(ctx context.Context, sb store.Sandbox, gatewayKey string) error {
 	if err := f.hang(ctx); err != nil {
-		return err
+		return k8s.Classify(err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -123,7 +126,7 @@ func (f *Cluster) Create(ctx context.Context, sb store.Sandbox, gatewayKey strin
 		f.objects[sb.ID] = true
 		f.helperKeys[sb.ID] = gatewayKey
 	}
-	return f.CreateErr
+	return k8s.Classify(f.CreateErr)
 }
 
 // Exists reports whether the object exists.
@@ -132,7 +135,7 @@ func (f *Cluster) Exists(ctx context.Context, id string) (bool, error) {
 	f.record("exists " + id)
 	f.mu.Unlock()
 	if err := f.hang(ctx); err != nil {
-		return false, err
+		return false, k8s.Classify(err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -145,7 +148,7 @@ func (f *Cluster) SetMode(_ context.Context, id string, mode store.Mode) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("mode " + id + " " + string(mode))
-	return f.ModeErr
+	return k8s.Classify(f.ModeErr)
 }
 
 // SetExpiry calls OnExpiry and fails with ExpiryErr.
@@ -159,7 +162,7 @@ func (f *Cluster) SetExpiry(_ context.Context, id string, _ time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("expiry " + id)
-	return f.ExpiryErr
+	return k8s.Classify(f.ExpiryErr)
 }
 
 // Delete calls OnMode and removes the object unless DeleteErr is set.
@@ -171,7 +174,7 @@ func (f *Cluster) Delete(_ context.Context, id string) error {
 	if f.DeleteErr == nil {
 		delete(f.objects, id)
 	}
-	return f.DeleteErr
+	return k8s.Classify(f.DeleteErr)
 }
 
 // Exec runs every command with Run when set; otherwise it fails with Err,
@@ -179,26 +182,26 @@ func (f *Cluster) Delete(_ context.Context, id string) error {
 // command that outlives its caller's timeout).
 type Exec struct {
 	Err error
-	Run func(ctx context.Context, req k8s.ExecRequest) (k8s.ExitStatus, error)
+	Run func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error)
 	// Hang makes the stream's set-up wait for the context to end, as
 	// against a hung API server, and then fail as the cluster adapter
-	// does: a *k8s.ConnectError wrapping the context's error.
+	// does: a *cluster.ConnectError wrapping the context's error.
 	Hang bool
 }
 
 // Exec implements control.Executor.
-func (e Exec) Exec(ctx context.Context, _ string, req k8s.ExecRequest) (k8s.ExitStatus, error) {
+func (e Exec) Exec(ctx context.Context, _ string, req cluster.ExecRequest) (cluster.ExitStatus, error) {
 	if e.Run != nil {
 		return e.Run(ctx, req)
 	}
 	if e.Err != nil {
-		return k8s.ExitStatus{}, e.Err
+		return cluster.ExitStatus{}, e.Err
 	}
 	<-ctx.Done()
 	if e.Hang {
-		return k8s.ExitStatus{}, &k8s.ConnectError{Err: ctx.Err()}
+		return cluster.ExitStatus{}, &cluster.ConnectError{Err: ctx.Err()}
 	}
-	return k8s.ExitStatus{}, ctx.Err()
+	return cluster.ExitStatus{}, ctx.Err()
 }
 
 // PodUID is the uid of the pod the fake runs for a sandbox: a test records
@@ -212,7 +215,7 @@ func (f *Cluster) PodAddr(_ context.Context, id, uid string) (string, error) {
 	defer f.mu.Unlock()
 	f.record("podaddr " + id)
 	if uid != PodUID(id) {
-		return "", &k8s.PodNotServingError{Reason: "the pod was replaced since it was last observed"}
+		return "", &cluster.PodNotServingError{Reason: "the pod was replaced since it was last observed"}
 	}
 	return "127.0.0.1", nil
 }

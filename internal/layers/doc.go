@@ -1,6 +1,9 @@
 // Package layers holds the test of hiloop's layout: calls run downward.
-// The ways in (server, sshd) and the mirror call the core (control), the
-// core calls the record (store) and the cluster adapter (k8s), and the
-// shared vocabulary (api, sandbox, forward) calls nothing of hiloop's. Only
-// main wires the parts together.
+// The ways in (server, sshd) call the core (control); the core calls the
+// record (store) and speaks to the cluster in the shared vocabulary of
+// package cluster, which the cluster adapter (k8s) implements, so neither
+// the core nor a way in links Kubernetes; the mirror calls the record and
+// the adapter. The shared vocabulary (api, cluster, sandbox, forward) calls
+// nothing of hiloop's. Only main wires the parts together. The test holds
+// every package to exactly the imports its map names.
 package layers

@@ -25,6 +25,12 @@ var (
 	ErrForbidden = errors.New("the cluster refused hiloop's request (permissions)")
 )
 
+// ReservedVolumePrefix starts the names of the pod volumes the adapter
+// renders for hiloop itself: a sandbox's own volumes may not use it, or
+// the controller would put the claim in place of hiloop's volume of the
+// same name.
+const ReservedVolumePrefix = "hiloop-"
+
 // DefaultTimeout bounds each call to the cluster (HILOOP_CLUSTER_TIMEOUT):
 // serve's, doctor's and a key rotation's.
 const DefaultTimeout = 10 * time.Second

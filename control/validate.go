@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -152,8 +152,8 @@ func validateSpec(req api.CreateSandboxRequest) (store.Spec, error) {
 		if !dnsLabel().MatchString(v.Name) {
 			return spec, invalid(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", Truncate(v.Name)))
 		}
-		if strings.HasPrefix(v.Name, k8s.ReservedVolumePrefix) {
-			return spec, invalid(f+".name", fmt.Sprintf("%q: names starting with %q are hiloop's", Truncate(v.Name), k8s.ReservedVolumePrefix))
+		if strings.HasPrefix(v.Name, cluster.ReservedVolumePrefix) {
+			return spec, invalid(f+".name", fmt.Sprintf("%q: names starting with %q are hiloop's", Truncate(v.Name), cluster.ReservedVolumePrefix))
 		}
 		if names[v.Name] {
 			return spec, invalid(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))

@@ -123,7 +123,14 @@ func TestExecSetUpEndsAtItsDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			base := tc.scheme + "://" + hungtest.Server(t, tc.answer)
 			cfg := &rest.Config{Host: base, TLSClientConfig: rest.TLSClientConfig{Insecure: tc.scheme == "https"}}
-			req := cluster.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: 200 * time.Millisecond}
+			// A set-up that must end at its deadline gets a short one; one
+			// that must end at its own error gets a long one, which a
+			// loaded machine's slow dial cannot reach first.
+			timeout := 200 * time.Millisecond
+			if !tc.deadline {
+				timeout = 30 * time.Second
+			}
+			req := cluster.ExecRequest{Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard, ConnectTimeout: timeout}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			done := make(chan error, 1)

@@ -3,6 +3,7 @@ package k8s
 import (
 	"cmp"
 	"fmt"
+	"github.com/hiloop/hiloop/cluster"
 	"slices"
 	"strings"
 	"time"
@@ -38,10 +39,9 @@ const (
 	// HelperUser is the uid the session helper runs as.
 	HelperUser = 65532
 	// ReservedVolumePrefix starts the names of the pod volumes rendered
-	// for hiloop itself; a sandbox's own volumes may not use it, or the
-	// controller would put the claim in place of hiloop's volume of the
-	// same name.
-	ReservedVolumePrefix = "hiloop-"
+	// for hiloop itself (cluster.ReservedVolumePrefix, which the core
+	// refuses in a sandbox's own volumes).
+	ReservedVolumePrefix = cluster.ReservedVolumePrefix
 	// GatewayKeyVolume is the pod volume that projects the gateway-key
 	// annotation into the helper.
 	GatewayKeyVolume = ReservedVolumePrefix + "gateway-key"

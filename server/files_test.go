@@ -278,7 +278,7 @@ func TestFileUploadRules(t *testing.T) {
 // shell_unavailable.
 func TestFilesWithoutTarOrShell(t *testing.T) {
 	bin := t.TempDir()
-	for _, tool := range []string{"sh", "head", "wc", "mkdir", "chmod", "mv", "rm"} {
+	for _, tool := range []string{"sh", "head", "ls", "mkdir", "chmod", "mv", "rm"} {
 		full, err := exec.LookPath(tool)
 		if err != nil {
 			t.Fatal(err)
@@ -382,7 +382,7 @@ func TestCutUploadCommandOutlivesStream(t *testing.T) {
 	// mkdir is slow, and head says when it starts, which is after the
 	// shell opened the temporary file.
 	bin, dir := t.TempDir(), t.TempDir()
-	for _, tool := range []string{"sh", "wc", "chmod", "mv", "rm", "sleep", "touch"} {
+	for _, tool := range []string{"sh", "ls", "chmod", "mv", "rm", "sleep", "touch"} {
 		if err := os.Symlink(lookPath(os.Getenv("PATH"), tool), filepath.Join(bin, tool)); err != nil {
 			t.Fatal(err)
 		}

@@ -383,7 +383,7 @@ spec:
 const NoTarNamespace = "hiloop-no-tar"
 
 // noTarTools are what an image without tar offers.
-var noTarTools = []string{"sh", "cat", "chmod", "echo", "head", "ls", "mkdir", "mv", "rm", "sleep", "true", "false", "wc"}
+var noTarTools = []string{"sh", "cat", "chmod", "echo", "head", "ls", "mkdir", "mv", "rm", "sleep", "true", "false"}
 
 // noTarPath makes the directory of noTarTools, linked to this machine's.
 func (c *Cluster) noTarPath() (string, error) {

@@ -317,16 +317,18 @@ func TestRunPrunesEvents(t *testing.T) {
 
 // TestWaitWhileEndsAtShutdown: a long poll answers, with the record as it
 // stands, when hiloop begins to shut down, so that it does not hold the
-// drain; an empty organization waits on nothing.
+// drain; a caller without an organization or a key waits on nothing.
 func TestWaitWhileEndsAtShutdown(t *testing.T) {
 	c, db, org := newControl(t, &controltest.Cluster{})
-	who := Caller{OrgID: org.ID}
+	who := liveCaller(t, db, org.ID)
 	sb, _, err := c.Create(context.Background(), who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.WaitWhile(context.Background(), Caller{}, sb.ID, store.StatePending, time.Minute); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("long poll with no organization: %v, want not found", err)
+	for _, nobody := range []Caller{{}, {OrgID: org.ID}, {KeyID: who.KeyID}} {
+		if _, err := c.WaitWhile(context.Background(), nobody, sb.ID, store.StatePending, time.Minute); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("long poll by %+v: %v, want unauthenticated", nobody, err)
+		}
 	}
 	type answer struct {
 		sb  store.Sandbox

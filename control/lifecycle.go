@@ -96,17 +96,28 @@ const MaxWait = time.Minute
 // is other than while, once d (at most MaxWait) has passed, or once hiloop
 // begins to shut down, whichever comes first: the record as it then stands.
 // A client that waits for a state gets each change as the record takes it,
-// and asks again, instead of polling.
+// and asks again, instead of polling. A caller whose key was revoked or
+// deleted while it waited gets ErrUnauthenticated, not the record: what is
+// read after a revoke is not the revoked key's.
 func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while store.State, d time.Duration) (store.Sandbox, error) {
+	if err := scoped(who); err != nil {
+		return store.Sandbox{}, err
+	}
 	timer := time.NewTimer(min(d, MaxWait))
 	defer timer.Stop()
-	for {
+	for waited := false; ; waited = true {
 		// Taken before the read, so a change between the two is not missed.
 		changed, release := c.o.Store.StateChange(id)
 		sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
+		if err == nil && waited {
+			err = c.keyLive(ctx, who)
+		}
 		if err != nil || sb.State != while {
 			release()
-			return sb, err
+			if err != nil {
+				return store.Sandbox{}, err
+			}
+			return sb, nil
 		}
 		select {
 		case <-changed:
@@ -115,10 +126,14 @@ func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while st
 		case <-timer.C:
 		case <-c.base.Done():
 		case <-ctx.Done():
-			err = ctx.Err()
+			release()
+			return sb, ctx.Err()
 		}
 		release()
-		return sb, err
+		if err := c.keyLive(ctx, who); err != nil {
+			return store.Sandbox{}, err
+		}
+		return sb, nil
 	}
 }
 

@@ -100,3 +100,37 @@ func TestExecStreamEndsOnRevoke(t *testing.T) {
 		eventually.True(t, "no session", func() bool { return ts.ctl.Sessions() == 0 })
 	})
 }
+
+// TestLongPollAfterRevoke: a long poll whose key is revoked while it
+// waits answers 401 when it wakes, not the sandbox as it stands after the
+// revoke: a read after the revoke is a read by a revoked key. Its
+// organization's other key still reads the change.
+func TestLongPollAfterRevoke(t *testing.T) {
+	ts := newTestServer(t, &controltest.Cluster{})
+	id := ts.create(`{"image":"busybox"}`)
+	rec := ts.do("POST", "/v1/keys", `{"name":"second"}`)
+	var ck api.CreatedKey
+	if err := json.Unmarshal(rec.Body.Bytes(), &ck); err != nil || ck.Secret == "" {
+		t.Fatalf("create key: %d %s", rec.Code, rec.Body.String())
+	}
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- ts.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", "") }()
+	eventually.True(t, "the long poll waiting", func() bool { return ts.db.Waiting() == 1 })
+	revoke(t, ts, ck.Secret)
+	if _, err := ts.db.Observe(context.Background(), id, store.Observation{State: store.StateStarting}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case rec := <-done:
+		if rec.Code != http.StatusUnauthorized || errCode(t, rec) != api.CodeUnauthorized {
+			t.Errorf("the revoked key's long poll after the change: %d %s, want 401", rec.Code, rec.Body.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the long poll did not answer the state change")
+	}
+	second := *ts
+	second.token = ck.Secret
+	if rec := second.do("GET", "/v1/sandboxes/"+id+"?while=pending&wait=1m", ""); rec.Code != 200 || decodeSandbox(t, rec).State != api.StateStarting {
+		t.Errorf("the live key's long poll: %d %s", rec.Code, rec.Body.String())
+	}
+}

@@ -186,7 +186,10 @@ func TestGoSDK(t *testing.T) {
 		if _, err := c.WriteFile(ctx, sb.ID, p, strings.NewReader(old), int64(len(old)), 0); err != nil {
 			t.Fatal(err)
 		}
-		cutUpload(t, in.URL, in.Token, sb.ID, p)
+		cutUpload(t, in.URL, in.Token, sb.ID, p, func() bool {
+			res, err := c.Run(ctx, sb.ID, api.ExecRunRequest{Command: []string{"ls", "-a", work}})
+			return err == nil && strings.Contains(res.Stdout, ".hiloop-")
+		})
 		eventually.Within(t, "the cut upload's temporary file removed", 20*time.Second, func() (bool, error) {
 			res, err := c.Run(ctx, sb.ID, api.ExecRunRequest{Command: []string{"ls", "-a", work}})
 			return err == nil && !strings.Contains(res.Stdout, ".hiloop-"), fmt.Errorf("%q %v", res.Stdout, err)
@@ -246,9 +249,9 @@ func TestGoSDK(t *testing.T) {
 	})
 }
 
-// cutUpload sends half of an upload's announced bytes and closes the
-// connection.
-func cutUpload(t *testing.T, url, token, id, p string) {
+// cutUpload starts an upload to p that announces more bytes than it
+// sends, and cuts it once underway() says it reached the sandbox.
+func cutUpload(t *testing.T, url, token, id, p string, underway func() bool) {
 	t.Helper()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
@@ -256,7 +259,7 @@ func cutUpload(t *testing.T, url, token, id, p string) {
 	}
 	fmt.Fprintf(conn, "PUT /v1/sandboxes/%s/files?path=%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 2000000\r\n\r\n", id, p, token)
 	conn.Write(bytes.Repeat([]byte("new "), 250000))
-	time.Sleep(500 * time.Millisecond)
+	eventually.True(t, "the upload under way in the sandbox", underway)
 	conn.Close()
 }
 

@@ -18,7 +18,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
@@ -362,7 +361,12 @@ func TestCutUploadLeavesFileWhole(t *testing.T) {
 	}
 	fmt.Fprintf(conn, "PUT /v1/sandboxes/%s/files?path=%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 1000000\r\n\r\n", id, p, ts.token)
 	conn.Write(bytes.Repeat([]byte("new "), 100000))
-	time.Sleep(200 * time.Millisecond)
+	// Cut once the upload is under way in the sandbox: its temporary file
+	// is there beside the old one.
+	eventually.True(t, "the upload's temporary file made", func() bool {
+		entries, _ := os.ReadDir(dir)
+		return len(entries) == 2
+	})
 	conn.Close()
 	eventually.True(t, "the cut upload's temporary file removed", func() bool {
 		entries, _ := os.ReadDir(dir)

@@ -26,7 +26,7 @@ BOUNDARY_TEMPLATES := namespaces runtimeclass admission networkpolicy quota
 chart:
 	@helm=$$(testdata/cluster/build.sh | tail -n1)/helm && \
 	  $$helm template hiloop deploy/chart --include-crds > deploy/hiloop.yaml && \
-	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > k8s/localcluster/assets/boundary.yaml && \
+	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > localcluster/assets/boundary.yaml && \
 	  $$helm template hiloop deploy/chart $(foreach t,$(BOUNDARY_TEMPLATES),--show-only templates/$(t).yaml) > k8s/chart-boundary.yaml
 
 # image builds the OCI image of the static binary without a container

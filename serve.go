@@ -21,7 +21,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/sshd"
 )
@@ -438,7 +438,7 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if d.BoundaryFile == "" {
 		// The local cluster installs the chart with values-local.yaml, and
 		// its self-check holds it to that rendering.
-		if d.expected, err = k8s.ParseBoundary(localcluster.Boundary); err != nil {
+		if d.expected, err = k8s.ParseBoundary(localcluster.BoundaryYAML()); err != nil {
 			return err
 		}
 	}

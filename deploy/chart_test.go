@@ -59,7 +59,7 @@ func TestRenderingsMatchChart(t *testing.T) {
 		args []string
 	}{
 		{"hiloop.yaml", []string{"template", "hiloop", "deploy/chart", "--include-crds"}},
-		{"../k8s/localcluster/assets/boundary.yaml", []string{"template", "hiloop", "deploy/chart", "-f", "deploy/chart/values-local.yaml"}},
+		{"../localcluster/assets/boundary.yaml", []string{"template", "hiloop", "deploy/chart", "-f", "deploy/chart/values-local.yaml"}},
 		{"../k8s/chart-boundary.yaml", []string{"template", "hiloop", "deploy/chart", "--show-only", "templates/namespaces.yaml",
 			"--show-only", "templates/runtimeclass.yaml", "--show-only", "templates/admission.yaml",
 			"--show-only", "templates/networkpolicy.yaml", "--show-only", "templates/quota.yaml"}},

@@ -19,7 +19,7 @@ import (
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -378,7 +378,7 @@ func TestClusterQuota(t *testing.T) {
 // in the local cluster: there is no CNI).
 func TestBoundaryReadBack(t *testing.T) {
 	c := e2e.SharedCluster(t)
-	exp, err := k8s.ParseBoundary(localcluster.Boundary)
+	exp, err := k8s.ParseBoundary(localcluster.BoundaryYAML())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 )
 
 // TestServeReadyAndCleanShutdown: serve answers, stops cleanly on SIGINT,

@@ -11,7 +11,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 )
 
 // codeBlock finds the fenced blocks of a language in Markdown.

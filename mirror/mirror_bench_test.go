@@ -18,7 +18,7 @@ import (
 	"github.com/hiloop/hiloop/internal/benchplot"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/mirror"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"

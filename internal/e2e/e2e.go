@@ -1,5 +1,5 @@
 // Package e2e is the shared end-to-end harness: it wraps the local cluster
-// of k8s/localcluster for tests, builds the hiloop binary, starts `hiloop
+// of localcluster for tests, builds the hiloop binary, starts `hiloop
 // serve` against the cluster, and runs the CLI as a user does. The
 // end-to-end tests in e2e/ use it, as do the other packages' cluster tests;
 // a test that needs no cluster starts none, since the shared cluster starts
@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -633,7 +633,7 @@ func WithoutAdmissionOn(t testing.TB, c *localcluster.Cluster, ns string) (resto
 // cluster to (--boundary-file); ServeOn passes it unless told another.
 func LocalBoundary(t testing.TB) string {
 	t.Helper()
-	return Path(t, "k8s/localcluster/assets/boundary.yaml")
+	return Path(t, "localcluster/assets/boundary.yaml")
 }
 
 // SyncBuffer is a bytes.Buffer that may be read while a process or

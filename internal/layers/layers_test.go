@@ -19,7 +19,7 @@ const mod = "github.com/hiloop/hiloop"
 // cluster's vocabulary; the ways in (server, sshd) call the core; only main
 // wires the parts together.
 var imports = map[string][]string{
-	"":                     {"agent", "api", "cluster", "control", "k8s", "k8s/localcluster", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
+	"":                     {"agent", "api", "cluster", "control", "k8s", "localcluster", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
 	"agent":                {"forward"},
 	"api":                  {},
 	"cluster":              {},
@@ -31,14 +31,14 @@ var imports = map[string][]string{
 	"forward":              {},
 	"internal/benchplot":   {},
 	"internal/benchspread": {},
-	"internal/e2e":         {"internal/eventually", "k8s/localcluster", "store"},
+	"internal/e2e":         {"internal/eventually", "localcluster", "store"},
 	"internal/eventually":  {},
 	"internal/hungtest":    {},
 	"internal/layers":      {},
 	"internal/ociimage":    {},
 	"internal/tlstest":     {},
 	"k8s":                  {"cluster", "sandbox", "store"},
-	"k8s/localcluster":     {"internal/ociimage", "k8s"},
+	"localcluster":         {"internal/ociimage", "k8s"},
 	"metrics":              {"sandbox"},
 	"migrations":           {},
 	"mirror":               {"k8s", "metrics", "sandbox", "store"},

@@ -97,7 +97,7 @@ debian_binary() {
 }
 
 # busybox must be static: the local cluster's busybox and pause images are
-# made from it (k8s/localcluster/images.go), with no libc beside it. runc
+# made from it (localcluster/images.go), with no libc beside it. runc
 # is only for the tests that show what runtime attestation does with a pod
 # outside gVisor (localcluster.Options.RuncHandler); it runs on this host,
 # with its libraries.
@@ -106,7 +106,7 @@ debian_binary runc usr/sbin/runc runc
 
 # python_rootfs unpacks Debian's Python 3.11 into the directory
 # $bin/python-rootfs, the local cluster's Python image
-# (k8s/localcluster/images.go adds busybox's layer under it): the
+# (localcluster/images.go adds busybox's layer under it): the
 # interpreter, its whole standard library, and the shared libraries that
 # python3.11 and the standard library's extension modules link (images.go
 # refuses a rootfs where one is missing). The packages are unpacked, not

@@ -4,7 +4,7 @@
 // through a certs.d directory of hosts.toml files (the CRI's
 // registry.config_path), and fetches its manifest, config and layers,
 // checking each digest. It prints "NAME DIGEST" for an image it pulled
-// and "NAME error: ..." for one it could not. k8s/localcluster's tests run
+// and "NAME error: ..." for one it could not. localcluster's tests run
 // it against the local cluster's registry.
 //
 //	go run ./hostscheck -hosts DIR NAME...

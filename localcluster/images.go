@@ -243,7 +243,7 @@ func (im *Images) WriteHostsDir(dir string) error {
 // HostsTOML is the hosts.toml that points containerd at a registry at
 // addr (host:port) over plain HTTP, for pulls only.
 func HostsTOML(addr string) []byte {
-	return fmt.Appendf(nil, "# The local cluster's registry (k8s/localcluster/images.go).\nserver = \"http://%s\"\ncapabilities = [\"pull\", \"resolve\"]\n", addr)
+	return fmt.Appendf(nil, "# The local cluster's registry (localcluster/images.go).\nserver = \"http://%s\"\ncapabilities = [\"pull\", \"resolve\"]\n", addr)
 }
 
 // push writes img to the registry under ref's full name.

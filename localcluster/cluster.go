@@ -69,11 +69,11 @@ const (
 	PodCIDRs = "127.0.96.0/20"
 )
 
-// SandboxCRD is the agent-sandbox Sandbox CRD at v1beta1 only, without its
+// sandboxCRD is the agent-sandbox Sandbox CRD at v1beta1 only, without its
 // conversion webhook (see gen.go).
 //
 //go:embed assets/sandbox-crd.yaml
-var SandboxCRD []byte
+var sandboxCRD []byte
 
 // VolumeDir is where the local cluster's volumes (the hostPath PVs of
 // kwok's volume stage) live on a real node: under /var/lib, the node's own
@@ -91,10 +91,10 @@ func StageVolumeDir(stage []byte) ([]byte, error) {
 	return bytes.ReplaceAll(stage, []byte(kwokDir), []byte(VolumeDir+"/")), nil
 }
 
-// KwokStages are the kwok Stage files the cluster runs (see gen.go).
+// kwokStages are the kwok Stage files the cluster runs (see gen.go).
 //
 //go:embed assets/kwok-stages.yaml
-var KwokStages []byte
+var kwokStages []byte
 
 // Options configure Start.
 type Options struct {
@@ -408,7 +408,7 @@ func (c *Cluster) createControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	config := strings.NewReplacer("NO_TAR_PATH", noTar, "PKI_DIR", filepath.Join(c.Workdir, "clusters", c.name, "pki")).Replace(kwokConfig) + "---\n" + string(KwokStages)
+	config := strings.NewReplacer("NO_TAR_PATH", noTar, "PKI_DIR", filepath.Join(c.Workdir, "clusters", c.name, "pki")).Replace(kwokConfig) + "---\n" + string(kwokStages)
 	configPath := filepath.Join(c.Workdir, "kwok.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return err
@@ -587,7 +587,7 @@ func nodeReady(n *corev1.Node) bool {
 // served.
 func InstallCRD(ctx context.Context, clients *k8s.Clients) error {
 	var crd unstructured.Unstructured
-	if err := yaml.Unmarshal(SandboxCRD, &crd.Object); err != nil {
+	if err := yaml.Unmarshal(sandboxCRD, &crd.Object); err != nil {
 		return fmt.Errorf("sandbox crd: %w", err)
 	}
 	dyn, err := dynamic.NewForConfig(clients.Config)

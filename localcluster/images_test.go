@@ -27,7 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/hiloop/hiloop/internal/ociimage"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 )
 
 // sleepForever is the command the busybox and pause images run.

@@ -27,13 +27,17 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 )
 
-// Boundary is the hiloop chart (deploy/chart) rendered with
+// boundaryYAML is the hiloop chart (deploy/chart) rendered with
 // values-local.yaml: the isolation boundary and hiloop's RBAC, without the
 // Deployment or the agent-sandbox controller, which run here as local
 // processes. `make chart` writes it; a test keeps it equal to helm's output.
 //
 //go:embed assets/boundary.yaml
-var Boundary []byte
+var boundaryYAML []byte
+
+// BoundaryYAML is a copy of the local cluster's rendering of the chart's
+// isolation boundary (deploy/chart with values-local.yaml).
+func BoundaryYAML() []byte { return bytes.Clone(boundaryYAML) }
 
 // chartSandboxNamespace is the sandbox namespace the rendering names.
 const chartSandboxNamespace = k8s.DefaultNamespace
@@ -113,7 +117,7 @@ func (c *Cluster) denyAPIServer(ctx context.Context, objs []*unstructured.Unstru
 
 // parseBoundary parses the rendering.
 func parseBoundary() ([]*unstructured.Unstructured, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(Boundary), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(boundaryYAML), 4096)
 	var objs []*unstructured.Unstructured
 	for {
 		var u unstructured.Unstructured

@@ -25,7 +25,7 @@ import (
 
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 )
 
 // TestUpstreamSandboxLifecycle checks the local cluster does what the real

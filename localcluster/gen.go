@@ -14,7 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/hiloop/hiloop/k8s/localcluster"
+	"github.com/hiloop/hiloop/localcluster"
 )
 
 func main() {
@@ -67,7 +67,7 @@ func run(check bool) error {
 		if check {
 			got, err := os.ReadFile(name)
 			if err != nil || !bytes.Equal(got, want) {
-				return fmt.Errorf("%s is out of date: run go generate ./k8s/localcluster", name)
+				return fmt.Errorf("%s is out of date: run go generate ./localcluster", name)
 			}
 			continue
 		}

@@ -32,7 +32,7 @@ func TestChartBoundary(t *testing.T) {
 	if b.Namespace.Name != k8s.DefaultNamespace || b.Quota.Namespace != k8s.DefaultNamespace || b.NetworkPolicy.Name != k8s.NetworkPolicy {
 		t.Errorf("boundary: namespace %s, quota in %s, policy %s", b.Namespace.Name, b.Quota.Namespace, b.NetworkPolicy.Name)
 	}
-	local, err := os.ReadFile("localcluster/assets/boundary.yaml")
+	local, err := os.ReadFile("../localcluster/assets/boundary.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

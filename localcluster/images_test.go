@@ -464,7 +464,7 @@ func TestContainerdPullsThroughHosts(t *testing.T) {
 	}
 	args = append(args, "docker.io/library/absent:1")
 	cmd := exec.Command("go", args...)
-	cmd.Dir = filepath.Join("..", "..", "testdata", "cluster", "tools", "containerd")
+	cmd.Dir = filepath.Join("..", "testdata", "cluster", "tools", "containerd")
 	// containerd logs to stderr (a 404 at info level).
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

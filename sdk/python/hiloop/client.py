@@ -1,12 +1,14 @@
 """hiloop's Python client: sandboxes, commands and files, over the HTTP API
-and the exec WebSocket, with the standard library alone."""
+and the exec WebSocket, with the standard library alone. Requests, answers,
+refusals and the exec protocol come from _core, which hiloop.aio shares;
+this module moves their bytes over blocking sockets, reusing keep-alive
+connections."""
 
 import errno
 import http.client
 import io
-import ipaddress
-import json
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -15,61 +17,16 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import (IO, Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence,
+from typing import (IO, Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
                     Union)
-from urllib.parse import quote, urlencode, urlsplit
 
-from . import _tar, _ws
-from .errors import ConflictError, HiloopError, LimitError, StreamLostError, WaitError, error_for
+from . import _core, _tar, _ws
+from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
+                    Duration, SandboxInfo, json_call)
+from .errors import ConflictError, HiloopError, LimitError
 
-EXEC_SUBPROTOCOL = "hiloop.exec.v1"
-CHAN_STDIN, CHAN_STDOUT, CHAN_STDERR, CHAN_EXIT, CHAN_RESIZE, CHAN_CLOSE_IN = 0, 1, 2, 3, 4, 255
-TAR_MEDIA_TYPE = "application/x-tar"
-
-# States from which waiting for another cannot succeed.
-_FAILED = {"exited", "expired", "deleted", "lost", "attention", "quarantined", "failed"}
-
-Command = Union[str, Sequence[str]]
-
-# How much longer than its own time a call that may wake a sandbox waits:
-# serve's --wake-timeout, by default.
-_WAKE_WAIT = 120.0
-
-# MAX_FILE_BYTES is download_dir's default cap on the bytes of a directory,
-# and read's on a file: serve's default --max-file-size
-# (api.DefaultMaxFileBytes).
-MAX_FILE_BYTES = 1 << 30
-# MAX_ENTRIES is download_dir's default cap on a directory's entries.
-MAX_ENTRIES = 100_000
-# MAX_OUTPUT is exec's default cap on each of stdout and stderr it collects.
-MAX_OUTPUT = 16 << 20
-# The largest JSON answer read: run's, with 1 MiB of each stream escaped,
-# is well below.
-_MAX_ANSWER = 32 << 20
-# How long exec waits for the upgrade (plus _WAKE_WAIT when it may wake),
-# and how much longer than the command's timeout for its exit status, the
-# server's own delays (reaching the cluster, the exit frame) included; run
-# waits the same margin for its answer.
-_HANDSHAKE_WAIT = 30.0
-_EXEC_MARGIN = 60.0
-_RUN_MARGIN = 60.0
-# The server's longest command (api.MaxExecTimeout), an exec's without a
-# timeout.
-_MAX_EXEC_TIMEOUT = 24 * 3600.0
-
-
-def _is_loopback(host: str) -> bool:
-    """Reports whether host names this machine's loopback: localhost, or an
-    address in 127.0.0.0/8 or ::1 (as the Go client decides)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
+__all__ = ["Client", "Sandboxes", "Sandbox", "Files", "ExecSession", "CommandResult", "SandboxInfo",
+           "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
 
 
 class _Deadline:
@@ -97,6 +54,60 @@ class _Deadline:
         self._timer.cancel()
 
 
+class _Pool:
+    """The client's idle keep-alive connections, at most POOL_SIZE, each
+    reused only while the server has not closed it (nothing readable on
+    an idle connection) and for POOL_IDLE seconds at most. Safe across
+    threads: a connection serves one request at a time."""
+
+    def __init__(self, make: Callable[[float], http.client.HTTPConnection]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
+
+    def get(self, timeout: float) -> Tuple[http.client.HTTPConnection, bool]:
+        """A connection and whether it served a request before."""
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if time.monotonic() - since < _core.POOL_IDLE and _alive(conn):
+                conn.timeout = timeout
+                conn.sock.settimeout(timeout)  # type: ignore[union-attr]
+                return conn, True
+            conn.close()
+        return self._make(timeout), False
+
+    def put(self, conn: http.client.HTTPConnection) -> None:
+        if conn.sock is None:
+            return
+        with self._lock:
+            if len(self._idle) < _core.POOL_SIZE:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
+
+
+def _alive(conn: http.client.HTTPConnection) -> bool:
+    """Reports whether an idle connection is still open: the server sends
+    nothing on one, so anything readable is its close (or garbage)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
 def _check_whole(resp: http.client.HTTPResponse) -> None:
     """Raises IncompleteRead for a body that ended before its
     Content-Length, which HTTPResponse.read(n) returns short."""
@@ -115,41 +126,15 @@ def _read_capped(resp: http.client.HTTPResponse, cap: int, what: str) -> bytes:
             return b"".join(parts)
         n += len(b)
         if n > cap:
-            raise LimitError("%s is larger than %d bytes" % (what, cap), code="output_limit")
+            raise _core.too_large(what, cap)
         parts.append(b)
-
-
-def _argv(cmd: Command) -> List[str]:
-    """A string runs through sh -c; a list is the argv as is."""
-    if isinstance(cmd, str):
-        return ["sh", "-c", cmd]
-    return list(cmd)
-
-
-class CommandResult:
-    """How a command ended: its exit code (128+n for a death by signal n,
-    with signal naming it), or timed_out with exit_code None."""
-
-    def __init__(self, exit_code: Optional[int], stdout: bytes, stderr: bytes, timed_out: bool = False,
-                 signal: str = "") -> None:
-        self.exit_code = exit_code
-        self.stdout = stdout
-        self.stderr = stderr
-        self.timed_out = timed_out
-        self.signal = signal
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def __repr__(self) -> str:
-        return "CommandResult(exit_code=%r, timed_out=%r, signal=%r, stdout=%r, stderr=%r)" % (
-            self.exit_code, self.timed_out, self.signal, self.stdout[:80], self.stderr[:80])
 
 
 class Client:
     """A client of the hiloop API at url (HILOOP_URL, else hiloop dev's
-    http://127.0.0.1:8080) with the key token (HILOOP_TOKEN)."""
+    http://127.0.0.1:8080) with the key token (HILOOP_TOKEN). It keeps up
+    to a few idle connections open for the next calls, from any thread;
+    close() (or leaving `with`) closes them."""
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, timeout: float = 120.0,
                  max_retries: int = 4, ssl_context: Optional[ssl.SSLContext] = None, wake: bool = True) -> None:
@@ -158,18 +143,23 @@ class Client:
         # timeout); with wake=False such a sandbox raises ConflictError
         # (sandbox_not_running). A sandbox its owner stopped is never woken.
         self.wake = wake
-        self.url = (url or os.environ.get("HILOOP_URL") or "http://127.0.0.1:8080").rstrip("/")
+        self.url, self._u = _core.parse_url(url)
         self.token = token or os.environ.get("HILOOP_TOKEN", "")
         self.timeout = timeout
         self.max_retries = max_retries
         self.ssl_context = ssl_context
-        u = urlsplit(self.url)
-        if u.scheme not in ("http", "https"):
-            raise ValueError("HILOOP_URL %r: want http:// or https://" % self.url)
-        if u.scheme == "http" and not _is_loopback(u.hostname or ""):
-            raise ValueError("refusing to send the API key over plain http:// to %s; use https://" % u.netloc)
-        self._u = u
+        self._pool = _Pool(self._conn)
         self.sandboxes = Sandboxes(self)
+
+    def close(self) -> None:
+        """Closes the idle connections; the client stays usable."""
+        self._pool.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- HTTP -------------------------------------------------------------
 
@@ -179,99 +169,126 @@ class Client:
                                                context=self.ssl_context, blocksize=1 << 20)
         return http.client.HTTPConnection(self._u.hostname or "", self._u.port, timeout=timeout, blocksize=1 << 20)
 
-    def _open(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-              timeout: Optional[float] = None, rewind: Optional[Callable[[], Any]] = None,
-              once: bool = False, deadline: bool = False) -> http.client.HTTPResponse:
-        """Sends a request and returns the response of a status below 400;
-        an error status raises its HiloopError. A 429 or 503 with
-        Retry-After is retried after the wait it asks, unless the body
-        cannot be sent again. timeout bounds each read and write (the
-        client's timeout when None); with deadline it bounds the whole
-        exchange as well, the answer's body included (resp._hiloop_deadline
-        until the caller closes), and a call past it raises TimeoutError."""
-        hdrs = {"Authorization": "Bearer " + self.token} if self.token else {}
-        hdrs.update(headers or {})
-        wait = timeout if timeout is not None else self.timeout
+    def _open(self, call: Call, body: Any = None, timeout: Optional[float] = None,
+              rewind: Optional[Callable[[], Any]] = None, deadline: bool = False) -> http.client.HTTPResponse:
+        """Sends call (with body, a file object, in place of its bytes)
+        and returns the response of a status below 400; give it back with
+        _release. An error status raises its HiloopError. A 429 or 503
+        with Retry-After is retried after the wait it asks, unless the
+        body cannot be sent again; so is a request of call.replayable
+        whose reused connection the server had closed. timeout bounds each
+        read and write (the call's, else the client's, when None); with
+        deadline it bounds the whole exchange as well, the answer's body
+        included, and a call past it raises TimeoutError."""
+        hdrs = _core.auth_headers(self.token)
+        hdrs.update(call.headers)
+        if body is None:
+            body = call.body
+        wait = timeout if timeout is not None else call.timeout if call.timeout is not None else self.timeout
+        replay = body is None or isinstance(body, bytes) or rewind is not None
         attempt = 0
         while True:
-            conn = self._conn(wait)
+            conn, reused = self._pool.get(wait)
             dl = _Deadline(conn, wait) if deadline else None
             try:
-                conn.request(method, self._u.path.rstrip("/") + path, body=body, headers=hdrs)
+                conn.request(call.method, self._u.path.rstrip("/") + call.path, body=body, headers=hdrs)
                 if dl is not None and dl.fired:
                     raise TimeoutError()
                 resp = conn.getresponse()
-                if resp.status < 400:
-                    resp._hiloop_conn = conn  # type: ignore[attr-defined]
-                    resp._hiloop_deadline = dl  # type: ignore[attr-defined]
-                    return resp
-                err = _read_error(resp)
+            except ConnectionError:
+                conn.close()
+                if dl is not None:
+                    dl.cancel()
+                if reused and replay and call.replayable and not (dl is not None and dl.fired):
+                    if rewind is not None:
+                        body = rewind()
+                    continue
+                raise
             except Exception as e:
                 conn.close()
                 if dl is not None:
                     dl.cancel()
-                    _raise_if_late(dl, e, method, path, wait)
+                    _raise_if_late(dl, e, call, wait)
                 raise
-            conn.close()
+            if resp.status < 400:
+                resp._hiloop_conn = conn  # type: ignore[attr-defined]
+                resp._hiloop_deadline = dl  # type: ignore[attr-defined]
+                return resp
+            try:
+                err = _core.error_from(resp.status, {k.lower(): v for k, v in resp.getheaders()},
+                                       resp.read(_core.MAX_ERROR_BODY))
+            except Exception as e:
+                conn.close()
+                if dl is not None:
+                    dl.cancel()
+                    _raise_if_late(dl, e, call, wait)
+                raise
             if dl is not None:
                 dl.cancel()
-            if once or attempt >= self.max_retries or err.retry_after is None:
+            self._release(resp, conn)
+            pause = _core.retry_wait(err, attempt, self.max_retries)
+            if pause is None or not replay:
                 raise err
-            time.sleep(min(err.retry_after, 60.0))
+            time.sleep(pause)
             attempt += 1
             if rewind is not None:
                 body = rewind()
 
-    def _json(self, method: str, path: str, payload: Any = None, headers: Optional[Dict[str, str]] = None,
-              timeout: Optional[float] = None) -> Any:
-        body = None
-        hdrs = dict(headers or {})
-        if payload is not None:
-            body = json.dumps(payload).encode()
-            hdrs["Content-Type"] = "application/json"
-        resp = self._open(method, path, body, hdrs, timeout, deadline=True)
+    def _release(self, resp: http.client.HTTPResponse, conn: Optional[http.client.HTTPConnection] = None) -> None:
+        """Gives resp's connection back to the pool when its answer was
+        read whole within its deadline, else closes it."""
+        conn = conn or resp._hiloop_conn  # type: ignore[attr-defined]
+        dl: Optional[_Deadline] = getattr(resp, "_hiloop_deadline", None)
+        if dl is not None:
+            dl.cancel()
+        if resp.isclosed() and not (dl is not None and dl.fired) and not resp.will_close:
+            self._pool.put(conn)  # type: ignore[arg-type]
+        else:
+            conn.close()  # type: ignore[union-attr]
+
+    def _call(self, call: Call) -> Any:
+        """Sends a JSON call and returns its decoded answer, which must
+        arrive whole within the call's timeout."""
+        wait = call.timeout if call.timeout is not None else self.timeout
+        resp = self._open(call, deadline=True)
         dl: _Deadline = resp._hiloop_deadline  # type: ignore[attr-defined]
         try:
-            data = _read_capped(resp, _MAX_ANSWER, "the answer to %s %s" % (method, path.split("?")[0]))
+            data = _read_capped(resp, _core.MAX_ANSWER, "the answer to " + call.what)
         except Exception as e:
-            _raise_if_late(dl, e, method, path, timeout if timeout is not None else self.timeout)
-            raise
-        finally:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
             dl.cancel()
-        if resp.status == 204 or not data:
-            return None
-        return json.loads(data)
+            _raise_if_late(dl, e, call, wait)
+            raise
+        self._release(resp)
+        return _core.decode_json(data, resp.status)
+
+    def _ws_connect(self, url: str, handshake: float) -> _ws.WebSocket:
+        """Opens the exec WebSocket, retrying a refused upgrade that asks
+        for it (nothing ran yet)."""
+        attempt = 0
+        while True:
+            try:
+                return _ws.WebSocket.connect(url, _core.auth_headers(self.token), _core.EXEC_SUBPROTOCOL,
+                                             timeout=handshake, ssl_context=self.ssl_context)
+            except _ws.HandshakeError as e:
+                err = _core.handshake_error(e)
+                pause = _core.retry_wait(err, attempt, self.max_retries)
+                if pause is None:
+                    raise err from None
+                time.sleep(pause)
+                attempt += 1
+            except _ws.ConnectionClosed as e:
+                raise _core.before_start(e) from None
 
     def org(self) -> Dict[str, Any]:
         """The caller's organization and its quotas."""
-        return self._json("GET", "/v1/org")
+        return self._call(json_call("GET", "/v1/org"))
 
 
-def _raise_if_late(dl: _Deadline, e: BaseException, method: str, path: str, wait: float) -> None:
+def _raise_if_late(dl: _Deadline, e: BaseException, call: Call, wait: float) -> None:
     """Raises TimeoutError for e when the deadline dl cut the call."""
     if dl.fired and isinstance(e, (OSError, http.client.HTTPException)):
-        raise TimeoutError("%s %s: no whole answer within %gs" % (method, path.split("?")[0], wait)) from None
-
-
-def _read_error(resp: http.client.HTTPResponse) -> HiloopError:
-    data = resp.read(64 << 10)
-    code, message, field, request_id = "http_%d" % resp.status, data.decode("utf-8", "replace").strip(), "", ""
-    try:
-        e = json.loads(data)["error"]
-        code, message = e["code"], e.get("message", "")
-        field, request_id = e.get("field", ""), e.get("request_id", "")
-    except (ValueError, KeyError, TypeError):
-        pass
-    request_id = request_id or resp.getheader("X-Request-Id", "") or ""
-    retry_after = None
-    ra = resp.getheader("Retry-After")
-    if resp.status in (429, 503) and ra is not None:
-        try:
-            retry_after = max(float(ra), 0.1)
-        except ValueError:
-            retry_after = 1.0
-    return error_for(resp.status, code, message, request_id, field, retry_after)
+        raise _core.timeout_error(call, wait) from None
 
 
 class Sandboxes:
@@ -280,65 +297,46 @@ class Sandboxes:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def create(self, image: str, ttl: Optional[str] = None, volumes: Optional[Sequence[Mapping[str, str]]] = None,
-               labels: Optional[Mapping[str, str]] = None, transports: Optional[Sequence[str]] = None,
-               resources: Optional[Mapping[str, str]] = None, shutdown_policy: Optional[str] = None,
-               idle_timeout: Optional[str] = None, wait: bool = True, wait_timeout: float = 300.0,
-               idempotency_key: Optional[str] = None) -> "Sandbox":
+    def create(self, image: str, ttl: Optional[Duration] = None,
+               volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
+               transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
+               shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None, wait: bool = True,
+               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None) -> "Sandbox":
         """Creates a sandbox and, with wait, waits until it runs. Every try
         of the call carries one Idempotency-Key, so retries make one
-        sandbox."""
-        req: Dict[str, Any] = {"image": image}
-        for k, v in (("ttl", ttl), ("volumes", volumes), ("labels", labels), ("transports", transports),
-                     ("resources", resources), ("shutdown_policy", shutdown_policy), ("idle_timeout", idle_timeout)):
-            if v is not None:
-                req[k] = list(v) if k in ("volumes", "transports") else (dict(v) if isinstance(v, Mapping) else v)
-        key = idempotency_key or uuid.uuid4().hex
-        sb = Sandbox(self._c, self._c._json("POST", "/v1/sandboxes", req, {"Idempotency-Key": key}))
+        sandbox. ttl and idle_timeout are durations: "1h", seconds, or a
+        timedelta."""
+        call = _core.create_call(image, idempotency_key or uuid.uuid4().hex, ttl, volumes, labels, transports,
+                                 resources, shutdown_policy, idle_timeout)
+        sb = Sandbox(self._c, self._c._call(call))
         if wait:
             sb.wait("running", timeout=wait_timeout)
         return sb
 
     def get(self, sandbox_id: str) -> "Sandbox":
-        return Sandbox(self._c, self._c._json("GET", "/v1/sandboxes/" + quote(sandbox_id, safe="")))
+        return Sandbox(self._c, self._c._call(json_call("GET", _core.sandbox_path(sandbox_id))))
 
     def list(self, state: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
              limit: Optional[int] = None) -> Iterator["Sandbox"]:
         """Iterates over every sandbox the filters select, page by page."""
         after = ""
         while True:
-            q: List[Any] = []
-            if state:
-                q.append(("state", state))
-            for k, v in (labels or {}).items():
-                q.append(("label", "%s=%s" % (k, v)))
-            if limit:
-                q.append(("limit", str(limit)))
-            if after:
-                q.append(("after", after))
-            page = self._c._json("GET", "/v1/sandboxes" + ("?" + urlencode(q) if q else ""))
-            for item in page["items"]:
+            items, after = _core.list_page(self._c._call(_core.list_call(state, labels, limit, after)))
+            for item in items:
                 yield Sandbox(self._c, item)
-            after = page.get("next", "")
             if not after:
                 return
 
 
-class Sandbox:
-    """One sandbox. As a context manager it deletes the sandbox on exit."""
+class Sandbox(_core.SandboxBase):
+    """One sandbox: its id, and info, the last answer about it (a
+    SandboxInfo; sb.data is the same). As a context manager it deletes the
+    sandbox on exit."""
 
-    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
+    def __init__(self, client: Client, data: Union[SandboxInfo, Mapping[str, Any]]) -> None:
+        super().__init__(data)
         self._c = client
-        self.data = data
-        self.id: str = data["id"]
         self.files = Files(self)
-
-    @property
-    def state(self) -> str:
-        return self.data["state"]
-
-    def __repr__(self) -> str:
-        return "Sandbox(%s, %s)" % (self.id, self.state)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -346,27 +344,37 @@ class Sandbox:
     def __exit__(self, *exc: Any) -> None:
         self.delete()
 
-    def _path(self, rest: str = "") -> str:
-        return "/v1/sandboxes/" + quote(self.id, safe="") + rest
-
-    def _set(self, data: Dict[str, Any]) -> "Sandbox":
-        self.data = data
-        return self
+    def _json(self, method: str, rest: str = "") -> "Sandbox":
+        return self._set(self._c._call(json_call(method, self._path(rest))))
 
     def refresh(self) -> "Sandbox":
-        return self._set(self._c._json("GET", self._path()))
+        return self._json("GET")
 
     def stop(self) -> "Sandbox":
-        return self._set(self._c._json("POST", self._path("/stop")))
+        return self._json("POST", "/stop")
 
     def start(self) -> "Sandbox":
-        return self._set(self._c._json("POST", self._path("/start")))
+        return self._json("POST", "/start")
 
     def delete(self) -> "Sandbox":
-        return self._set(self._c._json("DELETE", self._path()))
+        return self._json("DELETE")
+
+    def touch(self) -> "Sandbox":
+        """Counts a use now: the idle clock starts again."""
+        return self._json("POST", "/touch")
+
+    def update(self, ttl: Optional[Duration] = None, idle_timeout: Optional[Duration] = None) -> "Sandbox":
+        """Sets the expiry to now plus ttl (extending or shortening the
+        sandbox's life) and the idle timeout (0 turns idle stop off),
+        whichever are given. Durations are "4h", seconds or a timedelta."""
+        return self._set(self._c._call(_core.update_call(self.id, ttl, idle_timeout)))
+
+    def set_ttl(self, ttl: Duration) -> "Sandbox":
+        """Sets the expiry to now plus ttl."""
+        return self.update(ttl=ttl)
 
     def events(self) -> List[Dict[str, Any]]:
-        return self._c._json("GET", self._path("/events"))["items"]
+        return _core.events_items(self._c._call(json_call("GET", self._path("/events"))))
 
     def wait(self, state: str = "running", timeout: float = 300.0) -> "Sandbox":
         """Waits on the long poll until the sandbox is in state; WaitError
@@ -374,166 +382,147 @@ class Sandbox:
         past timeout."""
         deadline = time.monotonic() + timeout
         self.refresh()
-        while self.state != state:
-            if self.state in _FAILED or (state == "running" and self.data.get("desired") != "running"):
-                raise WaitError("sandbox %s is %s (%s), waiting for %s" % (
-                    self.id, self.state, self.data.get("reason", ""), state), code="wait_failed")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("timed out waiting for %s; sandbox %s is %s" % (state, self.id, self.state))
-            wait = max(1, min(30, int(left)))
-            before = self.state
-            asked = time.monotonic()
-            self._set(self._c._json("GET", self._path("?" + urlencode({"while": before, "wait": "%ds" % wait})),
-                                    timeout=wait + 30))
-            if self.state == before and time.monotonic() - asked < wait:
+        while True:
+            secs = _core.wait_step(self.info, state, deadline - time.monotonic())
+            if secs is None:
+                return self
+            before, asked = self.state, time.monotonic()
+            self._set(self._c._call(_core.wait_call(self.id, before, secs)))
+            if self.state == before and time.monotonic() - asked < secs:
                 time.sleep(0.2)
-        return self
 
     def run(self, cmd: Command, timeout: Optional[float] = None,
             stdin: Optional[Union[str, bytes]] = None) -> CommandResult:
         """Runs a one-shot command (POST .../exec/run): each of stdout and
         stderr holds up to 1 MiB. A command past timeout (seconds) comes
         back with timed_out, not an exception."""
-        req: Dict[str, Any] = {"command": _argv(cmd)}
-        if timeout is not None:
-            req["timeout"] = "%dms" % int(timeout * 1000)
-        if stdin is not None:
-            req["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
-        path, wait = self._path("/exec/run"), (timeout or 60) + _RUN_MARGIN
-        if self._c.wake:
-            path, wait = path + "?wake=true", wait + _WAKE_WAIT
-        res = self._c._json("POST", path, req, timeout=wait)
-        return CommandResult(res.get("exit_code"), res["stdout"].encode(), res["stderr"].encode(),
-                             res["timed_out"], res.get("signal", ""))
+        return _core.run_result(self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake)))
+
+    def open_exec(self, cmd: Command, stdin: bool = False, tty: bool = False,
+                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None) -> "ExecSession":
+        """Starts a command over the exec WebSocket and returns its live
+        session: write to its stdin (stdin=True), resize its terminal
+        (tty=True, which implies stdin; size is the first (width,
+        height)), read its output as it comes, then its exit status. Close
+        it (or leave `with`)."""
+        url, handshake = _core.exec_url(self._c.url, self.id, stdin or tty, tty, timeout, self._c.wake)
+        ws = self._c._ws_connect(url, handshake)
+        ws.deadline = time.monotonic() + _core.exec_deadline_after(timeout)
+        s = ExecSession(ws)
+        try:
+            s._send(_ws.OP_TEXT, _core.start_message(cmd))
+            if size is not None:
+                s.resize(*size)
+        except BaseException:
+            s.close()
+            raise
+        return s
 
     def exec(self, cmd: Command, on_stdout: Optional[Callable[[bytes], None]] = None,
              on_stderr: Optional[Callable[[bytes], None]] = None, timeout: Optional[float] = None,
-             stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT) -> CommandResult:
+             stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT, tty: bool = False,
+             size: Optional[Tuple[int, int]] = None) -> CommandResult:
         """Runs a command over the exec WebSocket, calling on_stdout and
         on_stderr with each chunk as it comes (without them the output is
         collected in the result, up to max_output bytes each: past that,
         LimitError with code output_limit). A stream that breaks before the
         exit status raises StreamLostError, as does a server that sends no
         exit status within timeout (the server's 24h without one) and a
-        minute; a command past timeout comes back with timed_out."""
-        q: Dict[str, str] = {}
-        if stdin is not None:
-            q["stdin"] = "true"
-        if timeout is not None:
-            q["timeout"] = "%dms" % int(timeout * 1000)
-        handshake = _HANDSHAKE_WAIT
-        if self._c.wake:
-            q["wake"] = "true"
-            handshake += _WAKE_WAIT
-        url = self._c.url + self._path("/exec") + ("?" + urlencode(q) if q else "")
-        headers = {"Authorization": "Bearer " + self._c.token}
-        attempt = 0
-        while True:
-            try:
-                ws = _ws.WebSocket.connect(url, headers, EXEC_SUBPROTOCOL, timeout=handshake,
-                                           ssl_context=self._c.ssl_context)
-                break
-            except _ws.HandshakeError as e:
-                err = _handshake_error(e)
-                if attempt >= self._c.max_retries or err.retry_after is None:
-                    raise err
-                time.sleep(min(err.retry_after, 60.0))
-                attempt += 1
-            except _ws.ConnectionClosed as e:
-                raise StreamLostError("the exec stream ended before it began: %s" % e, code="stream_lost") from None
-        ws.deadline = time.monotonic() + (timeout if timeout is not None else _MAX_EXEC_TIMEOUT) + _EXEC_MARGIN
-        out, errs = bytearray(), bytearray()
-
-        def lost(e: Exception) -> StreamLostError:
-            if ws.deadline is not None and time.monotonic() >= ws.deadline:
-                e = TimeoutError("no exit status within the command's timeout and %gs" % _EXEC_MARGIN)
-            return StreamLostError("the exec stream ended without an exit status: %s" % e, code="stream_lost")
-
-        def collect(buf: bytearray, payload: bytes, name: str) -> None:
-            if len(buf) + len(payload) > max_output:
-                raise LimitError("the command's %s passed max_output (%d bytes); pass on_%s to take more" % (
-                    name, max_output, name), code="output_limit")
-            buf.extend(payload)
-
-        try:
-            try:
-                ws.send(_ws.OP_TEXT, json.dumps({"command": _argv(cmd)}).encode())
-            except (_ws.ConnectionClosed, OSError) as e:
-                raise lost(e) from None
+        minute; a command past timeout comes back with timed_out. With
+        tty, the command runs in a terminal of size (width, height), its
+        output all on stdout; stdin, if given, is typed into it."""
+        with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout) as s:
             if stdin is not None:
-                data = stdin if isinstance(stdin, bytes) else None
-                reader = io.BytesIO(data) if data is not None else stdin
+                reader = io.BytesIO(stdin) if isinstance(stdin, bytes) else stdin
                 while True:
-                    chunk = reader.read(32 << 10)  # type: ignore[union-attr]
-                    try:
-                        if not chunk:
-                            ws.send(_ws.OP_BINARY, bytes([CHAN_CLOSE_IN, CHAN_STDIN]))
-                            break
-                        ws.send(_ws.OP_BINARY, bytes([CHAN_STDIN]) + chunk)
-                    except (_ws.ConnectionClosed, OSError) as e:
-                        raise lost(e) from None
-            while True:
-                try:
-                    op, msg = ws.recv()
-                except (_ws.ConnectionClosed, OSError) as e:
-                    raise lost(e) from None
-                if op != _ws.OP_BINARY or not msg:
-                    continue
-                ch, payload = msg[0], msg[1:]
-                if ch == CHAN_STDOUT:
-                    on_stdout(payload) if on_stdout else collect(out, payload, "stdout")
-                elif ch == CHAN_STDERR:
-                    on_stderr(payload) if on_stderr else collect(errs, payload, "stderr")
-                elif ch == CHAN_EXIT:
-                    return _exit_result(payload, bytes(out), bytes(errs))
-        finally:
-            ws.close()
+                    chunk = reader.read(32 << 10)
+                    if not chunk:
+                        s.close_stdin()
+                        break
+                    s.write(chunk)
+            return s.wait(on_stdout, on_stderr, max_output)
 
 
-def _exit_result(payload: bytes, out: bytes, errs: bytes) -> CommandResult:
-    """The result an exit frame tells, or the error it carries."""
-    try:
-        f = json.loads(payload)
-    except ValueError:
-        f = None
-    if not isinstance(f, dict):
-        raise StreamLostError("the exit frame is not a JSON object", code="stream_lost")
-    e = f.get("error")
-    if e:
-        if not isinstance(e, dict):
-            raise StreamLostError("the exit frame's error is not an object", code="stream_lost")
-        code = str(e.get("code", ""))
-        if code == "exec_timeout":
-            return CommandResult(None, out, errs, timed_out=True)
-        raise error_for(_stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")))
-    code = f.get("exit_code")
-    if not isinstance(code, int) or isinstance(code, bool):
-        raise StreamLostError("the exit frame carried no exit code", code="stream_lost")
-    return CommandResult(code, out, errs, signal=str(f.get("signal", "")))
+class ExecSession:
+    """A command running over the exec WebSocket (Sandbox.open_exec).
+    recv() returns its output as it comes, as ("stdout" or "stderr",
+    bytes), and None once the command ended; iterating does the same.
+    wait() reads the rest and returns how it ended. write, close_stdin and
+    resize may be called from another thread than the one reading."""
 
+    def __init__(self, ws: _ws.WebSocket) -> None:
+        self._ws = ws
+        self._exit: Optional[bytes] = None
 
-def _handshake_error(e: "_ws.HandshakeError") -> HiloopError:
-    code, message, request_id = "http_%d" % e.status, e.body.decode("utf-8", "replace"), ""
-    try:
-        d = json.loads(e.body)["error"]
-        code, message, request_id = d["code"], d.get("message", ""), d.get("request_id", "")
-    except (ValueError, KeyError, TypeError):
-        pass
-    retry_after = None
-    if e.status in (429, 503) and "retry-after" in e.headers:
+    def __enter__(self) -> "ExecSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Tuple[str, bytes]]:
+        while True:
+            ev = self.recv()
+            if ev is None:
+                return
+            yield ev
+
+    def _send(self, op: int, payload: bytes) -> None:
         try:
-            retry_after = max(float(e.headers["retry-after"]), 0.1)
-        except ValueError:
-            retry_after = 1.0
-    return error_for(e.status, code, message, request_id or e.headers.get("x-request-id", ""),
-                     retry_after=retry_after)
+            self._ws.send(op, payload)
+        except (_ws.ConnectionClosed, OSError) as e:
+            raise _core.lost(e, self._late()) from None
 
+    def _late(self) -> bool:
+        return self._ws.deadline is not None and time.monotonic() >= self._ws.deadline
 
-def _stream_status(code: str) -> int:
-    """The HTTP status the code has outside a stream, for its family."""
-    return {"session_ended": 409, "exec_failed": 502, "cluster_unavailable": 503,
-            "invalid_frame": 400}.get(code, 500)
+    def write(self, data: Union[bytes, str]) -> None:
+        """Sends data (text as UTF-8) to the command's stdin."""
+        self._send(_ws.OP_BINARY, _core.stdin_message(data.encode() if isinstance(data, str) else bytes(data)))
+
+    def close_stdin(self) -> None:
+        """Tells the command its stdin is at its end."""
+        self._send(_ws.OP_BINARY, _core.close_stdin_message())
+
+    def resize(self, width: int, height: int) -> None:
+        """Sets the terminal's size (a session with tty only)."""
+        self._send(_ws.OP_BINARY, _core.resize_message(width, height))
+
+    def recv(self) -> Optional[Tuple[str, bytes]]:
+        """The next chunk of output, or None once the command ended
+        (wait() then tells how). StreamLostError when the stream breaks
+        before the exit status."""
+        while self._exit is None:
+            try:
+                op, msg = self._ws.recv()
+            except (_ws.ConnectionClosed, OSError) as e:
+                raise _core.lost(e, self._late()) from None
+            if op != _ws.OP_BINARY:
+                continue
+            name, payload = _core.output(msg)
+            if name == "exit":
+                self._exit = payload
+            elif name is not None:
+                return name, payload
+        return None
+
+    def wait(self, on_stdout: Optional[Callable[[bytes], None]] = None,
+             on_stderr: Optional[Callable[[bytes], None]] = None, max_output: int = MAX_OUTPUT) -> CommandResult:
+        """Reads the rest of the output (collected up to max_output bytes
+        of each stream, or handed to on_stdout and on_stderr) and returns
+        how the command ended; a command past its timeout comes back with
+        timed_out, an error the stream ended with raises."""
+        col = _core.Collector(max_output, on_stdout, on_stderr)
+        while True:
+            ev = self.recv()
+            if ev is None:
+                return col.result(self._exit or b"")
+            col.add(*ev)
+
+    def close(self) -> None:
+        """Closes the stream; a command still running is ended when it
+        next writes (or, with a tty, at once)."""
+        self._ws.close()
 
 
 class Files:
@@ -544,9 +533,7 @@ class Files:
         self._sb = sandbox
 
     def _path(self, path: str, **extra: str) -> str:
-        if self._sb._c.wake:
-            extra["wake"] = "true"
-        return self._sb._path("/files?" + urlencode(dict(path=path, **extra)))
+        return _core.files_path(self._sb.id, path, self._sb._c.wake, **extra)
 
     def write(self, path: str, data: Union[bytes, str, BinaryIO], mode: Optional[int] = None) -> Dict[str, Any]:
         """Writes bytes, text (UTF-8) or a binary file object to path,
@@ -572,12 +559,16 @@ class Files:
 
     def _upload(self, path: str, content_type: str, body: Any, size: int,
                 rewind: Optional[Callable[[], Any]]) -> Dict[str, Any]:
-        resp = self._sb._c._open("PUT", path, body, {"Content-Type": content_type, "Content-Length": str(size)},
-                                 timeout=None, rewind=rewind)
+        c = self._sb._c
+        call = Call("PUT", path, None, {"Content-Type": content_type, "Content-Length": str(size)})
+        resp = c._open(call, body, timeout=c.timeout, rewind=rewind)
         try:
-            return json.loads(resp.read())
-        finally:
+            data = _read_capped(resp, _core.MAX_ANSWER, "the answer to " + call.what)
+        except BaseException:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
+            raise
+        c._release(resp)
+        return _core.decode_json(data, resp.status)
 
     def open(self, path: str) -> http.client.HTTPResponse:
         """Opens path for reading: a file's bytes, or a directory's tar
@@ -585,7 +576,7 @@ class Files:
         silent for the client's timeout (plus a wake's, when it may wake
         the sandbox) ends the read with TimeoutError."""
         c = self._sb._c
-        return c._open("GET", self._path(path), timeout=c.timeout + (_WAKE_WAIT if c.wake else 0))
+        return c._open(Call("GET", self._path(path)), timeout=c.timeout + (_core.WAKE_WAIT if c.wake else 0))
 
     def read(self, path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         """Reads the file at path whole, into memory; a transfer that
@@ -595,9 +586,12 @@ class Files:
         try:
             if resp.getheader("Content-Type", "").startswith(TAR_MEDIA_TYPE):
                 raise ConflictError("%s is a directory; use download_dir" % path, code="path_conflict", status=409)
-            return _read_capped(resp, max_bytes, "the file %s" % path)
-        finally:
+            data = _read_capped(resp, max_bytes, "the file %s" % path)
+        except BaseException:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
+            raise
+        self._sb._c._release(resp)
+        return data
 
     def read_to(self, path: str, out: IO[bytes]) -> int:
         """Streams the file at path into out; returns the bytes copied."""
@@ -611,9 +605,11 @@ class Files:
                 out.write(chunk)
                 n += len(chunk)
             _check_whole(resp)
-            return n
-        finally:
+        except BaseException:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
+            raise
+        self._sb._c._release(resp)
+        return n
 
     def upload_dir(self, local: str, path: str) -> Dict[str, Any]:
         """Copies the local directory into the directory at path (made if

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from unittest import mock
 
 import hiloop
-from hiloop import client as hclient
+from hiloop import _core
 
 Member = Tuple[tarfile.TarInfo, bytes]
 
@@ -530,7 +530,7 @@ class ExecTest(unittest.TestCase):
         release = threading.Event()
         self.addCleanup(release.set)
         srv = ExecServer(self, lambda write: release.wait())
-        with mock.patch.object(hclient, "_EXEC_MARGIN", 0.2):
+        with mock.patch.object(_core, "EXEC_MARGIN", 0.2):
             with self.assertRaises(hiloop.StreamLostError) as e:
                 srv.stand.sandbox.exec(["sleep", "1"], timeout=0.1)
         self.assertEqual(e.exception.code, "stream_lost")
@@ -545,7 +545,7 @@ class ExecTest(unittest.TestCase):
             while not release.wait(0.05):
                 h.wfile.write(b"X")
         stand = Stand(self, handler)
-        with mock.patch.object(hclient, "_HANDSHAKE_WAIT", 0.2):
+        with mock.patch.object(_core, "HANDSHAKE_WAIT", 0.2):
             with self.assertRaises(hiloop.StreamLostError):
                 stand.sandbox.exec(["true"])
 
@@ -599,7 +599,7 @@ class ExecTest(unittest.TestCase):
             except OSError:
                 pass
         stand = Stand(self, handler)
-        with mock.patch.object(hclient, "_MAX_ANSWER", 4 << 20):
+        with mock.patch.object(_core, "MAX_ANSWER", 4 << 20):
             with self.assertRaises(hiloop.LimitError) as e:
                 stand.sandbox.run("yes")
         self.assertEqual(e.exception.code, "output_limit")
@@ -617,7 +617,7 @@ class ExecTest(unittest.TestCase):
             while not release.wait(0.05):
                 h.wfile.write(b" ")
         stand = Stand(self, handler)
-        with mock.patch.object(hclient, "_RUN_MARGIN", 0.3):
+        with mock.patch.object(_core, "RUN_MARGIN", 0.3):
             with self.assertRaises(TimeoutError):
                 stand.sandbox.run("true", timeout=0.1)
 

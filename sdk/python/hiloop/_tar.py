@@ -12,9 +12,11 @@ import errno
 import os
 import posixpath
 import secrets
-from typing import BinaryIO, Dict, Optional, Tuple
+import shutil
+import tarfile
+from typing import IO, BinaryIO, Dict, Optional, Tuple
 
-from .errors import ExtractError, LimitError
+from .errors import ConflictError, ExtractError, LimitError
 
 BLOCK = 512
 # The largest PAX or GNU long-name header read (archive/tar's limit too).
@@ -359,3 +361,62 @@ def extract(src: BinaryIO, dest: str, overwrite: bool, max_bytes: int, max_entri
         w.close()
         os.close(root)
 
+
+
+# -- the local side of upload_dir and download_dir, for both clients ------
+
+TAR_MEDIA_TYPE = "application/x-tar"
+
+
+def _no_owner(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+def pack(local: str, f: IO[bytes]) -> int:
+    """Writes the local directory's entries into f as a PAX tar naming no
+    owner, and returns its size with f rewound."""
+    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for entry in sorted(os.listdir(local)):
+            tf.add(os.path.join(local, entry), arcname=entry, filter=_no_owner)
+    size = f.tell()
+    f.seek(0)
+    return size
+
+
+def destination(local: str, overwrite: bool) -> Tuple[str, bool]:
+    """download_dir's absolute destination and whether it exists, refused
+    with FileExistsError, before anything is asked of the server, when it
+    exists and overwrite is not given."""
+    dest = os.path.abspath(local)
+    exists = os.path.lexists(dest)
+    if exists and not overwrite:
+        raise FileExistsError(errno.EEXIST, "download_dir writes a new directory (overwrite=True writes into "
+                                            "an existing one)", local)
+    return dest, exists
+
+
+def unpack(r: BinaryIO, content_type: str, path: str, local: str, dest: str, exists: bool, max_bytes: int,
+           max_entries: int) -> None:
+    """Writes the tar stream r, the directory at path, as download_dir
+    does: into dest when it exists, else into a temporary directory beside
+    it, renamed into place once whole."""
+    if not content_type.startswith(TAR_MEDIA_TYPE):
+        raise ConflictError("%s is a file, not a directory" % path, code="path_conflict", status=409)
+    if exists:
+        extract(r, dest, True, max_bytes, max_entries)
+        return
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = make_temp_dir(parent)
+    try:
+        extract(r, tmp, False, max_bytes, max_entries)
+        # A directory made at local meanwhile is not merged into: the
+        # rename fails on anything but an empty one.
+        if os.path.lexists(dest):
+            raise FileExistsError(errno.EEXIST, "made while download_dir wrote it", local)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -4,15 +4,12 @@ refusals and the exec protocol come from _core, which hiloop.aio shares;
 this module moves their bytes over blocking sockets, reusing keep-alive
 connections."""
 
-import errno
 import http.client
 import io
 import os
 import select
-import shutil
 import socket
 import ssl
-import tarfile
 import tempfile
 import threading
 import time
@@ -618,11 +615,7 @@ class Files:
         local accounts reaches the sandbox, and tar there makes the files
         the image's user's."""
         with tempfile.TemporaryFile() as f:
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                for entry in sorted(os.listdir(local)):
-                    tf.add(os.path.join(local, entry), arcname=entry, filter=_no_owner)
-            size = f.tell()
-            f.seek(0)
+            size = _tar.pack(local, f)
 
             def rewind() -> Any:
                 f.seek(0)
@@ -650,36 +643,10 @@ class Files:
         umask, never setuid, setgid or sticky. More than max_bytes of
         content or max_entries entries raises LimitError (extract_limit).
         Needs a POSIX system (os.open with dir_fd)."""
-        dest = os.path.abspath(local)
-        exists = os.path.lexists(dest)
-        if exists and not overwrite:
-            raise FileExistsError(errno.EEXIST, "download_dir writes a new directory (overwrite=True writes into "
-                                                "an existing one)", local)
+        dest, exists = _tar.destination(local, overwrite)
         resp = self.open(path)
         try:
-            if not resp.getheader("Content-Type", "").startswith(TAR_MEDIA_TYPE):
-                raise ConflictError("%s is a file, not a directory" % path, code="path_conflict", status=409)
-            if exists:
-                _tar.extract(resp, dest, True, max_bytes, max_entries)  # type: ignore[arg-type]
-                return
-            parent = os.path.dirname(dest)
-            os.makedirs(parent, exist_ok=True)
-            tmp = _tar.make_temp_dir(parent)
-            try:
-                _tar.extract(resp, tmp, False, max_bytes, max_entries)  # type: ignore[arg-type]
-                # A directory made at local meanwhile is not merged into:
-                # the rename fails on anything but an empty one.
-                if os.path.lexists(dest):
-                    raise FileExistsError(errno.EEXIST, "made while download_dir wrote it", local)
-                os.rename(tmp, dest)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+            _tar.unpack(resp, resp.getheader("Content-Type", "") or "", path, local, dest, exists,  # type: ignore[arg-type]
+                        max_bytes, max_entries)
         finally:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
-
-
-def _no_owner(ti: tarfile.TarInfo) -> tarfile.TarInfo:
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    return ti

@@ -3,7 +3,9 @@ a stand-in HTTP server on 127.0.0.1 answers with tar streams built here
 (the kubectl cp CVEs' shapes among them), exec streams that stall or
 flood, and the SDK must refuse or skip safely."""
 
+import asyncio
 import base64
+import datetime
 import hashlib
 import http.client
 import http.server
@@ -23,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from unittest import mock
 
 import hiloop
-from hiloop import _core
+from hiloop import _core, aio
 
 Member = Tuple[tarfile.TarInfo, bytes]
 
@@ -72,12 +74,19 @@ class Stand:
     """A stand-in hiloop on 127.0.0.1: handler(method, request handler)
     answers every request; what came in is kept in requests."""
 
-    def __init__(self, test: unittest.TestCase, handler: Callable[[str, http.server.BaseHTTPRequestHandler], None]):
+    def __init__(self, test: unittest.TestCase, handler: Callable[[str, http.server.BaseHTTPRequestHandler], None],
+                 keepalive: bool = False):
         self.requests: List[Tuple[str, str, Dict[str, str], bytes]] = []
+        # connections counts the TCP connections the server accepted.
+        self.connections = 0
         stand = self
 
         class H(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                stand.connections += 1
 
             def _any(self, method: str) -> None:
                 body = b""
@@ -85,7 +94,7 @@ class Stand:
                     body = self.rfile.read(int(self.headers["Content-Length"]))
                 stand.requests.append((method, self.path, dict(self.headers), body))
                 handler(method, self)
-                self.close_connection = True
+                self.close_connection = not keepalive
 
             def do_GET(self) -> None:
                 self._any("GET")
@@ -95,6 +104,12 @@ class Stand:
 
             def do_POST(self) -> None:
                 self._any("POST")
+
+            def do_PATCH(self) -> None:
+                self._any("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._any("DELETE")
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -106,7 +121,13 @@ class Stand:
         test.addCleanup(self.srv.shutdown)
         self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
         self.client = hiloop.Client(self.url, "hl_x", wake=False)
+        test.addCleanup(self.client.close)
         self.sandbox = hiloop.Sandbox(self.client, {"id": "sbx_1", "state": "running"})
+
+    def aio(self) -> aio.Sandbox:
+        """The sandbox through a new asyncio client; call it in the event
+        loop that will use it."""
+        return aio.Sandbox(aio.Client(self.url, "hl_x", wake=False), {"id": "sbx_1", "state": "running"})
 
 
 def answer(h: http.server.BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
@@ -620,6 +641,306 @@ class ExecTest(unittest.TestCase):
         with mock.patch.object(_core, "RUN_MARGIN", 0.3):
             with self.assertRaises(TimeoutError):
                 stand.sandbox.run("true", timeout=0.1)
+
+
+def sandbox_json(h: http.server.BaseHTTPRequestHandler, status: int = 200) -> None:
+    answer(h, status, json.dumps({"id": "sbx_1", "state": "running"}).encode(), "application/json")
+
+
+def run_async(coro_fn: Callable[[], Any]) -> Any:
+    return asyncio.run(coro_fn())
+
+
+class AioExecTest(unittest.TestCase):
+    """hiloop.aio against the hostile exec streams and answers ExecTest and
+    ReadTest use: the same refusals, from the same core."""
+
+    def exec(self, srv: "ExecServer", *args: Any, **kw: Any) -> Any:
+        async def go() -> Any:
+            sb = srv.stand.aio()
+            try:
+                return await sb.exec(*args, **kw)
+            finally:
+                await sb._c.close()
+        return run_async(go)
+
+    def test_stalled_server_ends_at_deadline(self) -> None:
+        release = threading.Event()
+        self.addCleanup(release.set)
+        srv = ExecServer(self, lambda write: release.wait())
+        with mock.patch.object(_core, "EXEC_MARGIN", 0.2):
+            with self.assertRaises(hiloop.StreamLostError) as e:
+                self.exec(srv, ["sleep", "1"], timeout=0.1)
+        self.assertEqual(e.exception.code, "stream_lost")
+
+    def test_drip_fed_handshake_ends_at_deadline(self) -> None:
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def handler(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            h.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\n")
+            while not release.wait(0.05):
+                h.wfile.write(b"X")
+        stand = Stand(self, handler)
+        with mock.patch.object(_core, "HANDSHAKE_WAIT", 0.2):
+            with self.assertRaises(hiloop.StreamLostError):
+                self.exec(ExecServerOn(stand), ["true"])
+
+    def test_garbled_answers(self) -> None:
+        for answer_bytes in (b"garbage\r\n\r\n", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 101 OK\r\n\r\n"):
+            with self.subTest(answer=answer_bytes):
+                stand = Stand(self, lambda m, h: h.wfile.write(answer_bytes))
+                with self.assertRaises(hiloop.StreamLostError):
+                    self.exec(ExecServerOn(stand), ["true"])
+        for frame in (b"not json", b"[1]", b'{"exit_code": "0"}', b'{"exit_code": true}', b'{"error": "x"}'):
+            with self.subTest(frame=frame):
+                srv = ExecServer(self, lambda write: write(ws_frame(2, b"\x03" + frame)))
+                with self.assertRaises(hiloop.StreamLostError):
+                    self.exec(srv, ["true"])
+
+    def test_refused_upgrade(self) -> None:
+        stand = Stand(self, lambda m, h: answer(h, 404, json.dumps(
+            {"error": {"code": "not_found", "message": "no", "request_id": "r9"}}).encode(), "application/json"))
+        with self.assertRaises(hiloop.NotFoundError) as e:
+            self.exec(ExecServerOn(stand), ["true"])
+        self.assertEqual((e.exception.code, e.exception.request_id), ("not_found", "r9"))
+
+    def test_flood(self) -> None:
+        srv = ExecServer(self, ExecTest.flood(self, 64))  # type: ignore[arg-type]
+        with self.assertRaises(hiloop.LimitError) as e:
+            self.exec(srv, ["yes"], max_output=3 << 20)
+        self.assertEqual(e.exception.code, "output_limit")
+        srv = ExecServer(self, ExecTest.flood(self, 8))  # type: ignore[arg-type]
+        got: List[int] = []
+        r = self.exec(srv, ["yes"], on_stdout=lambda b: got.append(len(b)), max_output=1 << 20)
+        self.assertEqual((r.exit_code, sum(got), len(r.stderr)), (0, 8 << 20, 8000))
+        srv = ExecServer(self, ExecTest.flood(self, 2))  # type: ignore[arg-type]
+        r = self.exec(srv, ["yes"], max_output=2 << 20)
+        self.assertEqual((r.exit_code, len(r.stdout), srv.commands), (0, 2 << 20, [["yes"]]))
+
+    def test_run_answer_capped_and_stalled(self) -> None:
+        def big(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            h.send_response(200)
+            h.send_header("Content-Length", str(1 << 40))
+            h.end_headers()
+            try:
+                for _ in range(64):
+                    h.wfile.write(b"x" * (1 << 20))
+            except OSError:
+                pass
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def stalled(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            h.send_response(200)
+            h.send_header("Content-Length", str(1 << 20))
+            h.end_headers()
+            while not release.wait(0.05):
+                h.wfile.write(b" ")
+
+        async def run(stand: Stand, **kw: Any) -> Any:
+            sb = stand.aio()
+            try:
+                return await sb.run("yes", **kw)
+            finally:
+                await sb._c.close()
+        with mock.patch.object(_core, "MAX_ANSWER", 4 << 20):
+            with self.assertRaises(hiloop.LimitError) as e:
+                asyncio.run(run(Stand(self, big)))
+        self.assertEqual(e.exception.code, "output_limit")
+        with mock.patch.object(_core, "RUN_MARGIN", 0.3):
+            with self.assertRaises(TimeoutError):
+                asyncio.run(run(Stand(self, stalled), timeout=0.1))
+
+    def test_read_capped_and_cut(self) -> None:
+        async def read(stand: Stand, **kw: Any) -> bytes:
+            sb = stand.aio()
+            try:
+                return await sb.files.read("/f", **kw)
+            finally:
+                await sb._c.close()
+        with self.assertRaises(hiloop.LimitError) as e:
+            asyncio.run(read(ReadTest.serve(self, 1 << 40, 8 << 20), max_bytes=1 << 20))  # type: ignore[arg-type]
+        self.assertEqual(e.exception.code, "output_limit")
+        with self.assertRaises(http.client.IncompleteRead):
+            asyncio.run(read(ReadTest.serve(self, 3 << 20, 2 << 20)))  # type: ignore[arg-type]
+
+    def test_download_dir_refuses_traversal(self) -> None:
+        base = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, base)
+        data = build_tar(entry("ok.txt", data=b"ok"), entry("../escape.txt", data=b"x"))
+        stand = Stand(self, lambda m, h: answer(h, 200, data, "application/x-tar"))
+
+        async def go() -> None:
+            sb = stand.aio()
+            try:
+                await sb.files.download_dir("/t", os.path.join(base, "d"))
+            finally:
+                await sb._c.close()
+        with self.assertRaises(hiloop.ExtractError) as e:
+            asyncio.run(go())
+        self.assertEqual(e.exception.code, "invalid_path")
+        self.assertEqual(os.listdir(base), [])
+        good = build_tar(entry("sub/", kind=tarfile.DIRTYPE, mode=0o755), entry("sub/a.txt", data=b"a" * 300000))
+        stand = Stand(self, lambda m, h: answer(h, 200, good, "application/x-tar"))
+
+        async def fine() -> None:
+            sb = stand.aio()
+            try:
+                await sb.files.download_dir("/t", os.path.join(base, "d"))
+            finally:
+                await sb._c.close()
+        asyncio.run(fine())
+        with open(os.path.join(base, "d", "sub", "a.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"a" * 300000)
+
+
+def ExecServerOn(stand: Stand) -> Any:
+    """An object with the stand, for AioExecTest.exec."""
+    class On:
+        pass
+    on = On()
+    on.stand = stand  # type: ignore[attr-defined]
+    return on
+
+
+class KeepAliveTest(unittest.TestCase):
+    """Both clients send their calls over one kept-alive connection, an
+    error answer included, and a connection the server closed is not
+    used again."""
+
+    def handler(self, method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+        if h.path.endswith("/missing"):
+            answer(h, 404, json.dumps({"error": {"code": "not_found", "message": "no"}}).encode(), "application/json")
+        else:
+            sandbox_json(h)
+
+    def sync_calls(self, stand: Stand) -> None:
+        sb = stand.sandbox
+        sb.refresh()
+        sb.touch()
+        sb.update(ttl="1h")
+        with self.assertRaises(hiloop.NotFoundError):
+            stand.client.sandboxes.get("missing")
+        sb.refresh()
+
+    async def aio_calls(self, stand: Stand) -> None:
+        sb = stand.aio()
+        try:
+            await sb.refresh()
+            await sb.touch()
+            await sb.update(ttl="1h")
+            with self.assertRaises(hiloop.NotFoundError):
+                await sb._c.sandboxes.get("missing")
+            await sb.refresh()
+        finally:
+            await sb._c.close()
+
+    def test_one_connection(self) -> None:
+        stand = Stand(self, self.handler, keepalive=True)
+        self.sync_calls(stand)
+        self.assertEqual((len(stand.requests), stand.connections), (5, 1))
+        asyncio.run(self.aio_calls(stand))
+        self.assertEqual((len(stand.requests), stand.connections), (10, 2))
+        self.assertEqual([r[0] for r in stand.requests[:5]], ["GET", "POST", "PATCH", "GET", "GET"])
+        self.assertEqual(stand.requests[2][3], b'{"ttl": "1h"}')
+
+    def test_closed_connection_not_reused(self) -> None:
+        stand = Stand(self, self.handler)
+
+        def gets() -> None:
+            for _ in range(5):
+                stand.sandbox.refresh()
+
+        async def aio_gets() -> None:
+            sb = stand.aio()
+            try:
+                for _ in range(5):
+                    await sb.refresh()
+            finally:
+                await sb._c.close()
+        gets()
+        asyncio.run(aio_gets())
+        self.assertEqual(stand.connections, 10)
+
+
+class AioRetryTest(unittest.TestCase):
+    def test_create_retries_with_one_key(self) -> None:
+        answers = [503, 429, 201]
+
+        def handler(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            status = answers[min(len(stand.requests), len(answers)) - 1]
+            if status < 400:
+                answer(h, status, json.dumps({"id": "sbx_1", "state": "pending"}).encode(), "application/json")
+                return
+            body = json.dumps({"error": {"code": "storage_unavailable", "message": "no"}}).encode()
+            h.send_response(status)
+            h.send_header("Retry-After", "0")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+        stand = Stand(self, handler, keepalive=True)
+
+        async def go() -> str:
+            async with aio.Client(stand.url, "hl_x") as c:
+                return (await c.sandboxes.create("busybox", wait=False)).id
+        self.assertEqual(asyncio.run(go()), "sbx_1")
+        keys = {r[2]["Idempotency-Key"] for r in stand.requests}
+        self.assertEqual((len(stand.requests), len(keys)), (3, 1))
+
+
+class CoreTest(unittest.TestCase):
+    def test_durations(self) -> None:
+        for v, want in (("1h", "1h"), ("0", "0"), (0, "0s"), (90, "90s"), (1.5, "1500ms"),
+                        (datetime.timedelta(minutes=5), "300s"), (datetime.timedelta(milliseconds=250), "250ms")):
+            with self.subTest(v=v):
+                self.assertEqual(_core.duration(v, "ttl"), want)
+        for bad in (True, None, [1]):
+            with self.assertRaises(TypeError):
+                _core.duration(bad, "ttl")  # type: ignore[arg-type]
+
+    def test_sandbox_info(self) -> None:
+        info = hiloop.SandboxInfo.from_json({
+            "id": "sbx_1", "state": "running", "created_at": "2026-12-06T05:45:29.123456789Z",
+            "last_activity_at": "0001-01-01T00:00:00Z", "expires_at": "2026-12-06T06:45:29+01:00",
+            "exit_code": True, "labels": {"a": "b"}, "future_field": 7, "resources": None})
+        self.assertEqual(info.created_at, datetime.datetime(2026, 12, 6, 5, 45, 29, 123456, datetime.timezone.utc))
+        self.assertEqual(info.expires_at, datetime.datetime(2026, 12, 6, 5, 45, 29, tzinfo=datetime.timezone.utc))
+        self.assertEqual(info.last_activity_at, datetime.datetime(1, 1, 1, tzinfo=datetime.timezone.utc))
+        self.assertEqual((info.exit_code, info.labels, info.resources, info["future_field"]), (None, {"a": "b"}, {}, 7))
+        self.assertEqual((info.get("nothing", 1), "labels" in info, info.updated_at), (1, True, None))
+        for bad in ({"state": "running"}, [], {"id": 7}):
+            with self.assertRaises(hiloop.HiloopError) as e:
+                hiloop.SandboxInfo.from_json(bad)
+            self.assertEqual(e.exception.code, "bad_answer")
+
+    def test_frames(self) -> None:
+        r = _core.FrameReader()
+        stream = (bytes([0x02, 3]) + b"\x01ab" + bytes([0x89, 1]) + b"p" + bytes([0x80, 2]) + b"cd"
+                  + ws_frame(0x2, b"\x03{}") + ws_frame(0x8, b"\x03\xe8"))
+        events = []
+        for i in range(len(stream)):
+            r.feed(stream[i:i + 1])
+            ev = r.next()
+            while ev is not None:
+                events.append(ev)
+                ev = r.next()
+        self.assertEqual(events, [(_core.PING, 0, b"p"), (_core.MESSAGE, 2, b"\x01abcd"),
+                                  (_core.MESSAGE, 2, b"\x03{}"), (_core.CLOSE, 0, b"\x03\xe8")])
+        big = _core.FrameReader(bytes([0x82, 127]) + struct.pack("!Q", _core.MAX_MESSAGE + 1))
+        with self.assertRaises(_core.ConnectionClosed):
+            big.next()
+        masked = _core.encode_frame(_core.OP_BINARY, b"x" * 5000)
+        r = _core.FrameReader(masked)
+        self.assertEqual(r.next(), (_core.MESSAGE, 2, b"x" * 5000))
+
+    def test_resize_bounds(self) -> None:
+        self.assertEqual(_core.resize_message(80, 24), b'\x04{"width": 80, "height": 24}')
+        for w, h in ((0, 24), (80, 0), (1 << 16, 1)):
+            with self.assertRaises(ValueError):
+                _core.resize_message(w, h)
+        with self.assertRaises(ValueError):
+            _core.exec_url("http://x", "sbx_1", stdin=False, tty=True, timeout=None, wake=False)
 
 
 if __name__ == "__main__":

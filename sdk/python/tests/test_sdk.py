@@ -3,8 +3,11 @@
 organization's key on the same server; HILOOP_TEST_NO_TAR says the
 sandboxes' image has no tar."""
 
+import asyncio
+import datetime
 import hashlib
 import http.server
+import io
 import json
 import os
 import shutil
@@ -18,8 +21,28 @@ from typing import List
 from urllib.parse import urlsplit
 
 import hiloop
+from hiloop import aio
 
 LIVE = bool(os.environ.get("HILOOP_URL") and os.environ.get("HILOOP_TOKEN"))
+
+
+def see_size(s: "hiloop.ExecSession", size: bytes) -> bytes:
+    """Types empty lines into a session running `stty size` per line
+    until it prints size (the terminal's size may reach it after the
+    first line), and returns what it printed."""
+    seen = b""
+    for _ in range(100):
+        s.write("\n")
+        ev = s.recv()
+        while ev is not None and b"\n" not in ev[1]:
+            seen += ev[1]
+            ev = s.recv()
+        if ev is None:
+            raise AssertionError("the session ended early: %r" % seen)
+        seen += ev[1]
+        if size in seen:
+            return seen
+    raise AssertionError("no %r in %r" % (size, seen))
 
 
 def workdir() -> str:
@@ -48,6 +71,86 @@ class SandboxTest(unittest.TestCase):
         ids = [s.id for s in self.client.sandboxes.list(labels={"suite": "python"}, limit=1)]
         self.assertIn(self.sb.id, ids)
         self.assertIn("running", [e["to"] for e in self.sb.events()])
+
+    def test_typed_info(self) -> None:
+        info = self.sb.refresh().info
+        self.assertIsInstance(info, hiloop.SandboxInfo)
+        self.assertEqual((info.id, info.image, info.desired, info.labels), (self.sb.id, "busybox", "running",
+                                                                           {"suite": "python"}))
+        self.assertIsInstance(info.created_at, datetime.datetime)
+        self.assertIsNotNone(info.created_at.tzinfo)  # type: ignore[union-attr]
+        self.assertIsInstance(info.expires_at, datetime.datetime)
+        # The answer's JSON still reads as before.
+        self.assertEqual((self.sb.data["desired"], self.sb.data.get("image"), "labels" in self.sb.data),
+                         ("running", "busybox", True))
+
+    def test_update_ttl_and_idle_timeout(self) -> None:
+        def utcnow() -> datetime.datetime:
+            return datetime.datetime.now(datetime.timezone.utc)
+        second = datetime.timedelta(seconds=1)
+        for ttl, want in (("3h", datetime.timedelta(hours=3)), (90 * 60, datetime.timedelta(minutes=90))):
+            asked = utcnow()
+            expires = self.sb.set_ttl(ttl).info.expires_at
+            assert expires is not None
+            self.assertTrue(asked + want - second <= expires <= utcnow() + want + second, (ttl, asked, expires))
+        self.assertEqual(self.sb.update(idle_timeout="30m").info.idle_timeout, "30m0s")
+        asked = utcnow()
+        sb = self.sb.update(ttl=datetime.timedelta(hours=2), idle_timeout=0)
+        assert sb.info.expires_at is not None
+        self.assertGreaterEqual(sb.info.expires_at, asked + datetime.timedelta(hours=2) - second)
+        self.assertEqual(sb.info.idle_timeout, "0s")
+        self.assertEqual(self.client.sandboxes.get(self.sb.id).info.idle_timeout, "0s")
+        for kw, fld in (({"ttl": "forever"}, "ttl"), ({"ttl": "1000h"}, "ttl"), ({"idle_timeout": "soon"}, "idle_timeout"),
+                        ({}, "ttl")):
+            with self.subTest(kw=kw):
+                with self.assertRaises(hiloop.InvalidRequestError) as e:
+                    self.sb.update(**kw)  # type: ignore[arg-type]
+                self.assertEqual((e.exception.code, e.exception.field), ("invalid_field", fld))
+                self.assertTrue(e.exception.request_id)
+
+    def test_touch(self) -> None:
+        before = self.sb.refresh().info.last_activity_at
+        assert before is not None
+        after = self.sb.touch().info.last_activity_at
+        assert after is not None
+        self.assertGreaterEqual(after, before)
+        self.assertEqual(self.sb.state, "running")
+
+    def test_tty(self) -> None:
+        r = self.sb.exec(["sh", "-c", "[ -t 0 ] && [ -t 1 ] && echo ON-A-TERMINAL; echo to-stderr >&2"], tty=True,
+                         size=(100, 30))
+        self.assertEqual(r.exit_code, 0)
+        # A terminal merges the streams and ends lines with CR LF.
+        self.assertIn(b"ON-A-TERMINAL\r\n", r.stdout)
+        self.assertIn(b"to-stderr", r.stdout)
+        self.assertEqual(r.stderr, b"")
+
+    def test_tty_session_resizes(self) -> None:
+        script = 'while read line; do [ "$line" = q ] && exit 3; stty size; done'
+        with self.sb.open_exec(["sh", "-c", script], tty=True, size=(100, 30), timeout=120) as s:
+            seen = see_size(s, b"30 100")
+            s.resize(120, 40)
+            seen += see_size(s, b"40 120")
+            s.write("q\n")
+            r = s.wait()
+        self.assertEqual(r.exit_code, 3)
+        self.assertIn(b"40 120", seen)
+
+    def test_session_stdin_and_streams(self) -> None:
+        with self.sb.open_exec(["sh", "-c", "read x; echo got $x; echo err >&2; exit 4"], stdin=True) as s:
+            s.write(b"hi\n")
+            chunks = list(s)
+            r = s.wait()
+        self.assertEqual(b"".join(d for n, d in chunks if n == "stdout"), b"got hi\n")
+        self.assertEqual(b"".join(d for n, d in chunks if n == "stderr"), b"err\n")
+        self.assertEqual(r.exit_code, 4)
+        # A resize without a tty breaks the protocol: the server ends the
+        # session with invalid_frame.
+        with self.sb.open_exec(["cat"], stdin=True) as s:
+            s.resize(80, 24)
+            with self.assertRaises(hiloop.InvalidRequestError) as e:
+                s.wait()
+        self.assertEqual(e.exception.code, "invalid_frame")
 
     def test_run_exit_codes(self) -> None:
         r = self.sb.run("echo out; echo err >&2")
@@ -173,7 +276,11 @@ class SandboxTest(unittest.TestCase):
                     who.sandboxes.get(sid)
                 other = hiloop.Sandbox(who, {"id": sid, "state": "running"})
                 for call in (lambda: other.run("true"), lambda: other.files.read("/etc/hostname"),
-                             lambda: other.files.write(self.work + "/x", b"x"), lambda: other.exec("true")):
+                             lambda: other.files.write(self.work + "/x", b"x"), lambda: other.exec("true"),
+                             lambda: other.update(ttl="2h"), lambda: other.set_ttl("5m"),
+                             lambda: other.update(idle_timeout="0"), lambda: other.touch(), other.refresh,
+                             other.events, lambda: other.open_exec(["sh"], tty=True).close(),
+                             lambda: other.exec("true", tty=True, stdin=b"x")):
                     with self.assertRaises(hiloop.NotFoundError) as e:
                         call()
                     self.assertEqual(e.exception.code, "not_found")
@@ -196,6 +303,186 @@ class SandboxTest(unittest.TestCase):
             sb.start()
             sb.wait("running", timeout=120)
             self.assertEqual(sb.run("true").exit_code, 0)
+
+
+async def see_size_aio(s: aio.ExecSession, size: bytes) -> bytes:
+    """see_size over the asyncio client."""
+    seen = b""
+    for _ in range(100):
+        await s.write("\n")
+        ev = await s.recv()
+        while ev is not None and b"\n" not in ev[1]:
+            seen += ev[1]
+            ev = await s.recv()
+        if ev is None:
+            raise AssertionError("the session ended early: %r" % seen)
+        seen += ev[1]
+        if size in seen:
+            return seen
+    raise AssertionError("no %r in %r" % (size, seen))
+
+
+@unittest.skipUnless(LIVE and not os.environ.get("HILOOP_TEST_NO_TAR"), "needs a live hiloop (HILOOP_URL, HILOOP_TOKEN)")
+class AioSandboxTest(unittest.IsolatedAsyncioTestCase):
+    """hiloop.aio against the live server, on a sandbox the synchronous
+    client made (each test has an event loop, and so a client, of its
+    own)."""
+
+    sync: hiloop.Client
+    sb_id: str
+    work: str
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.sync = hiloop.Client()
+        cls.sb_id = cls.sync.sandboxes.create("busybox", ttl="1h", labels={"suite": "python-aio"}).id
+        cls.work = workdir()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.sync.sandboxes.get(cls.sb_id).delete()
+        cls.sync.close()
+
+    async def asyncSetUp(self) -> None:
+        self.client = aio.Client()
+        self.sb = await self.client.sandboxes.get(self.sb_id)
+
+    async def asyncTearDown(self) -> None:
+        await self.client.close()
+
+    async def test_sandbox_calls(self) -> None:
+        self.assertEqual((self.sb.state, self.sb.info.image, self.sb.data["desired"]), ("running", "busybox", "running"))
+        self.assertEqual((await self.sb.refresh()).state, "running")
+        ids = [s.id async for s in self.client.sandboxes.list(labels={"suite": "python-aio"}, limit=1)]
+        self.assertEqual(ids, [self.sb_id])
+        self.assertIn("running", [e["to"] for e in await self.sb.events()])
+        self.assertIn("sessions", await self.client.org())
+        asked = datetime.datetime.now(datetime.timezone.utc)
+        expires = (await self.sb.set_ttl("3h")).info.expires_at
+        assert expires is not None
+        self.assertGreaterEqual(expires, asked + datetime.timedelta(hours=3) - datetime.timedelta(seconds=1))
+        self.assertEqual((await self.sb.update(idle_timeout=45 * 60)).info.idle_timeout, "45m0s")
+        self.assertEqual((await self.sb.update(idle_timeout="0")).info.idle_timeout, "0s")
+        before = self.sb.info.last_activity_at
+        after = (await self.sb.touch()).info.last_activity_at
+        assert before is not None and after is not None
+        self.assertGreaterEqual(after, before)
+        with self.assertRaises(hiloop.InvalidRequestError) as e:
+            await self.sb.update(ttl="forever")
+        self.assertEqual((e.exception.code, e.exception.field), ("invalid_field", "ttl"))
+        with self.assertRaises(hiloop.InvalidRequestError) as e:
+            await self.sb.update()
+        self.assertEqual(e.exception.code, "invalid_field")
+
+    async def test_run_and_exec(self) -> None:
+        r = await self.sb.run("echo out; echo err >&2; exit 3")
+        self.assertEqual((r.exit_code, r.stdout, r.stderr), (3, b"out\n", b"err\n"))
+        self.assertTrue((await self.sb.run(["sleep", "30"], timeout=1)).timed_out)
+        chunks: List[bytes] = []
+        r = await self.sb.exec("for i in 1 2 3; do echo $i; done; echo e >&2; exit 3", on_stdout=chunks.append)
+        self.assertEqual((r.exit_code, b"".join(chunks), r.stderr), (3, b"1\n2\n3\n", b"e\n"))
+        r = await self.sb.exec(["sh", "-c", "kill -9 $$"])
+        self.assertEqual((r.exit_code, r.signal), (137, "killed"))
+        self.assertTrue((await self.sb.exec(["sleep", "30"], timeout=1)).timed_out)
+        r = await self.sb.exec(["head", "-c", "4"], stdin=b"fed\n")
+        self.assertEqual(r.stdout, b"fed\n")
+        with self.assertRaises(hiloop.LimitError) as e:
+            await self.sb.exec(["head", "-c", "300000", "/dev/zero"], max_output=100000)
+        self.assertEqual(e.exception.code, "output_limit")
+        r = await self.sb.exec(["head", "-c", "300000", "/dev/zero"])
+        self.assertEqual((r.exit_code, len(r.stdout)), (0, 300000))
+
+    async def test_tty(self) -> None:
+        r = await self.sb.exec(["sh", "-c", "[ -t 0 ] && [ -t 1 ] && echo ON-A-TERMINAL"], tty=True)
+        self.assertEqual(r.exit_code, 0)
+        self.assertIn(b"ON-A-TERMINAL\r\n", r.stdout)
+        script = 'while read line; do [ "$line" = q ] && exit 3; stty size; done'
+        async with self.sb.open_exec(["sh", "-c", script], tty=True, size=(100, 30), timeout=120) as s:
+            await see_size_aio(s, b"30 100")
+            await s.resize(120, 40)
+            await see_size_aio(s, b"40 120")
+            await s.write(b"q\n")
+            self.assertEqual((await s.wait()).exit_code, 3)
+        async with self.sb.open_exec(["sh", "-c", "read x; echo got $x"], stdin=True) as s:
+            await s.write("hi\n")
+            got = [d async for n, d in s if n == "stdout"]
+            self.assertEqual(((await s.wait()).exit_code, b"".join(got)), (0, b"got hi\n"))
+
+    async def test_files(self) -> None:
+        p = self.work + "/aio/f.bin"
+        data = os.urandom(3 << 20)
+        info = await self.sb.files.write(p, io.BytesIO(data))
+        self.assertEqual((info["size"], info["sha256"]), (len(data), hashlib.sha256(data).hexdigest()))
+        self.assertEqual(await self.sb.files.read(p), data)
+        out = io.BytesIO()
+        self.assertEqual(await self.sb.files.read_to(p, out), len(data))
+        self.assertEqual(out.getvalue(), data)
+        await self.sb.files.write(self.work + "/aio/t.txt", "text", mode=0o600)
+        self.assertEqual(await self.sb.files.read(self.work + "/aio/t.txt"), b"text")
+        with self.assertRaises(hiloop.NotFoundError) as e:
+            await self.sb.files.read(self.work + "/nothing")
+        self.assertEqual(e.exception.code, "file_not_found")
+        with self.assertRaises(hiloop.InvalidRequestError) as e:
+            await self.sb.files.write("relative", b"x")
+        self.assertEqual(e.exception.code, "invalid_path")
+        local = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, local)
+        os.makedirs(os.path.join(local, "up", "sub"))
+        with open(os.path.join(local, "up", "sub", "b.txt"), "wb") as f:
+            f.write(b"bee")
+        await self.sb.files.upload_dir(os.path.join(local, "up"), self.work + "/aio/tree")
+        await self.sb.files.download_dir(self.work + "/aio/tree", os.path.join(local, "down"))
+        with open(os.path.join(local, "down", "sub", "b.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"bee")
+        with self.assertRaises(FileExistsError):
+            await self.sb.files.download_dir(self.work + "/aio/tree", os.path.join(local, "down"))
+        with self.assertRaises(hiloop.LimitError) as e:
+            await self.sb.files.download_dir(self.work + "/aio/tree", os.path.join(local, "small"), max_bytes=1)
+        self.assertEqual(e.exception.code, "extract_limit")
+        self.assertEqual(sorted(os.listdir(local)), ["down", "up"])
+
+    async def test_create_deletes_on_exit(self) -> None:
+        async with self.client.sandboxes.create("busybox", ttl="1h", idle_timeout="1h") as sb:
+            self.assertEqual((sb.state, sb.info.idle_timeout), ("running", "1h0m0s"))
+            self.assertEqual((await sb.run("true")).exit_code, 0)
+        self.assertEqual((await self.client.sandboxes.get(sb.id)).info.desired, "deleted")
+        stopped = await self.client.sandboxes.create("busybox", ttl="1h")
+        try:
+            await stopped.stop()
+            await stopped.wait("stopped", timeout=120)
+            with self.assertRaises(hiloop.ConflictError) as e:
+                await stopped.run("true")
+            self.assertEqual(e.exception.code, "sandbox_not_running")
+            with self.assertRaises(hiloop.ConflictError) as e:
+                await stopped.exec("true")
+            self.assertEqual(e.exception.code, "sandbox_not_running")
+        finally:
+            await stopped.delete()
+
+    async def test_other_organization(self) -> None:
+        token_b = os.environ.get("HILOOP_TEST_TOKEN_B")
+        if not token_b:
+            self.skipTest("no HILOOP_TEST_TOKEN_B")
+        b = aio.Client(token=token_b)
+        self.addAsyncCleanup(b.close)
+        with self.assertRaises(hiloop.NotFoundError):
+            await b.sandboxes.get(self.sb_id)
+        other = aio.Sandbox(b, {"id": self.sb_id, "state": "running"})
+
+        async def open_tty() -> None:
+            async with other.open_exec(["sh"], tty=True):
+                pass
+        for name, call in (("run", lambda: other.run("true")), ("exec", lambda: other.exec("true")),
+                           ("tty", open_tty), ("update", lambda: other.update(ttl="2h")),
+                           ("set_ttl", lambda: other.set_ttl(60)), ("touch", other.touch), ("stop", other.stop),
+                           ("events", other.events), ("read", lambda: other.files.read("/etc/hostname")),
+                           ("write", lambda: other.files.write(self.work + "/x", b"x"))):
+            with self.subTest(call=name):
+                with self.assertRaises(hiloop.NotFoundError) as e:
+                    await call()  # type: ignore[operator]
+                self.assertEqual(e.exception.code, "not_found")
+                self.assertTrue(e.exception.request_id)
+        self.assertEqual(self.sync.sandboxes.get(self.sb_id).state, "running")
 
 
 @unittest.skipUnless(LIVE and os.environ.get("HILOOP_TEST_NO_TAR"), "needs a live hiloop whose image has no tar")

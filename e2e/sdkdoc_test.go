@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,8 @@ import (
 var codeBlock = regexp.MustCompile("(?s)```(go|python)\n(.*?)```")
 
 // TestSDKDocExamples runs the agent loops of docs/sdk.md as they stand
-// there, the Go one with go run and the Python one with the installed SDK,
+// there, the Go one with go run and each Python one (blocking and asyncio)
+// with the installed SDK,
 // against a live server on kwok's simulated pods (whose commands run on
 // this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
@@ -57,22 +59,20 @@ print(platform.python_version(), platform.release(), len(mods))
 	}
 }
 
-// runSDKDocExamples runs docs/sdk.md's Go and Python blocks against in,
-// each of which must print its result and delete its sandbox.
+// runSDKDocExamples runs every Go and Python block of docs/sdk.md against
+// in, each of which must print its result and delete its sandbox.
 func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	t.Helper()
 	doc, err := os.ReadFile(e2e.Path(t, "docs/sdk.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := map[string]string{}
+	blocks := map[string][]string{}
 	for _, m := range codeBlock.FindAllStringSubmatch(string(doc), -1) {
-		if _, ok := blocks[m[1]]; !ok {
-			blocks[m[1]] = m[2]
-		}
+		blocks[m[1]] = append(blocks[m[1]], m[2])
 	}
-	if blocks["go"] == "" || blocks["python"] == "" {
-		t.Fatalf("docs/sdk.md lacks a Go or a Python block: %q", blocks)
+	if len(blocks["go"]) != 1 || len(blocks["python"]) == 0 {
+		t.Fatalf("docs/sdk.md has not one Go block and a Python one: %q", blocks)
 	}
 	env := append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token)
 
@@ -84,17 +84,24 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(blocks["go"]), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(blocks["go"][0]), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	goRun := exec.Command("go", "run", "./"+filepath.Base(dir))
 	goRun.Dir, goRun.Env = e2e.Path(t, "."), env
-	script := filepath.Join(t.TempDir(), "agent.py")
-	os.WriteFile(script, []byte(blocks["python"]), 0o644)
-	pyRun := exec.Command("python3", script)
-	pyRun.Dir, pyRun.Env = t.TempDir(), append(env, "PYTHONPATH="+installPython(t))
+	runs := map[string]*exec.Cmd{"go": goRun}
+	sdkDir := installPython(t)
+	for i, block := range blocks["python"] {
+		script := filepath.Join(t.TempDir(), "agent.py")
+		if err := os.WriteFile(script, []byte(block), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pyRun := exec.Command("python3", script)
+		pyRun.Dir, pyRun.Env = t.TempDir(), append(env, "PYTHONPATH="+sdkDir)
+		runs[fmt.Sprintf("python #%d", i+1)] = pyRun
+	}
 
-	for name, cmd := range map[string]*exec.Cmd{"go": goRun, "python": pyRun} {
+	for name, cmd := range runs {
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "computed 10 squares") || !strings.Contains(string(out), `result: {"sum": 285}`) {
 			t.Errorf("the %s example: %v\n%s", name, err, out)
@@ -111,7 +118,7 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 			t.Errorf("the examples left %s %s", sb.ID, sb.Desired)
 		}
 	}
-	if n != 2 {
-		t.Errorf("the examples made %d sandboxes, want 2", n)
+	if n != len(runs) {
+		t.Errorf("the examples made %d sandboxes, want %d", n, len(runs))
 	}
 }

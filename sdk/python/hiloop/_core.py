@@ -17,7 +17,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field, fields
-from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from .errors import HiloopError, LimitError, StreamLostError, WaitError, error_for
@@ -251,9 +251,8 @@ class SandboxBase:
     def state(self) -> str:
         return self.info.state
 
-    def _set(self, data: Any) -> Any:
+    def _set(self, data: Any) -> None:
         self.info = SandboxInfo.from_json(data)
-        return self
 
     def _path(self, rest: str = "") -> str:
         return sandbox_path(self.id, rest)
@@ -377,7 +376,8 @@ def wait_step(info: SandboxInfo, want: str, left: float) -> Optional[int]:
 def events_items(data: Any) -> List[Dict[str, Any]]:
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise HiloopError("the answer is not a list of events", code="bad_answer")
-    return data["items"]
+    items: List[Dict[str, Any]] = data["items"]
+    return items
 
 
 def run_call(sandbox_id: str, cmd: Command, timeout: Optional[float], stdin: Optional[Union[str, bytes]],
@@ -573,10 +573,10 @@ def exit_result(payload: bytes, out: bytes, errs: bytes) -> CommandResult:
         if code == "exec_timeout":
             return CommandResult(None, out, errs, timed_out=True)
         raise error_for(stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")))
-    code = f.get("exit_code")
-    if not isinstance(code, int) or isinstance(code, bool):
+    exit_code = f.get("exit_code")
+    if not isinstance(exit_code, int) or isinstance(exit_code, bool):
         raise StreamLostError("the exit frame carried no exit code", code="stream_lost")
-    return CommandResult(code, out, errs, signal=str(f.get("signal", "")))
+    return CommandResult(exit_code, out, errs, signal=str(f.get("signal", "")))
 
 
 # -- WebSocket framing (RFC 6455, the client's side) ----------------------

@@ -138,6 +138,12 @@ class WebSocket:
             finally:
                 self._send_lock.release()
         try:
+            # Wakes a recv blocked in another thread, which close alone
+            # would not.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self.sock.close()
         except OSError:
             pass

@@ -51,7 +51,7 @@ class _Opening(Awaitable[T]):
 
     async def __aenter__(self) -> T:
         self._obj = await self._coro
-        return self._obj  # type: ignore[no-any-return]
+        return self._obj
 
     async def __aexit__(self, *exc: Any) -> None:
         await self._obj.__aexit__(*exc)
@@ -245,7 +245,7 @@ class Client:
                  max_retries: int = 4, ssl_context: Optional[ssl.SSLContext] = None, wake: bool = True) -> None:
         self.wake = wake
         self.url, self._u = _core.parse_url(url)
-        self.token = token or os.environ.get("HILOOP_TOKEN", "")
+        self.token: str = token or os.environ.get("HILOOP_TOKEN") or ""
         self.timeout = timeout
         self.max_retries = max_retries
         self.ssl_context = ssl_context
@@ -545,7 +545,8 @@ class Sandbox(_core.SandboxBase):
         await self.delete()
 
     async def _json(self, method: str, rest: str = "") -> "Sandbox":
-        return self._set(await self._c._call(json_call(method, self._path(rest))))  # type: ignore[no-any-return]
+        self._set(await self._c._call(json_call(method, self._path(rest))))
+        return self
 
     async def refresh(self) -> "Sandbox":
         return await self._json("GET")
@@ -566,7 +567,8 @@ class Sandbox(_core.SandboxBase):
     async def update(self, ttl: Optional[Duration] = None, idle_timeout: Optional[Duration] = None) -> "Sandbox":
         """Sets the expiry to now plus ttl and the idle timeout (0 turns
         idle stop off), whichever are given."""
-        return self._set(await self._c._call(_core.update_call(self.id, ttl, idle_timeout)))  # type: ignore
+        self._set(await self._c._call(_core.update_call(self.id, ttl, idle_timeout)))
+        return self
 
     async def set_ttl(self, ttl: Duration) -> "Sandbox":
         """Sets the expiry to now plus ttl."""

@@ -20,7 +20,7 @@ from typing import (IO, Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, 
 from . import _core, _tar, _ws
 from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
                     Duration, SandboxInfo, json_call)
-from .errors import ConflictError, HiloopError, LimitError
+from .errors import ConflictError
 
 __all__ = ["Client", "Sandboxes", "Sandbox", "Files", "ExecSession", "CommandResult", "SandboxInfo",
            "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
@@ -71,7 +71,7 @@ class _Pool:
                 conn, since = self._idle.pop()
             if time.monotonic() - since < _core.POOL_IDLE and _alive(conn):
                 conn.timeout = timeout
-                conn.sock.settimeout(timeout)  # type: ignore[union-attr]
+                conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
         return self._make(timeout), False
@@ -141,7 +141,7 @@ class Client:
         # (sandbox_not_running). A sandbox its owner stopped is never woken.
         self.wake = wake
         self.url, self._u = _core.parse_url(url)
-        self.token = token or os.environ.get("HILOOP_TOKEN", "")
+        self.token: str = token or os.environ.get("HILOOP_TOKEN") or ""
         self.timeout = timeout
         self.max_retries = max_retries
         self.ssl_context = ssl_context
@@ -192,11 +192,12 @@ class Client:
                 if dl is not None and dl.fired:
                     raise TimeoutError()
                 resp = conn.getresponse()
-            except ConnectionError:
+            except ConnectionError as e:
                 conn.close()
                 if dl is not None:
                     dl.cancel()
-                if reused and replay and call.replayable and not (dl is not None and dl.fired):
+                    _raise_if_late(dl, e, call, wait)
+                if reused and replay and call.replayable:
                     if rewind is not None:
                         body = rewind()
                     continue
@@ -239,9 +240,9 @@ class Client:
         if dl is not None:
             dl.cancel()
         if resp.isclosed() and not (dl is not None and dl.fired) and not resp.will_close:
-            self._pool.put(conn)  # type: ignore[arg-type]
+            self._pool.put(conn)
         else:
-            conn.close()  # type: ignore[union-attr]
+            conn.close()
 
     def _call(self, call: Call) -> Any:
         """Sends a JSON call and returns its decoded answer, which must
@@ -279,7 +280,8 @@ class Client:
 
     def org(self) -> Dict[str, Any]:
         """The caller's organization and its quotas."""
-        return self._call(json_call("GET", "/v1/org"))
+        org: Dict[str, Any] = self._call(json_call("GET", "/v1/org"))
+        return org
 
 
 def _raise_if_late(dl: _Deadline, e: BaseException, call: Call, wait: float) -> None:
@@ -342,7 +344,8 @@ class Sandbox(_core.SandboxBase):
         self.delete()
 
     def _json(self, method: str, rest: str = "") -> "Sandbox":
-        return self._set(self._c._call(json_call(method, self._path(rest))))
+        self._set(self._c._call(json_call(method, self._path(rest))))
+        return self
 
     def refresh(self) -> "Sandbox":
         return self._json("GET")
@@ -364,7 +367,8 @@ class Sandbox(_core.SandboxBase):
         """Sets the expiry to now plus ttl (extending or shortening the
         sandbox's life) and the idle timeout (0 turns idle stop off),
         whichever are given. Durations are "4h", seconds or a timedelta."""
-        return self._set(self._c._call(_core.update_call(self.id, ttl, idle_timeout)))
+        self._set(self._c._call(_core.update_call(self.id, ttl, idle_timeout)))
+        return self
 
     def set_ttl(self, ttl: Duration) -> "Sandbox":
         """Sets the expiry to now plus ttl."""
@@ -565,7 +569,8 @@ class Files:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
             raise
         c._release(resp)
-        return _core.decode_json(data, resp.status)
+        info: Dict[str, Any] = _core.decode_json(data, resp.status)
+        return info
 
     def open(self, path: str) -> http.client.HTTPResponse:
         """Opens path for reading: a file's bytes, or a directory's tar
@@ -646,7 +651,7 @@ class Files:
         dest, exists = _tar.destination(local, overwrite)
         resp = self.open(path)
         try:
-            _tar.unpack(resp, resp.getheader("Content-Type", "") or "", path, local, dest, exists,  # type: ignore[arg-type]
+            _tar.unpack(resp, resp.getheader("Content-Type", "") or "", path, local, dest, exists,
                         max_bytes, max_entries)
         finally:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """The API's refusals as exceptions: one class per family, each carrying the
 stable code, the message and the request id (for the server's log)."""
 
-from typing import Optional
+from typing import Optional, Type
 
 
 class HiloopError(Exception):
@@ -82,6 +82,7 @@ class WaitError(HiloopError):
 def error_for(status: int, code: str, message: str, request_id: str = "", field: str = "",
               retry_after: Optional[float] = None) -> HiloopError:
     """The exception of an error answer."""
+    cls: Type[HiloopError]
     if status == 401:
         cls = AuthenticationError
     elif status == 404:

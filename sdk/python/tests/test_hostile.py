@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import stat
 import struct
 import subprocess

@@ -3,7 +3,6 @@
 organization's key on the same server; HILOOP_TEST_NO_TAR says the
 sandboxes' image has no tar."""
 
-import asyncio
 import datetime
 import hashlib
 import http.server

@@ -145,7 +145,7 @@ class SandboxTest(unittest.TestCase):
         self.assertEqual(r.exit_code, 4)
         # A resize without a tty breaks the protocol: the server ends the
         # session with invalid_frame.
-        with self.sb.open_exec(["cat"], stdin=True) as s:
+        with self.sb.open_exec(["sleep", "5"], stdin=True) as s:
             s.resize(80, 24)
             with self.assertRaises(hiloop.InvalidRequestError) as e:
                 s.wait()

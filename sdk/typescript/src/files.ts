@@ -5,7 +5,7 @@
 
 import type { Sandbox } from "./client.js";
 import { notAFile, readCapped, WAKE_WAIT, type BodyInit } from "./client.js";
-import { ExtractError, HiloopError } from "./errors.js";
+import { ConflictError, ExtractError, HiloopError } from "./errors.js";
 import { entryHeader, localParts, padded, TarReader } from "./tar.js";
 import type { FileInfo } from "./types.js";
 
@@ -237,7 +237,7 @@ export class Files {
     const d = await this.open(path, opts);
     if (!d.isDir) {
       await d.body.cancel();
-      throw new HiloopError(`${path} is a file, not a directory`, { code: "path_conflict", status: 409 });
+      throw new ConflictError(`${path} is a file, not a directory`, { code: "path_conflict", status: 409 });
     }
     const r = new TarReader(d.body, opts.maxBytes ?? MAX_FILE_BYTES, opts.maxEntries ?? MAX_ENTRIES);
     try {

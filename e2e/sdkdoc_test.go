@@ -15,10 +15,11 @@ import (
 )
 
 // codeBlock finds the fenced blocks of a language in Markdown.
-var codeBlock = regexp.MustCompile("(?s)```(go|python)\n(.*?)```")
+var codeBlock = regexp.MustCompile("(?s)```(go|python|typescript)\n(.*?)```")
 
 // TestSDKDocExamples runs the agent loops of docs/sdk.md as they stand
-// there, the Go one with go run and the Python one with the installed SDK,
+// there, the Go one with go run, the Python one with the installed SDK and
+// the TypeScript one compiled with tsc against the packed SDK,
 // against a live server on kwok's simulated pods (whose commands run on
 // this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
@@ -57,7 +58,8 @@ print(platform.python_version(), platform.release(), len(mods))
 	}
 }
 
-// runSDKDocExamples runs docs/sdk.md's Go and Python blocks against in,
+// runSDKDocExamples runs docs/sdk.md's Go, Python and TypeScript blocks
+// against in,
 // each of which must print its result and delete its sandbox.
 func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	t.Helper()
@@ -71,8 +73,8 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 			blocks[m[1]] = m[2]
 		}
 	}
-	if blocks["go"] == "" || blocks["python"] == "" {
-		t.Fatalf("docs/sdk.md lacks a Go or a Python block: %q", blocks)
+	if blocks["go"] == "" || blocks["python"] == "" || blocks["typescript"] == "" {
+		t.Fatalf("docs/sdk.md lacks a Go, a Python or a TypeScript block: %q", blocks)
 	}
 	env := append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token)
 
@@ -94,7 +96,10 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	pyRun := exec.Command("python3", script)
 	pyRun.Dir, pyRun.Env = t.TempDir(), append(env, "PYTHONPATH="+installPython(t))
 
-	for name, cmd := range map[string]*exec.Cmd{"go": goRun, "python": pyRun} {
+	tsRun := exec.Command("node", append(nodeFlags(t), typeScriptProgram(t, blocks["typescript"]))...)
+	tsRun.Dir, tsRun.Env = t.TempDir(), env
+
+	for name, cmd := range map[string]*exec.Cmd{"go": goRun, "python": pyRun, "typescript": tsRun} {
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "computed 10 squares") || !strings.Contains(string(out), `result: {"sum": 285}`) {
 			t.Errorf("the %s example: %v\n%s", name, err, out)
@@ -111,7 +116,29 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 			t.Errorf("the examples left %s %s", sb.ID, sb.Desired)
 		}
 	}
-	if n != 2 {
-		t.Errorf("the examples made %d sandboxes, want 2", n)
+	if n != 3 {
+		t.Errorf("the examples made %d sandboxes, want 3", n)
 	}
+}
+
+// typeScriptProgram compiles the TypeScript source src, as a user's ES
+// module that imports the packed SDK, with the SDK's locked tsc in strict
+// mode, and returns the JavaScript file to run.
+func typeScriptProgram(t *testing.T, src string) string {
+	t.Helper()
+	sdk := installTypeScript(t)
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(sdk, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agent.mts"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tsc := exec.Command("node", filepath.Join(sdk, "node_modules", "typescript", "bin", "tsc"),
+		"--strict", "--target", "es2022", "--module", "nodenext", "--moduleResolution", "nodenext", "--types", "node", "agent.mts")
+	tsc.Dir = dir
+	if out, err := tsc.CombinedOutput(); err != nil {
+		t.Fatalf("tsc agent.mts (docs/sdk.md's TypeScript block): %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "agent.mjs")
 }

@@ -19,7 +19,8 @@ import (
 
 // nodeModules installs the TypeScript SDK's dev dependencies (typescript,
 // @types/node) with npm ci from its package-lock.json, once per lock, into
-// the user's cache (~/.cache/hiloop/npm-<hash>), outside the repository,
+// hiloop's cache ($HILOOP_CACHE, else ~/.cache/hiloop: npm-<hash>),
+// outside the repository,
 // and returns that node_modules directory.
 func nodeModules(t testing.TB) string {
 	t.Helper()
@@ -33,11 +34,16 @@ func nodeModules(t testing.TB) string {
 		h.Write(b)
 	}
 	sum = h.Sum(nil)
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		t.Fatal(err)
+	// The cluster's binaries' cache (testdata/cluster/build.sh).
+	cache := os.Getenv("HILOOP_CACHE")
+	if cache == "" {
+		user, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache = filepath.Join(user, "hiloop")
 	}
-	dir := filepath.Join(cache, "hiloop", "npm-"+hex.EncodeToString(sum[:8]))
+	dir := filepath.Join(cache, "npm-"+hex.EncodeToString(sum[:8]))
 	mods := filepath.Join(dir, "node_modules")
 	// npm ci writes node_modules/.package-lock.json last: its presence
 	// says an earlier install finished.

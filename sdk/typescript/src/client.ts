@@ -204,6 +204,7 @@ export class Client {
    */
   async request(call: Call): Promise<Answer> {
     for (let attempt = 0; ; attempt++) {
+      if (call.signal?.aborted) throw call.signal.reason;
       const ctl = new AbortController();
       let late = false;
       const timer = setTimeout(() => {

@@ -180,6 +180,7 @@ export class ExecSession {
     if (!this.stdinOpen) throw new HiloopError("the session's stdin is not open (pass stdin: true)", { code: "stdin_closed" });
     const b = typeof data === "string" ? new TextEncoder().encode(data) : data;
     for (let at = 0; at < b.length; at += STDIN_CHUNK) {
+      // The WebSocket API tells no drain; bufferedAmount is all it shows.
       while (this.ws.bufferedAmount > STDIN_BUFFER && this.ws.readyState === 1) await sleep(0.01);
       this.send(CHAN_STDIN, b.subarray(at, at + STDIN_CHUNK));
     }

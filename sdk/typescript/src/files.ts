@@ -111,21 +111,15 @@ export class Files {
       clearTimeout(timer);
       opts.signal?.removeEventListener("abort", onAbort);
     };
-    const src = a.response.body;
+    const src = a.response.body?.getReader();
     const want = Number(a.response.headers.get("content-length") ?? NaN);
     let got = 0;
     const body = new ReadableStream<Uint8Array>({
       async pull(ctl) {
-        if (!src) {
-          stop();
-          ctl.close();
-          return;
-        }
-        const reader = src.getReader();
         try {
-          const { value, done } = await reader.read();
+          const { value, done } = src ? await src.read() : { value: undefined, done: true };
           clearTimeout(timer);
-          if (done) {
+          if (done || !value) {
             stop();
             // A body cut short of its length is an error, never a short file.
             if (Number.isFinite(want) && got !== want) ctl.error(new HiloopError(`GET ${path}: the body ended after ${got} of ${want} bytes`, { code: "incomplete" }));
@@ -138,8 +132,6 @@ export class Files {
         } catch (e) {
           stop();
           ctl.error(e);
-        } finally {
-          reader.releaseLock();
         }
       },
       cancel(reason) {

@@ -133,6 +133,40 @@ describe("retries", () => {
   });
 });
 
+describe("a broken server", () => {
+  it("cuts a file short of its Content-Length: read throws, never returns short", async (t) => {
+    const url = await serve(t, (req, res) => {
+      res.writeHead(200, { "Content-Type": "application/octet-stream", "Content-Length": 100 });
+      res.write("0123456789", () => res.socket.destroy());
+    });
+    const sb = new hiloop.Sandbox(new hiloop.Client({ url, token: "hl_x" }), { id: "sbx_1", state: "running" });
+    await assert.rejects(sb.files.read("/f"));
+    await assert.rejects(sb.files.readTo("/f", new WritableStream()));
+  });
+
+  // A WebSocket server of a few lines: the handshake, then the frames.
+  const frames = {
+    "an exit frame that is not JSON": Buffer.from([0x82, 4, 3, 0x6e, 0x6f, 0x21]),
+    "output, then no exit frame": Buffer.from([0x82, 3, 1, 0x68, 0x69]),
+  };
+  for (const [name, frame] of Object.entries(frames)) {
+    it(`sends ${name}: StreamLostError, never an exit code`, async (t) => {
+      const { createHash } = await import("node:crypto");
+      const srv = createServer();
+      srv.on("upgrade", (req, socket) => {
+        const accept = createHash("sha1").update(req.headers["sec-websocket-key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest("base64");
+        socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+          `Sec-WebSocket-Accept: ${accept}\r\nSec-WebSocket-Protocol: hiloop.exec.v1\r\n\r\n`);
+        socket.once("data", () => socket.end(frame));
+      });
+      await new Promise((resolve) => srv.listen(0, "127.0.0.1", resolve));
+      t.after(() => new Promise((resolve) => srv.close(resolve)));
+      const sb = new hiloop.Sandbox(new hiloop.Client({ url: `http://127.0.0.1:${srv.address().port}`, token: "hl_x" }), { id: "sbx_1", state: "running" });
+      await refused(() => sb.exec("true"), hiloop.StreamLostError, "stream_lost");
+    });
+  }
+});
+
 describe("the key in the clear", () => {
   it("goes over plain http:// only to loopback", () => {
     for (const url of ["http://127.attacker.example", "http://10.0.0.1:8080", "http://example.com"]) {

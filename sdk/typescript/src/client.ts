@@ -247,12 +247,12 @@ export class Client {
     }
   }
 
-  /** Sends a call with a JSON body (payload, if any) and returns its JSON
-   * answer, which must arrive whole within the call's timeout and be at
+  /** Sends a call, with payload as its JSON body if given, and returns its
+   * JSON answer, which must arrive whole within the call's timeout and be at
    * most 32 MiB. */
-  async json<T>(call: Omit<Call, "body"> & { payload?: unknown }): Promise<T> {
+  async json<T>(call: Call & { payload?: unknown }): Promise<T> {
     const headers = { ...call.headers };
-    let body: (() => BodyInit | undefined) | undefined;
+    let body = call.body;
     if (call.payload !== undefined) {
       const text = JSON.stringify(call.payload);
       headers["Content-Type"] = "application/json";

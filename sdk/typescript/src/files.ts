@@ -93,7 +93,7 @@ export class Files {
       body: () => body as BodyInit,
       headers: { "Content-Type": contentType },
       timeout: c.timeout + (c.wake ? WAKE_WAIT : 0) + size / UPLOAD_RATE,
-    } as Parameters<typeof c.json>[0]);
+    });
   }
 
   /** Opens path for reading: a file's bytes, or a directory's tar stream.

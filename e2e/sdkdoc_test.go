@@ -16,11 +16,12 @@ import (
 )
 
 // codeBlock finds the fenced blocks of a language in Markdown.
-var codeBlock = regexp.MustCompile("(?s)```(go|python)\n(.*?)```")
+var codeBlock = regexp.MustCompile("(?s)```(go|python|typescript)\n(.*?)```")
 
 // TestSDKDocExamples runs the agent loops of docs/sdk.md as they stand
-// there, the Go one with go run and each Python one (blocking and asyncio)
-// with the installed SDK,
+// there, the Go one with go run, each Python one (blocking and asyncio)
+// with the installed SDK and each TypeScript one compiled with tsc against
+// the packed SDK,
 // against a live server on kwok's simulated pods (whose commands run on
 // this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
@@ -59,8 +60,9 @@ print(platform.python_version(), platform.release(), len(mods))
 	}
 }
 
-// runSDKDocExamples runs every Go and Python block of docs/sdk.md against
-// in, each of which must print its result and delete its sandbox.
+// runSDKDocExamples runs every Go, Python and TypeScript block of
+// docs/sdk.md against in, each of which must print its result and delete
+// its sandbox.
 func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	t.Helper()
 	doc, err := os.ReadFile(e2e.Path(t, "docs/sdk.md"))
@@ -71,8 +73,8 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	for _, m := range codeBlock.FindAllStringSubmatch(string(doc), -1) {
 		blocks[m[1]] = append(blocks[m[1]], m[2])
 	}
-	if len(blocks["go"]) != 1 || len(blocks["python"]) == 0 {
-		t.Fatalf("docs/sdk.md has not one Go block and a Python one: %q", blocks)
+	if len(blocks["go"]) != 1 || len(blocks["python"]) == 0 || len(blocks["typescript"]) == 0 {
+		t.Fatalf("docs/sdk.md has not one Go block, a Python one and a TypeScript one: %q", blocks)
 	}
 	env := append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token)
 
@@ -101,6 +103,12 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 		runs[fmt.Sprintf("python #%d", i+1)] = pyRun
 	}
 
+	for i, block := range blocks["typescript"] {
+		tsRun := exec.Command("node", append(nodeFlags(t), typeScriptProgram(t, block))...)
+		tsRun.Dir, tsRun.Env = t.TempDir(), env
+		runs[fmt.Sprintf("typescript #%d", i+1)] = tsRun
+	}
+
 	for name, cmd := range runs {
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "computed 10 squares") || !strings.Contains(string(out), `result: {"sum": 285}`) {
@@ -121,4 +129,26 @@ func runSDKDocExamples(t *testing.T, in *e2e.Instance) {
 	if n != len(runs) {
 		t.Errorf("the examples made %d sandboxes, want %d", n, len(runs))
 	}
+}
+
+// typeScriptProgram compiles the TypeScript source src, as a user's ES
+// module that imports the packed SDK, with the SDK's locked tsc in strict
+// mode, and returns the JavaScript file to run.
+func typeScriptProgram(t *testing.T, src string) string {
+	t.Helper()
+	sdk := installTypeScript(t)
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(sdk, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agent.mts"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tsc := exec.Command("node", filepath.Join(sdk, "node_modules", "typescript", "bin", "tsc"),
+		"--strict", "--target", "es2022", "--module", "nodenext", "--moduleResolution", "nodenext", "--types", "node", "agent.mts")
+	tsc.Dir = dir
+	if out, err := tsc.CombinedOutput(); err != nil {
+		t.Fatalf("tsc agent.mts (docs/sdk.md's TypeScript block): %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "agent.mjs")
 }

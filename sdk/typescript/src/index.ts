@@ -1,0 +1,14 @@
+// hiloop's TypeScript SDK: `import { Client } from "hiloop"`.
+
+export { Client, Sandboxes, Sandbox, WAKE_WAIT, argv, isLoopback } from "./client.js";
+export type { ClientOptions, Call, Answer, Command, CreateOptions, ListOptions, WaitOptions, RunOptions } from "./client.js";
+export { CommandResult, ExecSession, EXEC_SUBPROTOCOL, MAX_OUTPUT, CHAN_STDIN, CHAN_STDOUT, CHAN_STDERR, CHAN_EXIT, CHAN_RESIZE, CHAN_CLOSE_IN } from "./exec.js";
+export type { ExecOptions, Stdin } from "./exec.js";
+export { Files, TAR_MEDIA_TYPE, MAX_FILE_BYTES, MAX_ENTRIES } from "./files.js";
+export type { Download, DownloadOptions } from "./files.js";
+export {
+  HiloopError, InvalidRequestError, AuthenticationError, NotFoundError, ConflictError, QuotaError, UnsupportedError,
+  UnavailableError, StreamLostError, ExtractError, LimitError, WaitError, errorFor,
+} from "./errors.js";
+export type { ErrorDetails } from "./errors.js";
+export type * from "./types.js";

@@ -36,7 +36,7 @@ func TestAttackCreateIdleIsolation(t *testing.T) {
 		ask  *time.Duration
 		want time.Duration
 	}{{a.ID, nil, half}, {b.ID, nil, 9 * time.Minute}, {a.ID, &zero, 0}, {b.ID, &zero, 0}} {
-		sb, _, err := c.Create(ctx, Caller{OrgID: tc.org, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox"}, IdleTimeout: tc.ask})
+		sb, _, err := c.Create(ctx, liveCaller(t, db, tc.org), CreateRequest{Spec: store.Spec{Image: "busybox"}, IdleTimeout: tc.ask})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestAttackCreateRacingDeleteAnswer(t *testing.T) {
 	fc := &controltest.Cluster{}
 	c, db, org := newControl(t, fc)
 	ctx := context.Background()
-	who := Caller{OrgID: org.ID, KeyID: "key_x"}
+	who := liveCaller(t, db, org.ID)
 	// Racing for real, a deleter taking every record it sees.
 	for i := range 40 {
 		done := make(chan struct{})
@@ -104,7 +104,7 @@ func TestAttackCreateRefusedAnswer(t *testing.T) {
 	fc := &controltest.Cluster{CreateErr: apierrors.NewForbidden(schema.GroupResource{Resource: "sandboxes"}, "x", errors.New("admission webhook denied the request"))}
 	c, db, org := newControl(t, fc)
 	ctx := context.Background()
-	sb, _, err := c.Create(ctx, Caller{OrgID: org.ID, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	sb, _, err := c.Create(ctx, liveCaller(t, db, org.ID), CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	if err == nil {
 		t.Fatalf("a refused create answered %+v without an error", sb)
 	}

@@ -24,8 +24,19 @@ func liveCaller(t *testing.T, db *store.Store, orgID string) Caller {
 	return Caller{OrgID: orgID, KeyID: k.ID}
 }
 
-// sshCaller is a caller with a new SSH key registered for the organization.
+// sshCaller is a caller with a new SSH key registered for the organization
+// by a live API key of its own.
 func sshCaller(t *testing.T, c *Control, orgID string) Caller {
+	t.Helper()
+	k, err := c.AddSSHKey(context.Background(), liveCaller(t, c.o.Store, orgID), "test", newSSHKey(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Caller{OrgID: orgID, KeyID: k.ID}
+}
+
+// newSSHKey is a new ed25519 public key.
+func newSSHKey(t *testing.T) gossh.PublicKey {
 	t.Helper()
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -35,11 +46,7 @@ func sshCaller(t *testing.T, c *Control, orgID string) Caller {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := c.AddSSHKey(context.Background(), Caller{OrgID: orgID}, "test", key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return Caller{OrgID: orgID, KeyID: k.ID}
+	return key
 }
 
 // hangUps records how each connection was hung up.
@@ -159,7 +166,7 @@ func TestConnectionsClosed(t *testing.T) {
 		t.Fatalf("%d connections registered, want 5", n)
 	}
 
-	if err := c.DeleteSSHKey(ctx, Caller{OrgID: org.ID}, sshKey.KeyID); err != nil {
+	if err := c.DeleteSSHKey(ctx, admin, sshKey.KeyID); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.RevokeKey(ctx, admin, apiKey.KeyID); err != nil {

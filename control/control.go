@@ -143,9 +143,13 @@ type Options struct {
 
 // Caller is who asks: the organization and the key that actually
 // authenticated the request or connection. The key id's prefix says its
-// kind (an API key, an SSH key); Admit, Reachable and Connect hold it to the
-// record at every call and refuse a caller without a live key of its
-// organization (ErrUnauthenticated), an empty one included.
+// kind (an API key, an SSH key). Every change (create, stop, start,
+// delete, update, touch, API key create and revoke, SSH key add and
+// delete), every session and connection (Admit, Reachable, Connect, Wake)
+// and WaitWhile hold it to the record at the call, not only where the
+// request came in, and refuse a caller without a live key of its
+// organization (ErrUnauthenticated), an empty one included: a revoke that
+// lands after a request came in refuses what the request would change.
 type Caller struct {
 	OrgID string
 	KeyID string

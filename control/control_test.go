@@ -56,7 +56,7 @@ func TestCreateRacingDelete(t *testing.T) {
 	fc := &controltest.Cluster{}
 	c, db, org := newControl(t, fc)
 	ctx := context.Background()
-	who := Caller{OrgID: org.ID, KeyID: "key_x"}
+	who := liveCaller(t, db, org.ID)
 	// The record commit of a create...
 	sb, _, err := db.CreateSandbox(ctx, store.NewSandbox{OrgID: org.ID, Spec: store.Spec{Image: "busybox"}})
 	if err != nil {

@@ -144,7 +144,8 @@ func TestCreateExpiryByCoreClock(t *testing.T) {
 	}
 	defer c.Close(context.Background())
 	org, _ := db.CreateOrg(context.Background(), "o", 10, 10)
-	sb, _, err := c.Create(context.Background(), Caller{OrgID: org.ID, KeyID: "key_x"},
+	who := liveCaller(t, db, org.ID)
+	sb, _, err := c.Create(context.Background(), who,
 		CreateRequest{Spec: store.Spec{Image: "busybox", TTLSeconds: 7200}})
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +154,7 @@ func TestCreateExpiryByCoreClock(t *testing.T) {
 	if sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(want) {
 		t.Errorf("expires at %v, want %v", sb.ExpiresAt, want)
 	}
-	plain, _, err := c.Create(context.Background(), Caller{OrgID: org.ID, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox"}})
+	plain, _, err := c.Create(context.Background(), who, CreateRequest{Spec: store.Spec{Image: "busybox"}})
 	if err != nil || plain.ExpiresAt != nil {
 		t.Errorf("a create without a TTL expires at %v (%v)", plain.ExpiresAt, err)
 	}
@@ -199,7 +200,7 @@ func TestHelperKeyOnlyForHelpers(t *testing.T) {
 func TestCreateKeyThroughCore(t *testing.T) {
 	c, db, org := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
-	k, secret, err := c.CreateKey(ctx, Caller{OrgID: org.ID, KeyID: "key_x"}, "ci")
+	k, secret, err := c.CreateKey(ctx, liveCaller(t, db, org.ID), "ci")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +210,9 @@ func TestCreateKeyThroughCore(t *testing.T) {
 	}
 	if _, _, err := c.CreateKey(ctx, Caller{}, "nobody"); err == nil {
 		t.Error("a key was made for an empty organization")
+	}
+	if _, _, err := c.CreateKey(ctx, Caller{OrgID: org.ID, KeyID: "key_unknown"}, "stranger"); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("a key made by a key the record does not know: %v, want ErrUnauthenticated", err)
 	}
 }
 
@@ -237,15 +241,15 @@ func TestSSHAuthenticationPerOrganization(t *testing.T) {
 	}
 
 	// B registers A's key first: A may still register it.
-	kB, err := c.AddSSHKey(ctx, Caller{OrgID: orgB.ID}, "taken from a profile", key)
+	kB, err := c.AddSSHKey(ctx, whoB, "taken from a profile", key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kA, err := c.AddSSHKey(ctx, Caller{OrgID: orgA.ID}, "laptop", key)
+	kA, err := c.AddSSHKey(ctx, whoA, "laptop", key)
 	if err != nil {
 		t.Fatalf("A registering its own key after B did: %v", err)
 	}
-	if _, err := c.AddSSHKey(ctx, Caller{OrgID: orgB.ID}, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
+	if _, err := c.AddSSHKey(ctx, whoB, "again", key); !errors.Is(err, store.ErrKeyRegistered) {
 		t.Errorf("B registering the key twice: %v, want ErrKeyRegistered", err)
 	}
 
@@ -261,17 +265,17 @@ func TestSSHAuthenticationPerOrganization(t *testing.T) {
 	check("both registered", "sbx_absent", Caller{}, false)
 	check("both registered", "", Caller{}, false)
 
-	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgB.ID}, kB.ID); err != nil {
+	if err := c.DeleteSSHKey(ctx, whoB, kB.ID); err != nil {
 		t.Fatal(err)
 	}
 	check("B deleted its registration", sbA.ID, Caller{OrgID: orgA.ID, KeyID: kA.ID}, true)
 	check("B deleted its registration", sbB.ID, Caller{}, false)
 
 	// B cannot delete A's registration, by id or otherwise.
-	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgB.ID}, kA.ID); !errors.Is(err, store.ErrNotFound) {
+	if err := c.DeleteSSHKey(ctx, whoB, kA.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("B deleting A's registration: %v, want not found", err)
 	}
-	if err := c.DeleteSSHKey(ctx, Caller{OrgID: orgA.ID}, kA.ID); err != nil {
+	if err := c.DeleteSSHKey(ctx, whoA, kA.ID); err != nil {
 		t.Fatal(err)
 	}
 	check("A deleted its registration", sbA.ID, Caller{}, false)
@@ -296,11 +300,12 @@ func TestKeyLimitsThroughCore(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range []store.Org{org, other} {
-		who := Caller{OrgID: o.ID}
-		for i := range 3 {
+		// The caller's own key is the first of the two.
+		who := liveCaller(t, db, o.ID)
+		for i := range 2 {
 			_, _, err := c.CreateKey(ctx, who, "k")
-			if refused := errors.Is(err, store.ErrKeyLimit); refused != (i == 2) {
-				t.Errorf("%s: API key %d: %v", o.Name, i+1, err)
+			if refused := errors.Is(err, store.ErrKeyLimit); refused != (i == 1) {
+				t.Errorf("%s: API key %d: %v", o.Name, i+2, err)
 			}
 		}
 		for i := range 2 {

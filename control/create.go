@@ -72,9 +72,13 @@ func listOrNone[T ~string](l []T) string {
 // Create writes the record (checking quotas in the same transaction), then
 // the cluster object. A definite cluster refusal fails the record; an
 // ambiguous one (a timeout) leaves it pending for resolution and answers
-// Accepted.
+// Accepted. The caller's key is checked as the record says now, as for
+// every change.
 func (c *Control) Create(ctx context.Context, who Caller, req CreateRequest) (store.Sandbox, Outcome, error) {
 	if err := c.admit(req.Spec); err != nil {
+		return store.Sandbox{}, 0, err
+	}
+	if err := c.keyLive(ctx, who); err != nil {
 		return store.Sandbox{}, 0, err
 	}
 	if err := c.Hardened(); err != nil {

@@ -98,7 +98,7 @@ func TestHelperAddrOnlyObservedPod(t *testing.T) {
 	c, db, org := newControl(t, fc)
 	c.o.Caps.Transports = sandbox.Transports()
 	ctx := context.Background()
-	sb, _, err := c.Create(ctx, Caller{OrgID: org.ID, KeyID: "key_x"}, CreateRequest{Spec: store.Spec{Image: "busybox",
+	sb, _, err := c.Create(ctx, liveCaller(t, db, org.ID), CreateRequest{Spec: store.Spec{Image: "busybox",
 		Transports: []sandbox.Transport{sandbox.TransportForward}}})
 	if err != nil {
 		t.Fatal(err)

@@ -18,14 +18,21 @@ const DefaultKeysPerOrg = 100
 // it with its secret, which is shown only this once. An organization that
 // has Limits.APIKeysPerOrg live keys gets a *store.KeyLimitError: any key
 // may make keys, and each has its own rate limit, so without a bound one
-// key could multiply its own.
+// key could multiply its own. Like every change, it checks the caller's
+// key as the record says now.
 func (c *Control) CreateKey(ctx context.Context, who Caller, name string) (store.APIKey, string, error) {
+	if err := c.keyLive(ctx, who); err != nil {
+		return store.APIKey{}, "", err
+	}
 	return c.o.Store.CreateKeyWithin(ctx, who.OrgID, name, c.o.Limits.APIKeysPerOrg)
 }
 
 // RevokeKey revokes one of the caller's organization's keys (never its last
 // live one) and ends every live session opened with it.
 func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error {
+	if err := c.keyLive(ctx, who); err != nil {
+		return err
+	}
 	if err := c.o.Store.RevokeKey(ctx, who.OrgID, keyID, false); err != nil {
 		return err
 	}
@@ -39,6 +46,9 @@ func (c *Control) RevokeKey(ctx context.Context, who Caller, keyID string) error
 // An organization with Limits.SSHKeysPerOrg keys gets a
 // *store.KeyLimitError: each key holds its own SSH connection places.
 func (c *Control) AddSSHKey(ctx context.Context, who Caller, name string, key gossh.PublicKey) (store.SSHKey, error) {
+	if err := c.keyLive(ctx, who); err != nil {
+		return store.SSHKey{}, err
+	}
 	return c.o.Store.AddSSHKey(ctx, who.OrgID, name, key, c.o.Limits.SSHKeysPerOrg)
 }
 
@@ -46,6 +56,9 @@ func (c *Control) AddSSHKey(ctx context.Context, who Caller, name string, key go
 // every live session opened with it and closes every connection it
 // authenticated.
 func (c *Control) DeleteSSHKey(ctx context.Context, who Caller, id string) error {
+	if err := c.keyLive(ctx, who); err != nil {
+		return err
+	}
 	if err := c.o.Store.DeleteSSHKey(ctx, who.OrgID, id); err != nil {
 		return err
 	}

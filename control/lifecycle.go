@@ -9,13 +9,19 @@ import (
 )
 
 // lockOwned takes the per-sandbox lock of one of who's sandboxes. The
-// organization is checked first, without the lock, so another
+// caller's key is checked first, at this use and not only where the
+// request came in, so a revoke that lands in between refuses the change;
+// a caller of no organization or no key is refused before any read. The
+// organization is checked next, without the lock, so another
 // organization's caller with a guessed id is refused at once, as for an id
 // that does not exist (store.ErrNotFound): it never waits behind the
 // owner's mutation, and the wait cannot tell it that the id exists. A
 // sandbox never changes organization, so the check still holds once the
 // lock is taken (and the writes under it scope by organization again).
 func (c *Control) lockOwned(ctx context.Context, who Caller, id string) (unlock func(), err error) {
+	if err := c.keyLive(ctx, who); err != nil {
+		return nil, err
+	}
 	if _, err := c.o.Store.Sandbox(ctx, who.OrgID, id); err != nil {
 		return nil, err
 	}
@@ -96,20 +102,21 @@ const MaxWait = time.Minute
 // is other than while, once d (at most MaxWait) has passed, or once hiloop
 // begins to shut down, whichever comes first: the record as it then stands.
 // A client that waits for a state gets each change as the record takes it,
-// and asks again, instead of polling. A caller whose key was revoked or
-// deleted while it waited gets ErrUnauthenticated, not the record: what is
-// read after a revoke is not the revoked key's.
+// and asks again, instead of polling. The key is checked after every read:
+// a caller whose key was revoked or deleted, before the call or while it
+// waited, gets ErrUnauthenticated, not the record: what is read after a
+// revoke is not the revoked key's.
 func (c *Control) WaitWhile(ctx context.Context, who Caller, id string, while store.State, d time.Duration) (store.Sandbox, error) {
 	if err := scoped(who); err != nil {
 		return store.Sandbox{}, err
 	}
 	timer := time.NewTimer(min(d, MaxWait))
 	defer timer.Stop()
-	for waited := false; ; waited = true {
+	for {
 		// Taken before the read, so a change between the two is not missed.
 		changed, release := c.o.Store.StateChange(id)
 		sb, err := c.o.Store.Sandbox(ctx, who.OrgID, id)
-		if err == nil && waited {
+		if err == nil {
 			err = c.keyLive(ctx, who)
 		}
 		if err != nil || sb.State != while {

@@ -152,11 +152,11 @@ func TestKeyThatSignedIsAuthorized(t *testing.T) {
 		}
 		e := startEcho(t, c)
 		ctx := context.Background()
-		if err := g.core.DeleteSSHKey(ctx, control.Caller{OrgID: orgA.ID}, firstKey.ID); err != nil {
+		if err := g.core.DeleteSSHKey(ctx, g.admin(orgA), firstKey.ID); err != nil {
 			t.Fatal(err)
 		}
 		e.roundTrip(t, "deleting the key that was only offered leaves the session")
-		if err := g.core.DeleteSSHKey(ctx, control.Caller{OrgID: orgA.ID}, secondKey.ID); err != nil {
+		if err := g.core.DeleteSSHKey(ctx, g.admin(orgA), secondKey.ID); err != nil {
 			t.Fatal(err)
 		}
 		if r := e.wait(t); r.Exit != "exit-status 255" || !strings.Contains(r.Stderr, control.ErrKeyRevoked.Error()) {
@@ -179,7 +179,7 @@ func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
 	shared, _ := g.key(orgA)
 	onlyA, _ := g.key(orgA)
 	onlyB, _ := g.key(orgB)
-	takenByB, err := g.core.AddSSHKey(ctx, control.Caller{OrgID: orgB.ID}, "from a profile", shared.PublicKey())
+	takenByB, err := g.core.AddSSHKey(ctx, g.admin(orgB), "from a profile", shared.PublicKey())
 	if err != nil {
 		t.Fatalf("B registering A's public key: %v", err)
 	}
@@ -203,7 +203,7 @@ func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
 
 	// The connection into B's sandbox is B's registration's: B deleting
 	// it closes that connection and leaves A's.
-	if err := g.core.DeleteSSHKey(ctx, control.Caller{OrgID: orgB.ID}, takenByB.ID); err != nil {
+	if err := g.core.DeleteSSHKey(ctx, g.admin(orgB), takenByB.ID); err != nil {
 		t.Fatal(err)
 	}
 	closedConn(t, inB, "B deleted its registration of the key")

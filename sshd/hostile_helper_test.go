@@ -17,7 +17,6 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/hiloop/hiloop/control"
 	fwd "github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
@@ -508,12 +507,12 @@ func TestForwardEndEndsUpstream(t *testing.T) {
 		end  func(t *testing.T, g *gateway, org store.Org, keyID, id string)
 	}{
 		{"key deleted", func(t *testing.T, g *gateway, org store.Org, keyID, _ string) {
-			if err := g.core.DeleteSSHKey(context.Background(), control.Caller{OrgID: org.ID}, keyID); err != nil {
+			if err := g.core.DeleteSSHKey(context.Background(), g.admin(org), keyID); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"sandbox stopped", func(t *testing.T, g *gateway, org store.Org, _, id string) {
-			if _, err := g.core.SetMode(context.Background(), control.Caller{OrgID: org.ID}, id, store.ModeStopped); err != nil {
+			if _, err := g.core.SetMode(context.Background(), g.admin(org), id, store.ModeStopped); err != nil {
 				t.Fatal(err)
 			}
 		}},

@@ -195,7 +195,7 @@ func TestRevokedKey(t *testing.T) {
 	gone := startEcho(t, g.login(id, revoked))
 	stays := startEcho(t, g.login(id, kept))
 
-	if err := g.core.DeleteSSHKey(context.Background(), control.Caller{OrgID: org.ID}, revokedKey.ID); err != nil {
+	if err := g.core.DeleteSSHKey(context.Background(), g.admin(org), revokedKey.ID); err != nil {
 		t.Fatal(err)
 	}
 	if r := gone.wait(t); r.Exit != "exit-status 255" || !strings.Contains(r.Stderr, control.ErrKeyRevoked.Error()) {
@@ -217,7 +217,7 @@ func TestRevokedKeyConnectionOpensNoSession(t *testing.T) {
 	id := g.sandbox(org, sandbox.TransportSSH)
 	c := g.login(id, key)
 	e := startEcho(t, c)
-	if err := g.core.DeleteSSHKey(context.Background(), control.Caller{OrgID: org.ID}, sshKey.ID); err != nil {
+	if err := g.core.DeleteSSHKey(context.Background(), g.admin(org), sshKey.ID); err != nil {
 		t.Fatal(err)
 	}
 	e.wait(t)

@@ -123,7 +123,7 @@ func TestDeletedKeyClosesConnection(t *testing.T) {
 	c := idleLogin(t, g, id, key)
 	stays := idleLogin(t, g, id, other)
 
-	if err := g.core.DeleteSSHKey(context.Background(), control.Caller{OrgID: org.ID}, sshKey.ID); err != nil {
+	if err := g.core.DeleteSSHKey(context.Background(), g.admin(org), sshKey.ID); err != nil {
 		t.Fatal(err)
 	}
 	closedConn(t, c, "its key was deleted")
@@ -160,7 +160,7 @@ func TestStoppedSandboxClosesConnection(t *testing.T) {
 	g := sweptGateway(t)
 	org := g.org("a")
 	key, _ := g.key(org)
-	who := control.Caller{OrgID: org.ID}
+	who := g.admin(org)
 	stopped, deleted := g.sandbox(org, sandbox.TransportSSH), g.sandbox(org, sandbox.TransportSSH)
 	c := idleLogin(t, g, stopped, key)
 	e := startEcho(t, c)

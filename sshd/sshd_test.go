@@ -42,6 +42,10 @@ type gateway struct {
 	addr   string
 	host   gossh.PublicKey
 	logs   *lockedBuffer
+
+	adminsMu sync.Mutex
+	// admins are a live API key of each organization, by its id.
+	admins map[string]control.Caller
 }
 
 // setup is what a test changes of the gateway and its fakes.
@@ -125,13 +129,34 @@ func (g *gateway) org(name string) store.Org {
 	return o
 }
 
+// admin is a live API key of the organization, made on first use: the core
+// checks the caller's key at every change, so the changes a test makes as
+// the organization go through a key of its own that the test never revokes.
+func (g *gateway) admin(o store.Org) control.Caller {
+	g.t.Helper()
+	g.adminsMu.Lock()
+	defer g.adminsMu.Unlock()
+	if who, ok := g.admins[o.ID]; ok {
+		return who
+	}
+	k, _, err := g.db.CreateKey(context.Background(), o.ID, "admin")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if g.admins == nil {
+		g.admins = map[string]control.Caller{}
+	}
+	g.admins[o.ID] = control.Caller{OrgID: o.ID, KeyID: k.ID}
+	return g.admins[o.ID]
+}
+
 // sandbox creates a sandbox of the organization with these transports
 // through the core, and records it running, as the mirror would once its
 // pod is up.
 func (g *gateway) sandbox(o store.Org, transports ...sandbox.Transport) string {
 	g.t.Helper()
 	ctx := context.Background()
-	sb, _, err := g.core.Create(ctx, control.Caller{OrgID: o.ID},
+	sb, _, err := g.core.Create(ctx, g.admin(o),
 		control.CreateRequest{Spec: store.Spec{Image: "busybox", Transports: transports}})
 	if err != nil {
 		g.t.Fatal(err)
@@ -152,7 +177,7 @@ func (g *gateway) observe(id string, st store.State) {
 func (g *gateway) key(o store.Org) (gossh.Signer, store.SSHKey) {
 	g.t.Helper()
 	s := newSigner(g.t)
-	k, err := g.core.AddSSHKey(context.Background(), control.Caller{OrgID: o.ID}, "k", s.PublicKey())
+	k, err := g.core.AddSSHKey(context.Background(), g.admin(o), "k", s.PublicKey())
 	if err != nil {
 		g.t.Fatal(err)
 	}

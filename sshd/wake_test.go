@@ -23,7 +23,7 @@ func TestWakeWaitRefused(t *testing.T) {
 	g := start(t, setup{limits: control.Limits{WakeWaitsPerKey: 1}})
 	org := g.org("a")
 	key, _ := g.key(org)
-	sb, _, err := g.core.Create(context.Background(), control.Caller{OrgID: org.ID},
+	sb, _, err := g.core.Create(context.Background(), g.admin(org),
 		control.CreateRequest{Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportSSH, sandbox.TransportForward}}})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hiloop/hiloop/app"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -14,11 +15,11 @@ import (
 // API server or a node. It prints every check with the fix for each
 // failure.
 type DoctorCmd struct {
-	ClusterFlags `embed:""`
+	app.ClusterFlags `embed:""`
 }
 
 // Validate checks the flags.
-func (d *DoctorCmd) Validate() error { return d.ClusterFlags.validate() }
+func (d *DoctorCmd) Validate() error { return d.ClusterFlags.Check() }
 
 // errChecksFailed makes doctor exit 1 after it printed its report.
 type errChecksFailed int
@@ -29,7 +30,7 @@ func (e errChecksFailed) Error() string { return fmt.Sprintf("%d checks failed",
 // failure --insecure-no-gvisor accepts) or warn (reported, refuses
 // nothing).
 func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
-	clients, err := d.clients(ctx)
+	clients, err := d.Clients(ctx)
 	if err != nil {
 		fmt.Fprintf(stdout, "FAIL    cluster: %v\n        fix: pass --kubeconfig, or check that the API server answers\n", err)
 		return errChecksFailed(1)
@@ -44,7 +45,7 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 	}
 	checks = append(checks, api)
 	bctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
-	checks = append(checks, clients.CheckBoundary(bctx, d.boundaryOptions())...)
+	checks = append(checks, clients.CheckBoundary(bctx, d.BoundaryOptions())...)
 	cancel()
 	ectx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
 	checks = append(checks, clients.CheckEgress(ectx, d.Namespace))

@@ -21,8 +21,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/app"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
@@ -70,8 +69,7 @@ func newParser(ctx context.Context, grammar any, stdout io.Writer) (*kong.Kong, 
 			"drive it with `hiloop sandbox ...`, configured by HILOOP_URL and HILOOP_TOKEN."),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"default_namespace": k8s.DefaultNamespace, "default_runtime_class": k8s.DefaultRuntimeClass,
-			"default_cluster_timeout": cluster.DefaultTimeout.String()},
+		kong.Vars(app.Vars()),
 		kong.BindTo(stdout, (*io.Writer)(nil)),
 		kong.BindTo(ctx, (*context.Context)(nil)),
 	)

@@ -49,7 +49,7 @@ func errorCode(t *testing.T, body string) string {
 // TestOrgIsolation: a key of org A can never see, change or learn of org
 // B's sandboxes, and the answer is byte-for-byte the one for an absent id.
 func TestOrgIsolation(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	a := in.NewOrg("org-a", 10, 10)
 	b := in.NewOrg("org-b", 10, 10)
 	sa := in.Create(a, "busybox", "--label", "team=x")
@@ -106,7 +106,7 @@ func TestOrgIsolation(t *testing.T) {
 // TestQuotaUnderConcurrentCreates: 20 concurrent creates against a quota of
 // 5 make exactly 5 sandboxes, in the record and in the e2e.SharedCluster(t).
 func TestQuotaUnderConcurrentCreates(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	key := in.NewOrg("quota", 5, 5)
 	var wg sync.WaitGroup
 	statuses := make([]int, 20)
@@ -167,7 +167,7 @@ func indexOf(s []int, v int) int {
 // TestIdempotentCreate: retries with one Idempotency-Key make one sandbox;
 // the key reused with another body is refused.
 func TestIdempotentCreate(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	body := `{"image":"busybox","labels":{"run":"1"}}`
 	var ids sync.Map
 	var wg sync.WaitGroup
@@ -206,7 +206,7 @@ func TestIdempotentCreate(t *testing.T) {
 // TestMalformedRequests: each bad request gets its 4xx and stable code,
 // never a 5xx, and leaves nothing behind.
 func TestMalformedRequests(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox")
 	huge := `{"image":"` + strings.Repeat("a", 70<<10) + `"}`
 	cases := []struct {
@@ -331,7 +331,7 @@ spec:
 `
 	e2e.Kubectl(t, "apply", "-f", writeTemp(t, policy))
 	t.Cleanup(func() { e2e.SharedCluster(t).Kubectl(context.Background(), "delete", "-f", writeTemp(t, policy)) })
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	// The API server loads policies asynchronously: retry until it refuses.
 	var status int
 	var body string

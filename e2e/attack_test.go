@@ -33,7 +33,7 @@ const clientPatience = 45 * time.Second
 // connections; a long poll that waits past the deadlines on a request
 // without a body is answered.
 func TestAttackHTTPHeldConnections(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--http-io-timeout", "2s",
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--http-io-timeout", "2s",
 		"--http-max-header-reads-per-source", "2")
 	addr := strings.TrimPrefix(in.URL, "http://")
 	dial := func(request string) net.Conn {
@@ -126,7 +126,7 @@ func TestAttackHTTPHeldConnections(t *testing.T) {
 // gets the one past the cap refused, and a session again once one ended.
 func TestAttackSSHChannelsOnOneConnection(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-max-channels-per-conn", "3")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-max-channels-per-conn", "3")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	// A socket path must fit in sun_path (108 bytes).

@@ -28,7 +28,7 @@ func TestRuntimeAttestationQuarantinesKwok(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := strings.TrimSpace(string(out))
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--runtime-attestation", "--metrics-listen", "127.0.0.1:0")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--runtime-attestation", "--metrics-listen", "127.0.0.1:0")
 	u := newSSHUser(t, in, in.Token)
 
 	sb := in.Create(in.Token, "busybox")

@@ -21,7 +21,7 @@ import (
 // key, the SSH key and the SSH host key survive.
 func TestBackupAndRestore(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	kept := in.Create(in.Token, "busybox", "--wait")
 	gone := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
@@ -55,7 +55,7 @@ func TestBackupAndRestore(t *testing.T) {
 	if err := os.WriteFile(in.DB, []byte(streamed), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	again := e2e.Serve(t, in.DB, in.NS)
+	again := e2e.ServeInProcess(t, in.DB, in.NS)
 	if again.NewKey {
 		t.Fatal("the restored record issued a new admin key")
 	}

@@ -32,7 +32,7 @@ func cliExec(in *e2e.Instance, token string, stdin string, args ...string) (stri
 }
 
 func TestExecThroughAPIAndCLI(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 
 	if out, errOut, code := cliExec(in, in.Token, "", sb.ID, "--", "echo", "hello", "sandbox"); code != 0 || out != "hello sandbox\n" {
@@ -82,7 +82,7 @@ func TestExecThroughAPIAndCLI(t *testing.T) {
 }
 
 func TestExecRefused(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
 	other := in.NewOrg("other", 10, 10)
 	running := in.Create(in.Token, "busybox", "--wait")
 	stopped := in.Create(in.Token, "busybox", "--wait")
@@ -168,7 +168,7 @@ func readExit(t *testing.T, c *websocket.Conn) api.ExitFrame {
 }
 
 func TestExecBadInput(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 	huge := `{"command":["echo"` + strings.Repeat(`,"`+strings.Repeat("x", 1000)+`"`, 200) + `]}`
 	for _, tc := range []struct {
@@ -340,7 +340,7 @@ func TestExecSlowReaderBoundedMemory(t *testing.T) {
 // (tmux): the remote side sees the local window's size, and a resize of the
 // window reaches it.
 func TestExecTTYInTerminal(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 	shell := "HILOOP_URL=" + in.URL + " HILOOP_TOKEN=" + in.Token + " " + e2e.Binary(t) +
 		" sandbox exec -t " + sb.ID + ` -- sh -c 'while :; do stty size; sleep 0.2; done'`

@@ -32,7 +32,7 @@ import (
 func serveForward(t testing.TB) (*e2e.Instance, string) {
 	t.Helper()
 	dir := e2e.Helpers(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
 		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local")
 	return in, dir
 }

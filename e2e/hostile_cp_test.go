@@ -180,7 +180,7 @@ func TestCpHostileSandbox(t *testing.T) {
 // the CLI refuses it without -r; with -r it lands under its own name.
 // Names as long as a name may be go both ways.
 func TestCpDirectoryInSandbox(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	c := sdk(in, in.Token)
 	sb := runningSandbox(t, c)
 	work := t.TempDir()

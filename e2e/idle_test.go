@@ -111,7 +111,7 @@ func metric(t testing.TB, in *e2e.Instance, series string) float64 {
 func idleServe(t testing.TB, extra ...string) (*e2e.Instance, string) {
 	t.Helper()
 	dir := e2e.Helpers(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), append([]string{
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), append([]string{
 		"--transports", "exec,ssh,forward", "--agent-image", "hiloop-agent:local", "--metrics-listen", "127.0.0.1:0"}, extra...)...)
 	t.Cleanup(func() {
 		if t.Failed() {

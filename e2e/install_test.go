@@ -67,7 +67,7 @@ spec:
 func TestSelfCheck(t *testing.T) {
 	c := e2e.NewCluster(t)
 	ctx := context.Background()
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
 	running := in.Create(in.Token, "busybox", "--wait")
 	stopped := in.Create(in.Token, "busybox", "--wait")
 	in.MustCLI(in.Token, "sandbox", "stop", stopped.ID)
@@ -196,7 +196,7 @@ func apiServerAddr(t *testing.T, c *localcluster.Cluster) string {
 func TestBrokenBoundaryServes(t *testing.T) {
 	c := e2e.NewCluster(t)
 	ctx := context.Background()
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), c.Namespace, "--kubeconfig", c.Kubeconfig, "--self-check-interval", "1s")
 	var sbs []e2e.Sandbox
 	for range 3 {
 		sbs = append(sbs, in.Create(in.Token, "busybox", "--wait"))
@@ -336,7 +336,7 @@ func helmTemplate(t *testing.T, args ...string) string {
 // answers 429 cluster_quota_exceeded, leaving a failed record and no object.
 func TestClusterQuota(t *testing.T) {
 	ns := e2e.NewNamespace(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	e2e.Kubectl(t, "patch", "resourcequota", "-n", ns, k8s.QuotaName, "--type=merge", "-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"2"}}}`)
 	eventually.Within(t, "quota of 2 computed", 30*time.Second, func() (bool, error) {
 		q, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), k8s.QuotaName, metav1.GetOptions{})

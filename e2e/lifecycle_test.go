@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/app"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
@@ -138,7 +140,7 @@ func TestServeBadFlags(t *testing.T) {
 // stopped, start, running, delete, deleted, with a volume whose claim
 // survives stop/start and is collected on delete.
 func TestLifecycleWithVolume(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--volume", "data:1Gi:/data", "--wait")
 	if sb.State != "running" {
 		t.Fatalf("create --wait returned state %s", sb.State)
@@ -185,7 +187,7 @@ func TestLifecycleWithVolume(t *testing.T) {
 }
 
 func TestTTLExpiry(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	retain := in.Create(in.Token, "busybox", "--ttl", "6s", "--wait")
 	del := in.Create(in.Token, "busybox", "--ttl", "6s", "--shutdown-policy", "delete", "--wait")
 	// Extending one TTL through the API keeps it alive past the others.
@@ -225,8 +227,9 @@ func TestDevCommand(t *testing.T) {
 
 func devCommand(t *testing.T, node string) {
 	db := filepath.Join(t.TempDir(), "dev.db")
+	addrFile := filepath.Join(t.TempDir(), "addrs.json")
 	cmd := exec.Command(e2e.Binary(t), "dev", "--listen", "127.0.0.1:0", "--ssh-listen", "127.0.0.1:0", "--db", db,
-		"--transports", "exec,ssh,forward", "--node", node)
+		"--transports", "exec,ssh,forward", "--node", node, "--addr-file", addrFile)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &e2e.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -243,8 +246,9 @@ func devCommand(t *testing.T, node string) {
 			t.Fatalf("hiloop dev exited before it served: %v\n%s", err, out.String())
 		default:
 		}
-		if m := e2e.ServingRE.FindStringSubmatch(out.String()); m != nil {
-			url = m[1]
+		var addrs app.Addrs
+		if raw, err := os.ReadFile(addrFile); err == nil && json.Unmarshal(raw, &addrs) == nil && addrs.API != "" {
+			url = "http://" + addrs.API
 		}
 		if m := regexp.MustCompile(`KWOK_WORKDIR=(\S+)`).FindStringSubmatch(out.String()); m != nil {
 			workdir = m[1]

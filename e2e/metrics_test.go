@@ -17,7 +17,7 @@ import (
 // transport, the mirror's lag, the self-check; and no label value is an id.
 func TestMetrics(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--metrics-listen", "127.0.0.1:0")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--metrics-listen", "127.0.0.1:0")
 	if in.MetricsURL == "" {
 		t.Fatalf("serve printed no metrics address:\n%s", in.Out.String())
 	}

@@ -53,7 +53,7 @@ func pause(t *testing.T, component string) (resume func()) {
 // sandbox.
 func TestAmbiguousCreateEndsWithOneSandbox(t *testing.T) {
 	ns := e2e.NewNamespace(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns, "--cluster-timeout", "2s")
 	in.Create(in.Token, "busybox", "--wait") // the org's service account exists now
 	resume := pause(t, "etcd")
 	const n = 5

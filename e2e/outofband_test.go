@@ -27,7 +27,7 @@ import (
 func TestOutOfBandChanges(t *testing.T) {
 	// Some changes below get past admission (WithoutAdmission): the
 	// self-check must not run meanwhile.
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h")
 	ctx := context.Background()
 	pods := e2e.SharedCluster(t).Clients.Kube.CoreV1().Pods(in.NS)
 
@@ -216,7 +216,7 @@ func orgOf(t testing.TB, in *e2e.Instance, token string) string {
 func TestRestartConverges(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	db := filepath.Join(t.TempDir(), "h.db")
-	in := e2e.Serve(t, db, ns)
+	in := e2e.ServeInProcess(t, db, ns)
 	token := in.Token
 	gone := in.Create(token, "busybox", "--wait")
 	paused := in.Create(token, "busybox", "--wait")
@@ -246,7 +246,7 @@ func TestRestartConverges(t *testing.T) {
 	}
 	s.Close()
 
-	again := e2e.Serve(t, db, ns)
+	again := e2e.ServeInProcess(t, db, ns)
 	again.WaitState(token, gone.ID, "lost")
 	again.WaitState(token, paused.ID, "stopped")
 	sb := again.WaitState(token, failed.ID, "exited")
@@ -273,7 +273,7 @@ func TestOrphanReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), ns)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	eventually.Within(t, "orphan reported", 10*time.Second, func() (bool, error) {
 		return strings.Contains(in.Out.String(), "no record knows") && strings.Contains(in.Out.String(), sb.Name), nil
 	})

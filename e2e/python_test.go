@@ -46,7 +46,7 @@ func TestPythonSDK(t *testing.T) {
 	if got, err := os.ReadDir(filepath.Join(sdk, "hiloop")); err != nil || len(got) == 0 {
 		t.Fatalf("pip installed no package hiloop: %v", err)
 	}
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	out := unittest(t, sdk, "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token, "HILOOP_TEST_TOKEN_B="+in.NewOrg("py-b", 5, 5))
 	if strings.Contains(out, "skipped 'needs a live hiloop (HILOOP_URL") {
 		t.Errorf("the live tests were skipped:\n%s", out)

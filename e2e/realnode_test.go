@@ -32,7 +32,7 @@ import (
 func TestRealNode(t *testing.T) {
 	requireSSH(t)
 	c := e2e.NewRealCluster(t, func(o *localcluster.Options) { o.RuncHandler = true })
-	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
+	in := e2e.ServeInProcessOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
 		"--transports", "exec,ssh,forward", "--agent-image", c.AgentImage())
 	sb := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait")
 	exec1 := func(stdin string, args ...string) (string, string, int) {

@@ -24,7 +24,7 @@ func TestSSHControlMasterRevoked(t *testing.T) {
 	requireSSH(t)
 	// Keepalives every minute: the master is closed by the gateway on the
 	// delete, long before keepalives could notice anything.
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-keepalive", "1m")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--ssh-keepalive", "1m")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 

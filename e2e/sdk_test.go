@@ -83,7 +83,7 @@ func sha(r io.Reader) (string, int64, error) {
 // in and out, a directory in and out, an upload cut halfway, and another
 // organization's sandbox, which is not found either way.
 func TestGoSDK(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	c := sdk(in, in.Token)
 	ctx := context.Background()
 	sb := runningSandbox(t, c)
@@ -268,7 +268,7 @@ func cutUpload(t *testing.T, url, token, id, p string, underway func() bool) {
 // through, through the Go and the Python SDK. The local cluster stands such an image in with the namespace
 // whose commands run with a PATH without tar (localcluster.NoTarNamespace).
 func TestFilesWithoutTar(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), noTarNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), noTarNamespace(t))
 	c := sdk(in, in.Token)
 	ctx := context.Background()
 	sb := runningSandbox(t, c)

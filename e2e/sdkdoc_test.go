@@ -25,7 +25,7 @@ var codeBlock = regexp.MustCompile("(?s)```(go|python|typescript)\n(.*?)```")
 // against a live server on kwok's simulated pods (whose commands run on
 // this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	runSDKDocExamples(t, in)
 }
 
@@ -37,7 +37,7 @@ func TestSDKDocExamples(t *testing.T) {
 // importable, and busybox's applets beside it.
 func TestSDKDocExamplesRealNode(t *testing.T) {
 	c := e2e.NewRealCluster(t)
-	in := e2e.ServeOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c), "--agent-image", c.AgentImage())
+	in := e2e.ServeInProcessOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c), "--agent-image", c.AgentImage())
 	runSDKDocExamples(t, in)
 
 	sb := in.Create(in.Token, localcluster.PythonImage, "--wait")

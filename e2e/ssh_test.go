@@ -104,7 +104,7 @@ func requireSSH(t testing.TB) {
 // exact exit codes, stdin, a signal death, and the CLI's sandbox ssh.
 func TestSSHCommands(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 
@@ -141,7 +141,7 @@ func TestSSHRefusals(t *testing.T) {
 	// self-check must not run meanwhile. The refusals below are many
 	// failed logins from one address, which penalties would cut short
 	// (TestSSHPenaltyPerAddress tests those).
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h", "--ssh-penalties", "off")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--self-check-interval", "1h", "--ssh-penalties", "off")
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	orgB := in.NewOrg("sshb", 5, 5)
@@ -302,7 +302,7 @@ func TestSSHRefusals(t *testing.T) {
 // session must act for the attacker's key, never the victim's.
 func TestSSHAuthorizesTheKeyThatSigned(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	victimSB := in.Create(in.Token, "busybox", "--wait")
 	victim := newSSHUser(t, in, in.Token)
 	orgB := in.NewOrg("attacker", 5, 5)
@@ -349,7 +349,7 @@ func TestSSHAuthorizesTheKeyThatSigned(t *testing.T) {
 // and after a resize, TERM from the PTY request, and exit 3.
 func TestSSHTerminal(t *testing.T) {
 	requireSSH(t)
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	sb := in.Create(in.Token, "busybox", "--wait")
 	u := newSSHUser(t, in, in.Token)
 	term := e2e.Tmux(t, 100, 30, "ssh -t "+strings.Join(u.args(sb.ID+"@127.0.0.1"), " ")+"; echo EXIT=$?; sleep 60")

@@ -1,19 +1,24 @@
 // Package e2e is the shared end-to-end harness: it wraps the local cluster
-// of localcluster for tests, builds the hiloop binary, starts `hiloop
-// serve` against the cluster, and runs the CLI as a user does. The
-// end-to-end tests in e2e/ use it, as do the other packages' cluster tests;
-// a test that needs no cluster starts none, since the shared cluster starts
-// on first use.
+// of localcluster for tests, builds the hiloop binary, starts hiloop
+// against the cluster, and runs the CLI as a user does. hiloop starts
+// in-process (ServeInProcess: package app on 127.0.0.1:0, in the spirit of
+// net/http/httptest), or as the `hiloop serve` process a user runs (Serve),
+// for a test of the process itself: its signals, its exit, its output, a
+// kill. Either way the test gets an Instance with the addresses hiloop
+// bound, as values (app.Addrs, or serve's --addr-file), and the admin key.
+// The end-to-end tests in e2e/ use it, as do the other packages' cluster
+// tests; a test that needs no cluster starts none, since the shared cluster
+// starts on first use.
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +32,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alecthomas/kong"
+
+	"github.com/hiloop/hiloop/app"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/store"
@@ -255,8 +263,8 @@ func NamespaceOn(t testing.TB, c *localcluster.Cluster) string {
 	return ns
 }
 
-// Instance is one `hiloop serve` process with its own database and
-// namespace.
+// Instance is one hiloop, in-process (ServeInProcess) or a `hiloop serve`
+// process (Serve), with its own database and namespace.
 type Instance struct {
 	t   testing.TB
 	URL string
@@ -272,12 +280,16 @@ type Instance struct {
 	SSHAddr string
 	// MetricsURL is the metrics endpoint, when serve was started with one.
 	MetricsURL string
-	// Out is what the process wrote, stdout and stderr.
-	Out  *SyncBuffer
+	// Out is what the process wrote, stdout and stderr; in-process, the
+	// log.
+	Out *SyncBuffer
+	// Cmd is the serve process; nil in-process.
 	Cmd  *exec.Cmd
 	done chan error
 	// HTTP makes the API calls; http.DefaultClient when nil.
 	HTTP *http.Client
+	// stop ends an in-process hiloop and waits for it, once.
+	stop func()
 }
 
 // KeepAlive is an HTTP client that keeps up to 512 idle connections to a
@@ -291,27 +303,24 @@ func KeepAlive() *http.Client {
 	return &http.Client{Transport: t}
 }
 
-// ServingRE finds the API address serve prints; TokenRE a printed key
-// (serve prints the first admin key only on a terminal; org create and key
-// create print theirs).
-var (
-	ServingRE = regexp.MustCompile(`serving on (http://\S+)`)
-	TokenRE   = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
-	sshRE     = regexp.MustCompile(`ssh gateway on (\S+)`)
-	metricsRE = regexp.MustCompile(`metrics on (http://\S+)`)
-)
+// TokenRE finds a printed key (serve prints the first admin key only on a
+// terminal; org create and key create print theirs).
+var TokenRE = regexp.MustCompile(`HILOOP_TOKEN=(hl_\S+)`)
 
-// Serve starts hiloop serve against the shared cluster and waits for
-// /readyz.
+// Serve starts a `hiloop serve` process against the shared cluster and
+// waits for /readyz. A test that does not need the process itself (its
+// signals, exit, output, or a kill) uses ServeInProcess.
 func Serve(t testing.TB, db, ns string, args ...string) *Instance {
 	t.Helper()
 	return ServeOn(t, SharedCluster(t), db, ns, args...)
 }
 
-// ServeOn is Serve against cluster c.
-func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...string) *Instance {
+// newInstance is an Instance for db and ns, not started, with the key file
+// args name, and serve's flags for cluster c: args after the harness's
+// own, which they override.
+func newInstance(t testing.TB, c *localcluster.Cluster, db, ns string, args []string) (in *Instance, flags []string) {
 	t.Helper()
-	in := &Instance{t: t, DB: db, NS: ns, KeyFile: db + ".admin-key", Out: &SyncBuffer{}, done: make(chan error, 1)}
+	in = &Instance{t: t, DB: db, NS: ns, KeyFile: db + ".admin-key", Out: &SyncBuffer{}, done: make(chan error, 1)}
 	for i, a := range args {
 		if a == "--bootstrap-key-file" && i+1 < len(args) {
 			in.KeyFile = args[i+1]
@@ -319,7 +328,6 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 			in.KeyFile = f
 		}
 	}
-	before, _ := os.ReadFile(in.KeyFile)
 	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--boundary-file") }) {
 		args = append([]string{"--boundary-file", LocalBoundary(t)}, args...)
 	}
@@ -329,16 +337,51 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 	if !c.Real && !slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "runtime-attestation") }) {
 		args = append([]string{"--no-runtime-attestation"}, args...)
 	}
-	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
+	return in, append([]string{"--listen", "127.0.0.1:0", "--db", db, "--kubeconfig", c.Kubeconfig,
 		"--namespace", ns, "--storage-classes", "kwok-volume", "--cluster-timeout", "5s", "--ssh-listen", "127.0.0.1:0"}, args...)
+}
+
+// readKey reads the admin key from the key file; NewKey says it is not the
+// one the file held before the start.
+func (in *Instance) readKey(before []byte) {
+	if key, err := os.ReadFile(in.KeyFile); err == nil {
+		in.Token, in.NewKey = strings.TrimSpace(string(key)), string(key) != string(before)
+	}
+}
+
+// setAddrs takes the addresses hiloop bound.
+func (in *Instance) setAddrs(addrs app.Addrs) {
+	in.URL, in.SSHAddr = "http://"+addrs.API, addrs.SSH
+	if addrs.Metrics != "" {
+		in.MetricsURL = "http://" + addrs.Metrics + "/metrics"
+	}
+}
+
+// waitReady waits for /readyz to answer 200.
+func (in *Instance) waitReady() {
+	in.t.Helper()
+	eventually.Within(in.t, "/readyz 200", 30*time.Second, func() (bool, error) {
+		resp, err := http.Get(in.URL + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, fmt.Errorf("status %d", resp.StatusCode)
+	})
+}
+
+// ServeOn is Serve against cluster c. serve writes the addresses it bound
+// to its --addr-file, which ServeOn reads.
+func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...string) *Instance {
+	t.Helper()
+	in, flags := newInstance(t, c, db, ns, args)
+	before, _ := os.ReadFile(in.KeyFile)
+	addrFile := filepath.Join(t.TempDir(), "addrs.json")
+	full := append([]string{"serve", "--addr-file", addrFile}, flags...)
 	in.Cmd = exec.Command(Binary(t), full...)
 	// A killed test run takes its servers with it.
 	in.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := in.Cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.Cmd.Stderr = in.Out
+	in.Cmd.Stdout, in.Cmd.Stderr = in.Out, in.Out
 	if err := in.Cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -349,62 +392,103 @@ func ServeOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...strin
 			t.Logf("serve's log, its last %d bytes:\n%s", failedLogTail, tail(in.Out.String(), failedLogTail))
 		}
 	})
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			in.Out.Write([]byte(sc.Text() + "\n"))
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	timeout := time.After(30 * time.Second)
-	for in.URL == "" {
+	var addrs app.Addrs
+	eventually.Within(t, "serve's --addr-file", 30*time.Second, func() (bool, error) {
 		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("serve exited before serving:\n%s", in.Out.String())
-			}
-			if m := ServingRE.FindStringSubmatch(l); m != nil {
-				in.URL = m[1]
-			}
-			if m := sshRE.FindStringSubmatch(l); m != nil {
-				in.SSHAddr = m[1]
-			}
-			if m := metricsRE.FindStringSubmatch(l); m != nil {
-				in.MetricsURL = m[1]
-			}
-		case <-timeout:
-			t.Fatalf("serve did not start:\n%s", in.Out.String())
+		case err := <-in.done:
+			in.done <- err // for Stop
+			t.Fatalf("serve exited before serving (%v):\n%s", err, in.Out.String())
+		default:
 		}
-	}
-	go func() {
-		for range lines {
-		}
-	}()
-	// The key file is written before serve says it serves.
-	if key, err := os.ReadFile(in.KeyFile); err == nil {
-		in.Token, in.NewKey = strings.TrimSpace(string(key)), string(key) != string(before)
-	}
-	eventually.Within(t, "/readyz 200", 30*time.Second, func() (bool, error) {
-		resp, err := http.Get(in.URL + "/readyz")
+		raw, err := os.ReadFile(addrFile)
 		if err != nil {
 			return false, err
 		}
-		resp.Body.Close()
-		return resp.StatusCode == 200, fmt.Errorf("status %d", resp.StatusCode)
+		return true, json.Unmarshal(raw, &addrs)
 	})
+	if addrs.API == "" {
+		t.Fatalf("serve's --addr-file names no API address")
+	}
+	in.setAddrs(addrs)
+	// The key file is written before the addresses are.
+	in.readKey(before)
+	in.waitReady()
+	return in
+}
+
+// ServeInProcess starts hiloop in this process against the shared cluster,
+// as `hiloop serve args...` would (package app, with serve's flags parsed
+// as serve parses them, the environment's HILOOP_* included), on
+// 127.0.0.1:0, and waits for /readyz. Its log goes to Out. Stop, called in
+// t.Cleanup, drains it as serve does on SIGINT and waits until every part
+// has stopped.
+func ServeInProcess(t testing.TB, db, ns string, args ...string) *Instance {
+	t.Helper()
+	return ServeInProcessOn(t, SharedCluster(t), db, ns, args...)
+}
+
+// ServeInProcessOn is ServeInProcess against cluster c.
+func ServeInProcessOn(t testing.TB, c *localcluster.Cluster, db, ns string, args ...string) *Instance {
+	t.Helper()
+	in, flags := newInstance(t, c, db, ns, args)
+	var cfg app.Config
+	parser, err := kong.New(&cfg, kong.Name("hiloop serve"), kong.Vars(app.Vars()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parser.Parse(flags); err != nil {
+		t.Fatalf("serve's flags %q: %v", args, err)
+	}
+	before, _ := os.ReadFile(in.KeyFile)
+	var level slog.Level
+	level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(in.Out, &slog.HandlerOptions{Level: level}))
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.New(ctx, app.Options{Config: cfg, Log: log, Stdout: in.Out})
+	if err != nil {
+		cancel()
+		t.Fatalf("start hiloop: %v\n%s", err, in.Out.String())
+	}
+	go func() { in.done <- a.Run(ctx) }()
+	var once sync.Once
+	in.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-in.done:
+				if err != nil {
+					in.t.Errorf("hiloop did not stop cleanly: %v", err)
+				}
+			case <-time.After(cfg.ShutdownTimeout + 30*time.Second):
+				in.t.Errorf("hiloop did not stop within its shutdown timeout")
+			}
+		})
+	}
+	t.Cleanup(func() {
+		in.Stop()
+		if t.Failed() {
+			t.Logf("hiloop's log, its last %d bytes:\n%s", failedLogTail, tail(in.Out.String(), failedLogTail))
+		}
+	})
+	in.setAddrs(a.Addrs())
+	in.readKey(before)
+	in.waitReady()
 	return in
 }
 
 // Attach is an Instance for a server the test started otherwise (hiloop
 // dev), for its CLI and API helpers; Stop does nothing to it.
 func Attach(t testing.TB, url, token string) *Instance {
-	return &Instance{t: t, URL: url, Token: token, Cmd: &exec.Cmd{ProcessState: &os.ProcessState{}}}
+	return &Instance{t: t, URL: url, Token: token, stop: func() {}}
 }
 
-// Stop sends SIGINT and waits for a clean exit.
+// Stop stops hiloop and waits until it has: an in-process one drains as
+// serve does on SIGINT; a process gets SIGINT and must exit cleanly.
 func (in *Instance) Stop() {
+	if in.stop != nil {
+		in.stop()
+		return
+	}
 	if in.Cmd.ProcessState != nil {
 		return
 	}
@@ -421,8 +505,11 @@ func (in *Instance) Stop() {
 }
 
 // Signal sends sig and waits up to timeout for the process to exit,
-// returning its exit error.
+// returning its exit error; only for a process (Serve).
 func (in *Instance) Signal(sig os.Signal, timeout time.Duration) error {
+	if in.Cmd == nil {
+		in.t.Fatal("Signal: hiloop runs in-process; start it with Serve to signal it")
+	}
 	in.Cmd.Process.Signal(sig)
 	select {
 	case err := <-in.done:

@@ -16,12 +16,14 @@ const mod = "github.com/hiloop/hiloop"
 // the bottom up: the shared vocabulary (api, cluster, sandbox, forward)
 // imports nothing of hiloop's; the record (store) and the cluster adapter
 // (k8s) sit on it; the core (control) speaks to the cluster only in
-// cluster's vocabulary; the ways in (server, sshd) call the core; only main
-// wires the parts together.
+// cluster's vocabulary; the ways in (server, sshd) call the core; only app
+// wires the parts together, for main (serve, dev) and for the end-to-end
+// harness (internal/e2e), which runs a whole hiloop in-process.
 var imports = map[string][]string{
-	"":                     {"agent", "api", "cluster", "control", "k8s", "localcluster", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
+	"":                     {"agent", "api", "app", "cluster", "control", "k8s", "localcluster", "sandbox", "store"},
 	"agent":                {"forward"},
 	"api":                  {},
+	"app":                  {"cluster", "control", "k8s", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
 	"cluster":              {},
 	"control":              {"api", "cluster", "metrics", "sandbox", "store"},
 	"control/controltest":  {"cluster", "k8s", "sandbox", "store"},
@@ -31,7 +33,7 @@ var imports = map[string][]string{
 	"forward":              {},
 	"internal/benchplot":   {},
 	"internal/benchspread": {},
-	"internal/e2e":         {"internal/eventually", "localcluster", "store"},
+	"internal/e2e":         {"app", "internal/eventually", "localcluster", "store"},
 	"internal/eventually":  {},
 	"internal/hungtest":    {},
 	"internal/layers":      {},

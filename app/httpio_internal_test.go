@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bufio"
@@ -349,24 +349,4 @@ func counter(t *testing.T, met *metrics.Metrics, name, reason string) float64 {
 		}
 	}
 	return 0
-}
-
-// TestHTTPLimitFlags: the HTTP listeners' limits are flags with defaults
-// and environment variables; zero or negative is refused naming the flag.
-func TestHTTPLimitFlags(t *testing.T) {
-	s, err := parseServe(t)
-	if err != nil || s.HTTPIOTimeout != time.Minute || s.HTTPMaxHeaderReads != 256 || s.HTTPMaxHeaderReadsPerSource != 32 {
-		t.Errorf("defaults: %v %d %d, %v; want 1m 256 32", s.HTTPIOTimeout, s.HTTPMaxHeaderReads, s.HTTPMaxHeaderReadsPerSource, err)
-	}
-	t.Setenv("HILOOP_HTTP_IO_TIMEOUT", "7s")
-	t.Setenv("HILOOP_HTTP_MAX_HEADER_READS_PER_SOURCE", "3")
-	if s, err := parseServe(t, "--http-max-header-reads=9"); err != nil || s.HTTPIOTimeout != 7*time.Second || s.HTTPMaxHeaderReads != 9 || s.HTTPMaxHeaderReadsPerSource != 3 {
-		t.Errorf("set: %v %d %d, %v; want 7s 9 3", s.HTTPIOTimeout, s.HTTPMaxHeaderReads, s.HTTPMaxHeaderReadsPerSource, err)
-	}
-	for _, arg := range []string{"--http-io-timeout=0s", "--http-io-timeout=-1s", "--http-max-header-reads=0", "--http-max-header-reads-per-source=-1"} {
-		flag, _, _ := strings.Cut(arg, "=")
-		if _, err := parseServe(t, arg); err == nil || !strings.Contains(err.Error(), flag+":") {
-			t.Errorf("%s: %v, want refused naming the flag", arg, err)
-		}
-	}
 }

@@ -3,10 +3,10 @@
 // Sandbox. One binary serves the API, mirrors observed state into an embedded
 // SQLite record, and is also the CLI.
 //
-// The grammar is split by command group: serve.go (serve, dev), sandbox.go,
-// exec.go (sandbox exec and its terminal), admin.go (org, key, backup), ssh.go
-// (ssh-key, ssh-config, ssh-rotate-agent-key, sandbox ssh), agent.go (the
-// in-pod session helper).
+// The grammar is split by command group: serve.go (serve, dev; what they
+// run is package app), sandbox.go, exec.go (sandbox exec and its terminal),
+// admin.go (org, key, backup), ssh.go (ssh-key, ssh-config,
+// ssh-rotate-agent-key, sandbox ssh), agent.go (the in-pod session helper).
 package main
 
 import (

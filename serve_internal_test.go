@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/hiloop/hiloop/app"
 )
 
 func TestCgroupMemoryLimit(t *testing.T) {
@@ -107,5 +111,35 @@ func TestRuntimeAttestationFlag(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%v with HILOOP_RUNTIME_ATTESTATION %q: attestation %v, want %v", tc.args, tc.env, got, tc.want)
 		}
+	}
+}
+
+// TestAddrFile: --addr-file holds the bound addresses as one JSON object,
+// ssh and metrics only when on, and a second start replaces the file whole.
+func TestAddrFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "addrs.json")
+	for _, tc := range []struct {
+		addrs app.Addrs
+		want  string
+	}{
+		{app.Addrs{API: "127.0.0.1:1", SSH: "127.0.0.1:2", Metrics: "127.0.0.1:3"}, `{"api":"127.0.0.1:1","ssh":"127.0.0.1:2","metrics":"127.0.0.1:3"}` + "\n"},
+		{app.Addrs{API: "[::1]:8080"}, `{"api":"[::1]:8080"}` + "\n"},
+	} {
+		if err := writeAddrFile(path, tc.addrs); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(tc.want, string(raw)); diff != "" {
+			t.Errorf("%+v (-want +got):\n%s", tc.addrs, diff)
+		}
+	}
+	if err := writeAddrFile(filepath.Join(t.TempDir(), "missing", "addrs.json"), app.Addrs{API: "127.0.0.1:1"}); err == nil {
+		t.Error("an address file in a missing directory was written")
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Errorf("the directory holds %d files, want the address file alone", len(ents))
 	}
 }

@@ -234,7 +234,7 @@ func TestExecBadInput(t *testing.T) {
 }
 
 func TestExecLimitsAndCancel(t *testing.T) {
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--exec-per-sandbox", "1", "--exec-per-org", "2")
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t), "--exec-per-sandbox", "1", "--exec-per-org", "2")
 	a := in.Create(in.Token, "busybox", "--wait")
 	b := in.Create(in.Token, "busybox", "--wait")
 	c := in.Create(in.Token, "busybox", "--wait")

@@ -29,7 +29,6 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
@@ -554,7 +553,7 @@ func TestExecArgvInFirstMessage(t *testing.T) {
 // in error bodies, and one access-log line with its route pattern, status
 // and organization; no key reaches the log, whatever the request carried.
 func TestAccessLogAndRequestIDs(t *testing.T) {
-	var buf e2e.SyncBuffer
+	var buf logBuffer
 	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 		o.Log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -637,7 +636,7 @@ func TestStorageUnavailable(t *testing.T) {
 // Retry-After, creates have their own tighter bucket, and another key of
 // the same organization is not slowed.
 func TestRateLimits(t *testing.T) {
-	var logs e2e.SyncBuffer
+	var logs logBuffer
 	ts := newTestServer(t, &controltest.Cluster{}, func(o *Options, _ *control.Options) {
 		o.RateLimits = RateLimits{PerKey: 1, Burst: 10, Creates: 0.5, CreateBurst: 2}
 		o.Log = slog.New(slog.NewTextHandler(&logs, nil))

@@ -14,13 +14,14 @@ import (
 // gateway on the addresses it returns, with the admin key it bootstrapped,
 // and Stop drains it as serve does on SIGINT: once Stop returns, no
 // goroutine of it is left. Idle HTTP connections are the only ones
-// allowed: client-go keeps its transport to the API server for the whole
-// process, and the test's own client keeps its connections too.
+// allowed: client-go keeps its transport to the API server (HTTP/2) for the
+// whole process, and the test's own client keeps its connections too.
 func TestServeInProcessStops(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	ignore := []goleak.Option{goleak.IgnoreCurrent(),
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop")}
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop")}
 	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns)
 	if in.Cmd != nil || in.Token == "" || !in.NewKey {
 		t.Fatalf("in-process hiloop: process %v, key %q (new %v)", in.Cmd, in.Token, in.NewKey)

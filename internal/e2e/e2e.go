@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"k8s.io/klog/v2"
 
 	"github.com/hiloop/hiloop/app"
 	"github.com/hiloop/hiloop/internal/eventually"
@@ -440,6 +441,7 @@ func ServeInProcessOn(t testing.TB, c *localcluster.Cluster, db, ns string, args
 		t.Fatalf("serve's flags %q: %v", args, err)
 	}
 	before, _ := os.ReadFile(in.KeyFile)
+	quietClientGo()
 	var level slog.Level
 	level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewTextHandler(in.Out, &slog.HandlerOptions{Level: level}))
@@ -474,6 +476,18 @@ func ServeInProcessOn(t testing.TB, c *localcluster.Cluster, db, ns string, args
 	in.readKey(before)
 	in.waitReady()
 	return in
+}
+
+var quietOnce sync.Once
+
+// quietClientGo keeps client-go's own logging (klog, one for the whole
+// process) at warnings and above, as serve does: its info lines, such as
+// the API server's Pod Security warnings on the self-check's probes, are
+// not the test's.
+func quietClientGo() {
+	quietOnce.Do(func() {
+		klog.SetSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "client-go"))
+	})
 }
 
 // Attach is an Instance for a server the test started otherwise (hiloop

@@ -209,7 +209,7 @@ func TestTypeScriptSDK(t *testing.T) {
 		args = append(args, filepath.Base(f))
 	}
 
-	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
 	cmd := exec.Command("node", args...)
 	cmd.Dir = run
 	cmd.Env = append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token, "HILOOP_TEST_TOKEN_B="+in.NewOrg("ts-b", 5, 5))

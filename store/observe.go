@@ -101,6 +101,9 @@ func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox)
 			return err
 		}
 		changed = true
+		if err := endProcesses(ctx, tx, id, o, now); err != nil {
+			return err
+		}
 		if sb.State == o.State {
 			return nil
 		}

@@ -112,7 +112,7 @@ func (s *Store) StartProcess(ctx context.Context, orgID string, p Process, lim P
 		if running >= lim.Running {
 			return ErrProcessLimit
 		}
-		if forgot, err = forgetFinished(ctx, tx, p.SandboxID, lim.Finished-1); err != nil {
+		if forgot, err = forgetFinished(ctx, tx, p.SandboxID, lim.Finished); err != nil {
 			return err
 		}
 		p.State, p.PodUID = ProcessRunning, sb.PodUID
@@ -131,7 +131,7 @@ func (s *Store) StartProcess(ctx context.Context, orgID string, p Process, lim P
 // keep, and returns their ids.
 func forgetFinished(ctx context.Context, tx *txn, sandboxID string, keep int) ([]string, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id FROM processes WHERE sandbox_id = ? AND state != 'running'
-		ORDER BY started_at DESC, id LIMIT -1 OFFSET ?`, sandboxID, max(keep, 0))
+		ORDER BY started_at DESC, rowid DESC LIMIT -1 OFFSET ?`, sandboxID, max(keep, 0))
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,7 @@ func (s *Store) Processes(ctx context.Context, orgID, sandboxID string) ([]Proce
 	if _, err := s.Sandbox(ctx, orgID, sandboxID); err != nil {
 		return nil, err
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT `+processColumns+` FROM processes p WHERE p.sandbox_id = ? ORDER BY p.started_at DESC, p.id`, sandboxID)
+	rows, err := s.read.QueryContext(ctx, `SELECT `+processColumns+` FROM processes p WHERE p.sandbox_id = ? ORDER BY p.started_at DESC, p.rowid DESC`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("processes: %w", err)
 	}

@@ -538,6 +538,12 @@ func (o *ProcessOutput) Done(cut error) (OutputEnd, error) {
 		return end, cut
 	case res.err != nil:
 		return end, res.err
+	case res.st.Code == exitProcMissing:
+		// The process's state vanished under the reader, or its
+		// supervisor was killed: it is not running, nor will it say how
+		// it ended.
+		o.s.notRunning(o.s.Context(), o.id, exitProcMissing, "")
+		return end, &ProcessError{Kind: ErrOutputGone, Code: exitProcMissing}
 	case res.st.Code != 0:
 		return end, procExitError(res.st.Code, o.stderr.buf)
 	}

@@ -222,3 +222,37 @@ func TestProcessScriptsSpellTheLimits(t *testing.T) {
 		t.Errorf("the supervisor does not spell K=%d", procChunks)
 	}
 }
+
+// TestProcessSupervisorKilled: a process whose supervisor something in
+// the sandbox killed (kill -9 -1 takes it along) can never report its
+// exit: a follow of it ends, and it is recorded ended (state_lost), never
+// left running.
+func TestProcessSupervisorKilled(t *testing.T) {
+	c, s, _, who := procSession(t)
+	ctx := context.Background()
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(procRoot, p.ID, "sup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.ProcessOutput(ctx, p.ID, 0, true)
+	if err == nil {
+		_, cerr := io.Copy(io.Discard, out)
+		_, err = out.Done(cerr)
+		out.Close()
+	}
+	if !errors.Is(err, ErrOutputGone) {
+		t.Fatalf("follow of a process without its supervisor: %v; want %v", err, ErrOutputGone)
+	}
+	info, err := c.Process(ctx, who, s.SandboxID, p.ID)
+	if err != nil || info.State != store.ProcessEnded || info.Reason != store.EndStateLost {
+		t.Fatalf("process %+v, %v; want ended, state_lost", info, err)
+	}
+}

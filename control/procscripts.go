@@ -6,6 +6,7 @@ package control
 // is hiloop's own (store.NewID). A process keeps its state in the sandbox
 // under procRoot/<id>/:
 //
+//	sup       the supervisor's pid
 //	pid       the command's pid, which is also its process group and session
 //	keeper    the pid of the process that holds stdin open (closing stdin kills it)
 //	in        a FIFO, the command's stdin
@@ -46,11 +47,15 @@ const (
 
 // procFuncs are the shell functions the scripts share: size prints a
 // file's size (see sizeFunc), chunk the path of the chunk that starts at
-// byte $1, and num strips a chunk name's zero padding (sh would read a
-// leading zero as octal).
+// byte $1, num strips a chunk name's zero padding (sh would read a
+// leading zero as octal), sig sends signal $1 to process group $2 (busybox
+// and dash differ on "--"), and lost reports whether the supervisor of the
+// process in $d is gone without having written an exit status (killed by
+// something in the sandbox): such a process is never reported running.
 const procFuncs = sizeFunc + `chunk() { printf '%s/out.%016d' "$d" "$1"; }
 num() { x=${1##*/out.}; x=${x#"${x%%[!0]*}"}; echo "${x:-0}"; }
 sig() { kill -s "$1" "-$2" 2>/dev/null || kill -s "$1" -- "-$2"; }
+lost() { [ ! -e "$d/exit" ] && sp=$(cat "$d/sup" 2>/dev/null) && ! kill -s 0 "$sp" 2>/dev/null && [ ! -e "$d/exit" ]; }
 `
 
 // supervisorScript runs the command "$@" with its state in the directory
@@ -76,6 +81,7 @@ chunks() {
     [ $o -ge $((K*M)) ] && rm -f "$(chunk $((o-K*M)))"
   done
 }
+echo $$ >"$d/sup"
 if ! mkfifo "$d/in" "$d/o"; then echo fail 1<>"$d/ready"; exit 1; fi
 chunks <"$d/o" &
 c=$!
@@ -148,6 +154,7 @@ while :; do
   fi
   [ "$fin" ] && break
   [ "$f" = 1 ] || break
+  { [ -d "$d" ] && ! lost; } || exit 92
   case $w in 0) w=0.01;; 0.01) w=0.02;; 0.02) w=0.05;; 0.05) w=0.1;; 0.1) w=0.2;; *) w=0.5;; esac
   sleep $w 2>/dev/null || sleep 1
 done
@@ -166,7 +173,7 @@ rm -f "$f"`
 // far, or "ID missing" when its state in the sandbox is gone.
 const statusScript = procFuncs + `for i; do
   d=` + procRoot + `/$i
-  if [ ! -d "$d" ]; then echo "$i missing"; continue; fi
+  if [ ! -d "$d" ] || lost; then echo "$i missing"; continue; fi
   e=$(cat "$d/exit" 2>/dev/null)
   b=0
   for x in "$d"/out.*; do :; done

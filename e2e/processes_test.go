@@ -26,7 +26,7 @@ const procRoot = "/tmp/.hiloop/proc"
 // reapProcesses kills, at the end of the test, what is left on this
 // machine of the processes of sandbox id: kwok runs a pod's commands here
 // and kills none of them when the pod goes, as a real node does.
-func reapProcesses(t *testing.T, in *e2e.Instance, token, id string) {
+func reapProcesses(t testing.TB, in *e2e.Instance, token, id string) {
 	t.Cleanup(func() {
 		status, body := in.Call(token, "GET", "/v1/sandboxes/"+id+"/processes", "")
 		var l api.ProcessList

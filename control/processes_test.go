@@ -256,3 +256,30 @@ func TestProcessSupervisorKilled(t *testing.T) {
 		t.Fatalf("process %+v, %v; want ended, state_lost", info, err)
 	}
 }
+
+// TestProcessLookIsNoUse: asking the sandbox for its processes' state is
+// no use of it: its idle clock runs on.
+func TestProcessLookIsNoUse(t *testing.T) {
+	c, s, db, who := procSession(t)
+	ctx := context.Background()
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.End()
+	sb, err := db.Sandbox(ctx, who.OrgID, s.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, busy := c.activity.idleSince(sb.ID, sb.LastActivityAt)
+	if busy {
+		t.Fatal("busy with no session open")
+	}
+	info, err := c.Process(ctx, who, sb.ID, p.ID)
+	if err != nil || info.OutputBytes == nil {
+		t.Fatalf("the look did not ask the sandbox: %+v %v", info, err)
+	}
+	if after, busy := c.activity.idleSince(sb.ID, sb.LastActivityAt); busy || !after.Equal(before) {
+		t.Fatalf("the look moved the idle clock from %v to %v (busy %v)", before, after, busy)
+	}
+}

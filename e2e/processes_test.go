@@ -230,7 +230,7 @@ func TestProcesses(t *testing.T) {
 			code               string
 		}{
 			{"POST", base, `{"command":[]}`, 400, api.CodeInvalidField},
-			{"POST", base, `{"command":["sh"],"cwd":"/"}`, 400, api.CodeUnknownField},
+			{"POST", base, `{"command":["sh"],"nope":1}`, 400, api.CodeUnknownField},
 			{"POST", base + "?nope=1", `{"command":["sh"]}`, 400, api.CodeUnknownField},
 			{"POST", base + "/" + p.ID + "/signal", `{"signal":"SEGV"}`, 400, api.CodeInvalidField},
 			{"GET", base + "/" + p.ID + "/output?offset=-1", "", 400, api.CodeInvalidField},

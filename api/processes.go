@@ -228,24 +228,23 @@ func (c *Client) WaitProcess(ctx context.Context, id, pid string) (Process, erro
 			from = *p.OutputBytes
 		}
 		out, err := c.ProcessOutput(ctx, id, pid, from, true)
-		if err != nil {
-			if ErrorCode(err) == CodeOutputGone || ErrorCode(err) == CodeProcessNotRunning {
-				continue
-			}
+		switch {
+		case ErrorCode(err) == CodeOutputGone || ErrorCode(err) == CodeProcessNotRunning:
+		case err != nil:
 			return Process{}, err
+		default:
+			_, err = io.Copy(io.Discard, bufio.NewReader(out))
+			out.Close()
+			if err == nil {
+				continue // the process ended: ask how
+			}
 		}
-		_, err = io.Copy(io.Discard, bufio.NewReader(out))
-		out.Close()
-		if err != nil {
-			if ctx.Err() != nil {
-				return Process{}, ctx.Err()
-			}
-			// A cut: the process may have ended with its sandbox; ask.
-			select {
-			case <-ctx.Done():
-				return Process{}, ctx.Err()
-			case <-time.After(time.Second):
-			}
+		// A cut, or output that moved on: the process may have ended
+		// with its sandbox; ask again in a moment.
+		select {
+		case <-ctx.Done():
+			return Process{}, ctx.Err()
+		case <-time.After(time.Second):
 		}
 	}
 }

@@ -23,7 +23,8 @@ const (
 	// MaxProcessStdin caps one write to a process's stdin.
 	MaxProcessStdin = 64 << 10
 	// MaxProcessOutputKept is how much of a process's output the sandbox
-	// keeps at least, the newest of it; up to a MiB more may be kept.
+	// keeps at least, the newest of it; up to about 2 MiB more may be
+	// kept.
 	MaxProcessOutputKept = 4 << 20
 	// OutputOffsetHeader is the header of an output response that says
 	// the offset its body begins at.

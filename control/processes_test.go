@@ -106,6 +106,17 @@ func TestProcessLifecycle(t *testing.T) {
 	if p.State != store.ProcessRunning || !strings.HasPrefix(p.ID, "proc_") {
 		t.Fatalf("started %+v", p)
 	}
+	// Its output is there to read while it runs, not only once it ended.
+	eventually.True(t, "the first line read while the process waits for stdin", func() bool {
+		out, err := s.ProcessOutput(ctx, p.ID, 0, false)
+		if err != nil {
+			return false
+		}
+		defer out.Close()
+		b, cerr := io.ReadAll(out)
+		end, err := out.Done(cerr)
+		return err == nil && string(b) == "hello\n" && !end.Exited
+	})
 	if err := s.WriteStdin(ctx, p.ID, 4, strings.NewReader("abc\n"), false); err != nil {
 		t.Fatal(err)
 	}
@@ -173,19 +184,29 @@ func TestProcessOutputGone(t *testing.T) {
 	if _, err := s.ProcessOutput(ctx, p.ID, 0, false); !errors.Is(err, ErrOutputGone) {
 		t.Fatalf("offset 0: %v; want %v", err, ErrOutputGone)
 	}
-	oldest := int64(total - total%procChunk - (procChunks-1)*procChunk)
-	if _, err := s.ProcessOutput(ctx, p.ID, oldest-1, false); !errors.Is(err, ErrOutputGone) {
-		t.Fatalf("offset %d: %v; want %v", oldest-1, err, ErrOutputGone)
-	}
-	out, err := s.ProcessOutput(ctx, p.ID, oldest, false)
+	// At least the newest (procChunks-1) chunks' worth is kept.
+	from := int64(total - (procChunks-1)*procChunk)
+	out, err := s.ProcessOutput(ctx, p.ID, from, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n, cerr := io.Copy(io.Discard, out)
-	if _, err := out.Done(cerr); err != nil || n != int64(total)-oldest {
-		t.Fatalf("from the oldest kept offset: %d bytes, %v; want %d", n, err, int64(total)-oldest)
+	if _, err := out.Done(cerr); err != nil || n != int64(total)-from {
+		t.Fatalf("from %d: %d bytes, %v; want %d", from, n, err, int64(total)-from)
 	}
 	out.Close()
+	if len(chunkFiles(t, p.ID)) > procChunks {
+		t.Errorf("more than %d chunks kept: %v", procChunks, chunkFiles(t, p.ID))
+	}
+}
+
+func chunkFiles(t *testing.T, id string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(procRoot, id, "out.*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // TestProcessStdinClose: closing stdin gives the process end of file.

@@ -11,8 +11,9 @@ package control
 //	keeper    the pid of the process that holds stdin open (closing stdin kills it)
 //	in        a FIFO, the command's stdin
 //	o         a FIFO, the command's stdout and stderr, read by the chunker
-//	out.N     the output from byte N on (N zero-padded to 16 digits), at most
-//	          procChunk bytes; only the newest procChunks are kept
+//	out.N     the output from byte N on (N zero-padded to 16 digits), procChunk
+//	          bytes and at most one dd's worth (256 KiB) more; only the newest
+//	          procChunks are kept
 //	exit      the command's exit status, once it exited
 //	done      once all its output is in the chunks
 //	r.TOKEN   the pid of a reader of the output (outputScript)
@@ -26,10 +27,12 @@ package control
 // procRoot is where processes keep their state in the sandbox.
 const procRoot = "/tmp/.hiloop/proc"
 
-// The output is kept in chunks of procChunk bytes, the newest procChunks
-// of them: a process's output costs its sandbox at most that much, and a
-// reader that falls further behind finds its offset gone. The scripts
-// spell them out (M and K); a test holds the two to each other.
+// The output is kept in chunks of about procChunk bytes, the newest
+// procChunks of them: a process's output costs its sandbox at most that
+// much (and a quarter MiB a chunk), at least the newest (procChunks-1) *
+// procChunk bytes are kept, and a reader that falls further behind finds
+// its offset gone. The scripts spell them out (M and K); a test holds the
+// two to each other.
 const (
 	procChunk  = 1 << 20
 	procChunks = 5
@@ -65,8 +68,10 @@ lost() { [ ! -e "$d/exit" ] && sp=$(cat "$d/sup" 2>/dev/null) && ! kill -s 0 "$s
 // reaches the command's group, and tells the start script the pid through
 // the FIFO $1/ready, which it opens read-write so that it never waits for
 // a reader that is gone.
-// The chunker copies the output FIFO into chunks with head -c, which
-// writes what it reads as it reads it, so a reader sees output at once.
+// The chunker copies the output FIFO into chunks with dd, which writes
+// each read as it comes, so a reader sees output at once (GNU head -c
+// would hold it in its stdio buffer), and starts the next chunk once one
+// passed M bytes: chunks are named by the offset they start at.
 const supervisorScript = procFuncs + `d=$1; shift
 r='d=$1; shift; echo $$ >"$d/pid.t" && mv "$d/pid.t" "$d/pid" && echo $$ 1<>"$d/ready" && exec "$@"'
 M=1048576
@@ -74,11 +79,17 @@ K=5
 chunks() {
   o=0
   while :; do
-    head -c $M >"$(chunk $o)" || return
-    n=$(size "$(chunk $o)") || return
-    [ "$n" -lt $M ] && return
-    o=$((o+M))
-    [ $o -ge $((K*M)) ] && rm -f "$(chunk $((o-K*M)))"
+    f=$(chunk $o) && : >"$f" || return
+    set -- "$d"/out.*
+    [ $# -gt $K ] && rm -f "$1"
+    n=0
+    while [ "$n" -lt $M ]; do
+      dd bs=16384 count=16 2>/dev/null >>"$f" || return
+      m=$(size "$f") || return
+      [ "$m" -eq "$n" ] && return
+      n=$m
+    done
+    o=$((o+n))
   done
 }
 echo $$ >"$d/sup"
@@ -105,7 +116,7 @@ rm -f "$d/in" "$d/o" "$d/ready"`
 // command's pid once the supervisor has started it, and leaves the
 // supervisor detached: in its own session, with no descriptor of the
 // exec's, so the exec ends at once.
-const startScript = `for c in setsid mkfifo head ls mkdir mv rm sleep kill printf; do command -v $c >/dev/null 2>&1 || exit 127; done
+const startScript = `for c in setsid mkfifo dd head tail ls mkdir mv rm sleep kill printf cat; do command -v $c >/dev/null 2>&1 || exit 127; done
 s=$1; r=` + procRoot + `; d=$r/$2; n=$3; shift 3
 mkdir -p "$r" || exit 94
 while [ "$n" -gt 0 ]; do rm -rf "$r/$1"; shift; n=$((n-1)); done
@@ -131,25 +142,31 @@ const outputScript = procFuncs + `d=` + procRoot + `/$1; o=$2; f=$3; t=$4; M=104
 echo $$ >"$d/r.$t"
 trap 'rm -f "$d/r.$t"' EXIT
 trap 'exit 143' TERM
-gone() {
-  g=$1; set -- "$d"/out.*
-  [ -e "$1" ] && [ "$(num "$1")" -gt "$g" ]
+pick() {
+  c=; x=
+  for y in "$d"/out.*; do
+    [ -e "$y" ] || return 1
+    z=${y##*/out.}; z=${z#"${z%%[!0]*}"}; z=${z:-0}
+    [ "$z" -le "$1" ] || break
+    c=$z; x=$y
+  done
+  [ -n "$x" ]
 }
-c=$((o - o % M))
-if [ ! -e "$(chunk $c)" ] && gone $c; then exit 96; fi
+gone() { set -- "$d"/out.*; [ -e "$1" ]; }
+if ! pick $o && gone; then exit 96; fi
 echo ok
 w=0
 while :; do
   [ -e "$d/done" ] && fin=1
-  c=$((o - o % M)); p=$((o - c)); x=$(chunk $c)
-  if [ -e "$x" ]; then
+  if pick $o; then
     n=$(size "$x") || exit 94
+    p=$((o - c))
     if [ "$n" -gt "$p" ]; then
       tail -c +$((p+1)) "$x" | head -c $((n-p)) || exit 94
       o=$((c+n)); w=0
       continue
     fi
-  elif gone $c; then
+  elif gone; then
     exit 96
   fi
   [ "$fin" ] && break

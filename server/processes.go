@@ -211,7 +211,13 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	pid := r.PathValue("pid")
-	if _, err := s.o.Control.ProcessRecord(r.Context(), caller(r), r.PathValue("id"), pid); err != nil {
+	// An ended process's output went with its pod: that is the answer,
+	// whatever its sandbox does now.
+	p, err := s.o.Control.ProcessRecord(r.Context(), caller(r), r.PathValue("id"), pid)
+	if err == nil && p.State == store.ProcessEnded {
+		err = &control.ProcessError{Kind: control.ErrOutputGone}
+	}
+	if err != nil {
 		s.writeError(w, r, processFailed(err))
 		return
 	}

@@ -473,7 +473,8 @@ func (s *Session) ProcessOutput(ctx context.Context, id string, offset int64, fo
 	if p.State == store.ProcessEnded {
 		return nil, &ProcessError{Kind: ErrOutputGone}
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	// A follow is bounded as an exec stream is; its caller attaches again.
+	ctx, cancel := context.WithTimeout(ctx, api.MaxExecTimeout)
 	pr, pw := io.Pipe()
 	o := &ProcessOutput{id: id, token: randomSuffix(), s: s, cancel: cancel, pr: pr, stderr: &capWriter{max: maxScriptOutput},
 		follow: follow, offset: offset}

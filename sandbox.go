@@ -72,20 +72,21 @@ func sandboxRows(tw *tabwriter.Writer, list ...api.Sandbox) {
 
 // SandboxCmd groups the sandbox commands.
 type SandboxCmd struct {
-	Create SandboxCreateCmd `cmd:"" help:"Create a sandbox."`
-	List   SandboxListCmd   `cmd:"" help:"List sandboxes."`
-	Get    SandboxGetCmd    `cmd:"" help:"Show one sandbox."`
-	Stop   SandboxStopCmd   `cmd:"" help:"Stop a sandbox (volumes survive, processes do not)."`
-	Start  SandboxStartCmd  `cmd:"" help:"Start a stopped sandbox."`
-	Ttl    SandboxTTLCmd    `cmd:"" name:"ttl" help:"Set a sandbox's TTL from now."`
-	Idle   SandboxIdleCmd   `cmd:"" name:"idle-timeout" help:"Set a sandbox's idle timeout (0 turns idle stop off)."`
-	Touch  SandboxTouchCmd  `cmd:"" help:"Count a use of a sandbox now, so its idle clock starts again."`
-	Delete SandboxDeleteCmd `cmd:"" help:"Delete a sandbox."`
-	Wait   SandboxWaitCmd   `cmd:"" help:"Wait until a sandbox reaches a state."`
-	Events SandboxEventsCmd `cmd:"" help:"Show a sandbox's state history."`
-	Exec   SandboxExecCmd   `cmd:"" help:"Run a command in a sandbox and exit with its exit code."`
-	Cp     SandboxCpCmd     `cmd:"" name:"cp" help:"Copy a file or directory into (PATH SANDBOX:/abs/path) or out of (SANDBOX:/abs/path PATH) a sandbox."`
-	SSH    SandboxSSHCmd    `cmd:"" name:"ssh" help:"ssh into a sandbox through the gateway, host key pinned; exits with ssh's code."`
+	Create  SandboxCreateCmd  `cmd:"" help:"Create a sandbox."`
+	List    SandboxListCmd    `cmd:"" help:"List sandboxes."`
+	Get     SandboxGetCmd     `cmd:"" help:"Show one sandbox."`
+	Stop    SandboxStopCmd    `cmd:"" help:"Stop a sandbox (volumes survive, processes do not)."`
+	Start   SandboxStartCmd   `cmd:"" help:"Start a stopped sandbox."`
+	Ttl     SandboxTTLCmd     `cmd:"" name:"ttl" help:"Set a sandbox's TTL from now."`
+	Idle    SandboxIdleCmd    `cmd:"" name:"idle-timeout" help:"Set a sandbox's idle timeout (0 turns idle stop off)."`
+	Touch   SandboxTouchCmd   `cmd:"" help:"Count a use of a sandbox now, so its idle clock starts again."`
+	Delete  SandboxDeleteCmd  `cmd:"" help:"Delete a sandbox."`
+	Wait    SandboxWaitCmd    `cmd:"" help:"Wait until a sandbox reaches a state."`
+	Events  SandboxEventsCmd  `cmd:"" help:"Show a sandbox's state history."`
+	Exec    SandboxExecCmd    `cmd:"" help:"Run a command in a sandbox and exit with its exit code."`
+	Cp      SandboxCpCmd      `cmd:"" name:"cp" help:"Copy a file or directory into (PATH SANDBOX:/abs/path) or out of (SANDBOX:/abs/path PATH) a sandbox."`
+	SSH     SandboxSSHCmd     `cmd:"" name:"ssh" help:"ssh into a sandbox through the gateway, host key pinned; exits with ssh's code."`
+	Process SandboxProcessCmd `cmd:"" help:"Background processes: start, list, get, logs, stdin, kill."`
 }
 
 // SandboxCreateCmd creates a sandbox.

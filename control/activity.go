@@ -11,7 +11,8 @@ import (
 // What counts as use of a sandbox is what its users do through hiloop,
 // never what its workload does: a live exec, SSH session or -L channel for
 // as long as it is open, a touch (an explicit one, or a call such as a file
-// call that ends at once). Its idle clock starts when the last such use
+// call that ends at once). A background process is the workload's: only
+// its calls count, and reading its output for as long as that is open. Its idle clock starts when the last such use
 // ends, or when the sandbox comes up running (the mirror records that). A
 // running sandbox whose clock reaches its idle timeout is stopped through
 // the same path as a user's stop, with cause idle; only such a stop may be

@@ -94,6 +94,12 @@ func (s *Session) End() {
 // being stopped for idleness; it is refused with a *StateError while such a
 // stop is under way.
 func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sandbox.Transport) (*Session, error) {
+	return c.admitSession(ctx, who, id, transport, transport != sandbox.TransportForward)
+}
+
+// admitSession is Admit, with use saying whether the session counts as use of
+// the sandbox: a look at its processes' state does not (see processes.go).
+func (c *Control) admitSession(ctx context.Context, who Caller, id string, transport sandbox.Transport, use bool) (*Session, error) {
 	if c.o.Exec == nil && transport != sandbox.TransportForward {
 		return nil, ErrNoExec
 	}
@@ -102,7 +108,7 @@ func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sa
 		return nil, err
 	}
 	var release func()
-	if transport != sandbox.TransportForward {
+	if use {
 		var ok bool
 		if release, ok = c.hold(id); !ok {
 			return nil, idleStopping()

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/localcluster"
@@ -160,9 +161,38 @@ func TestRealNode(t *testing.T) {
 			t.Log("note: something on the host listens on 127.0.0.1:8080 too")
 		}
 	})
+	// A process left running for the stop below, which must end it.
+	var bg api.Process
+	t.Run("background processes outlive their exec under gVisor", func(t *testing.T) {
+		p := startProc(t, in, in.Token, sb.ID, "sh", "-c", `uname -r; read l; echo "got $l"; exit 7`)
+		if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/processes/"+p.ID+"/stdin", "hi\n",
+			"Content-Type", "application/octet-stream"); status != http.StatusNoContent {
+			t.Fatalf("stdin: %d %s", status, body)
+		}
+		status, _, out, whole := output(t, in, in.Token, sb.ID, p.ID, "offset=0&follow=true")
+		if status != 200 || !whole || !strings.Contains(out, "gvisor") || !strings.HasSuffix(out, "got hi\n") {
+			t.Fatalf("follow: %d %q whole=%v", status, out, whole)
+		}
+		if got := getProc(t, in, in.Token, sb.ID, p.ID); got.State != api.ProcessExited || *got.ExitCode != 7 {
+			t.Fatalf("%+v; want exited 7", got)
+		}
+		bg = startProc(t, in, in.Token, sb.ID, "sleep", "3000")
+		// It still runs once the exec that started it is long gone.
+		if _, errOut, code := exec1("", "sh", "-c", "kill -0 $(cat /tmp/.hiloop/proc/"+bg.ID+"/pid)"); code != 0 {
+			t.Fatalf("the background process is not running: %d %s", code, errOut)
+		}
+		if status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/processes/"+bg.ID+"/signal", `{"signal":"STOP"}`); status != 200 {
+			t.Fatalf("signal STOP: %d %s", status, body)
+		}
+	})
 	t.Run("stop and start", func(t *testing.T) {
 		in.MustCLI(in.Token, "sandbox", "stop", sb.ID)
 		in.WaitState(in.Token, sb.ID, "stopped")
+		if bg.ID != "" {
+			if got := getProc(t, in, in.Token, sb.ID, bg.ID); got.State != api.ProcessEnded || got.Reason != api.EndSandboxStopped {
+				t.Errorf("a background process after the stop: %+v; want ended, sandbox_stopped", got)
+			}
+		}
 		in.MustCLI(in.Token, "sandbox", "start", sb.ID, "--wait")
 		if out, errOut, code := exec1("", "cat", "/tmp/in.txt"); code == 0 {
 			t.Fatalf("a new pod kept the old one's /tmp: %q %q", out, errOut)

@@ -25,7 +25,7 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 	t.Helper()
 	method, path, _ := strings.Cut(p, " ")
 	path = strings.NewReplacer("/v1/keys/{id}", "/v1/keys/"+ids["key"], "/v1/ssh-keys/{id}", "/v1/ssh-keys/"+ids["ssh-key"],
-		"{id}", ids["sandbox"]).Replace(path)
+		"{id}", ids["sandbox"], "{pid}", ids["process"]).Replace(path)
 	var body string
 	headers := map[string]string{}
 	switch p {
@@ -49,6 +49,16 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 		headers["Content-Type"] = "application/octet-stream"
 	case "GET /v1/sandboxes/{id}/files":
 		path += "?path=/tmp/f"
+	case "POST /v1/sandboxes/{id}/processes":
+		body = `{"command":["sleep","1"]}`
+	case "POST /v1/sandboxes/{id}/processes/{pid}/signal":
+		body = `{"signal":"TERM"}`
+	case "POST /v1/sandboxes/{id}/processes/{pid}/stdin":
+		body = "abc"
+		headers["Content-Type"] = "application/octet-stream"
+	case "GET /v1/sandboxes/{id}/processes/{pid}/output":
+		path += "?offset=0"
+	case "GET /v1/sandboxes/{id}/processes", "GET /v1/sandboxes/{id}/processes/{pid}", "DELETE /v1/sandboxes/{id}/processes/{pid}":
 	case "GET /healthz", "GET /readyz", "GET /v1/openapi.json", "GET /v1/org", "GET /v1/keys", "DELETE /v1/keys/{id}",
 		"GET /v1/ssh-keys", "DELETE /v1/ssh-keys/{id}", "GET /v1/ssh/host-key", "GET /v1/sandboxes", "GET /v1/sandboxes/{id}",
 		"DELETE /v1/sandboxes/{id}", "POST /v1/sandboxes/{id}/stop", "POST /v1/sandboxes/{id}/start",
@@ -96,7 +106,13 @@ func accessServer(t *testing.T) (ts *testServer, ids map[string]string, otherSec
 	if _, otherSecret, err = ts.db.CreateKey(ctx, orgB.ID, "b"); err != nil {
 		t.Fatal(err)
 	}
-	return ts, map[string]string{"sandbox": id, "key": k.ID, "ssh-key": sk.ID}, otherSecret, ran
+	// A running process of the sandbox, in the record only.
+	p, _, err := ts.db.StartProcess(ctx, ts.org.ID, store.Process{ID: store.NewID("proc"), SandboxID: id, Command: []string{"sleep", "1"}},
+		store.ProcessLimits{Running: 1, Finished: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts, map[string]string{"sandbox": id, "key": k.ID, "ssh-key": sk.ID, "process": p.ID}, otherSecret, ran
 }
 
 func serve(ts *testServer, req *http.Request, token string) *httptest.ResponseRecorder {
@@ -179,7 +195,7 @@ func TestEveryKeyedRouteRefusesWithoutALiveKey(t *testing.T) {
 func TestOtherOrganizationIsNotFound(t *testing.T) {
 	ts, ids, other, ran := accessServer(t)
 	absent := map[string]string{"sandbox": "sbx_00000000000000000000000000", "key": "key_00000000000000000000000000",
-		"ssh-key": "sshk_00000000000000000000000000"}
+		"ssh-key": "sshk_00000000000000000000000000", "process": "proc_00000000000000000000000000"}
 	message := func(rec *httptest.ResponseRecorder) string {
 		var b api.ErrorBody
 		json.Unmarshal(rec.Body.Bytes(), &b)
@@ -230,7 +246,7 @@ func TestOtherOrganizationIsNotFound(t *testing.T) {
 // key.
 func TestRouteLoads(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{})
-	sessions := regexp.MustCompile(`^(GET|PUT) /v1/sandboxes/\{id\}/(exec|files)$`)
+	sessions := regexp.MustCompile(`^(GET|PUT) /v1/sandboxes/\{id\}/(exec|files|processes/\{pid\}/output)$`)
 	for _, rt := range ts.srv.routes() {
 		method, _, _ := strings.Cut(rt.pattern, " ")
 		var access access

@@ -180,6 +180,13 @@ func (s *Server) routes() []route {
 		{"POST /v1/sandboxes/{id}/exec/run", keyed, write, s.execRun},
 		{"PUT /v1/sandboxes/{id}/files", keyed, session, s.putFile},
 		{"GET /v1/sandboxes/{id}/files", keyed, session, s.getFile},
+		{"POST /v1/sandboxes/{id}/processes", keyed, write, s.startProcess},
+		{"GET /v1/sandboxes/{id}/processes", keyed, read, s.listProcesses},
+		{"GET /v1/sandboxes/{id}/processes/{pid}", keyed, read, s.getProcess},
+		{"DELETE /v1/sandboxes/{id}/processes/{pid}", keyed, write, s.killProcess},
+		{"GET /v1/sandboxes/{id}/processes/{pid}/output", keyed, session, s.processOutput},
+		{"POST /v1/sandboxes/{id}/processes/{pid}/stdin", keyed, write, s.writeStdin},
+		{"POST /v1/sandboxes/{id}/processes/{pid}/signal", keyed, write, s.signalProcess},
 	}
 }
 

@@ -53,7 +53,9 @@ func (o Observation) Unchanged(sb Sandbox) bool {
 // Observe records what the mirror observed. It writes nothing when the
 // observation equals the record, and records an event when the state changes.
 // It reports whether it wrote. Observing a sandbox stopped or stopping while
-// its desired mode is running marks its mode as changed outside hiloop.
+// its desired mode is running marks its mode as changed outside hiloop. An
+// observation that the sandbox stopped, or runs another pod, ends its
+// running processes in the same write (endProcesses).
 //
 // The mirror decides inside the write (ObserveWith). Observe, the same write
 // of an observation made beforehand, is exported for the tests of the
@@ -101,6 +103,9 @@ func (s *Store) ObserveWith(ctx context.Context, id string, decide func(Sandbox)
 			return err
 		}
 		changed = true
+		if err := endProcesses(ctx, tx, id, o, now); err != nil {
+			return err
+		}
 		if sb.State == o.State {
 			return nil
 		}

@@ -60,6 +60,8 @@ describe("a running sandbox", { skip: !LIVE && "needs a live hiloop (HILOOP_URL,
     const page = await client.sandboxes.page({ labels: { suite: "typescript" }, state: "running" });
     assert.ok(page.items.some((s) => s.id === sb.id));
     assert.ok((await sb.events()).some((e) => e.to === "running"));
+    const org = await client.org();
+    assert.ok(org.id && typeof org.max_sandboxes === "number", JSON.stringify(org));
   });
 
   it("changes its TTL and idle timeout, and counts a touch", async () => {

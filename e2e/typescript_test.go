@@ -4,14 +4,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hiloop/hiloop/internal/e2e"
@@ -108,64 +106,47 @@ func copyTree(t testing.TB, from, to string) {
 	}
 }
 
-// tsSDK is the TypeScript SDK as a user installs it: packed with npm pack
-// from the tree (which compiles it with the locked tsc, offline) and
-// unpacked into node_modules/hiloop of a directory of its own, once per
-// test process.
-var tsSDK struct {
-	once sync.Once
-	dir  string
-	err  string
-}
-
-// installTypeScript returns a directory whose node_modules holds the
-// packed SDK (hiloop) and, linked, its dev dependencies (typescript,
-// @types), for test programs to run in.
+// installTypeScript installs the TypeScript SDK as a user does: packed
+// with npm pack from the tree (which compiles it with the locked tsc,
+// offline) and unpacked into node_modules/hiloop of a directory of its
+// own, which it returns; its node_modules links the dev dependencies
+// (typescript, @types) too, for test programs to be compiled there.
 func installTypeScript(t testing.TB) string {
 	t.Helper()
-	tsSDK.once.Do(func() {
-		mods := nodeModules(t)
-		work, err := os.MkdirTemp("", "hiloop-tssdk-")
-		if err != nil {
-			tsSDK.err = err.Error()
-			return
-		}
-		pkg := filepath.Join(work, "pkg")
-		for _, f := range []string{"package.json", "package-lock.json", "tsconfig.json"} {
-			copyFile(t, e2e.Path(t, "sdk/typescript/"+f), filepath.Join(pkg, f))
-		}
-		copyTree(t, e2e.Path(t, "sdk/typescript/src"), filepath.Join(pkg, "src"))
-		if err := os.Symlink(mods, filepath.Join(pkg, "node_modules")); err != nil {
-			tsSDK.err = err.Error()
-			return
-		}
-		pack := exec.Command("npm", "pack", "--offline", "--pack-destination", work)
-		pack.Dir = pkg
-		var stderr strings.Builder
-		pack.Stderr = &stderr
-		out, err := pack.Output()
-		names := strings.Fields(string(out))
-		if err != nil || len(names) == 0 {
-			tsSDK.err = fmt.Sprintf("npm pack (sdk/typescript): %v\n%s%s", err, out, stderr.String())
-			return
-		}
-		tgz := filepath.Join(work, names[len(names)-1])
-		dir := filepath.Join(work, "app")
-		into := filepath.Join(dir, "node_modules", "hiloop")
-		os.MkdirAll(into, 0o755)
-		if out, err := exec.Command("tar", "-xzf", tgz, "-C", into, "--strip-components=1").CombinedOutput(); err != nil {
-			tsSDK.err = "unpack " + tgz + ": " + err.Error() + "\n" + string(out)
-			return
-		}
-		for _, name := range []string{"typescript", "@types"} {
-			os.Symlink(filepath.Join(mods, name), filepath.Join(dir, "node_modules", name))
-		}
-		tsSDK.dir = dir
-	})
-	if tsSDK.err != "" {
-		t.Fatal(tsSDK.err)
+	mods := nodeModules(t)
+	work := t.TempDir()
+	pkg := filepath.Join(work, "pkg")
+	for _, f := range []string{"package.json", "package-lock.json", "tsconfig.json"} {
+		copyFile(t, e2e.Path(t, "sdk/typescript/"+f), filepath.Join(pkg, f))
 	}
-	return tsSDK.dir
+	copyTree(t, e2e.Path(t, "sdk/typescript/src"), filepath.Join(pkg, "src"))
+	if err := os.Symlink(mods, filepath.Join(pkg, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	pack := exec.Command("npm", "pack", "--offline", "--pack-destination", work)
+	pack.Dir = pkg
+	var stderr strings.Builder
+	pack.Stderr = &stderr
+	out, err := pack.Output()
+	names := strings.Fields(string(out))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("npm pack (sdk/typescript): %v\n%s%s", err, out, stderr.String())
+	}
+	tgz := filepath.Join(work, names[len(names)-1])
+	dir := filepath.Join(work, "app")
+	into := filepath.Join(dir, "node_modules", "hiloop")
+	if err := os.MkdirAll(into, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("tar", "-xzf", tgz, "-C", into, "--strip-components=1").CombinedOutput(); err != nil {
+		t.Fatalf("unpack %s: %v\n%s", tgz, err, out)
+	}
+	for _, name := range []string{"typescript", "@types"} {
+		if err := os.Symlink(filepath.Join(mods, name), filepath.Join(dir, "node_modules", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // nodeFlags are the flags node needs for the SDK: the global WebSocket is

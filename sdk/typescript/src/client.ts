@@ -449,6 +449,11 @@ export class Sandbox {
     return this.act("PATCH", "", change.signal, body);
   }
 
+  /** Sets its expiry to now plus ttl (update({ttl})). */
+  setTTL(ttl: string, opts: { signal?: AbortSignal } = {}): Promise<this> {
+    return this.update({ ttl, signal: opts.signal });
+  }
+
   /** Its state transitions, oldest first. */
   async events(opts: { signal?: AbortSignal } = {}): Promise<Event[]> {
     return (await this.client.json<{ items: Event[] }>({ method: "GET", path: this.path("/events"), signal: opts.signal })).items;

@@ -79,6 +79,8 @@ export interface ExecOptions {
   /** A terminal (stdin is then opened, true when not given); stdout and
    * stderr come merged as stdout. */
   tty?: boolean;
+  /** The terminal's first size, [width, height] (tty only). */
+  size?: readonly [number, number];
   /** Seconds the command may run (the server's 24 h); past them the result
    * says timedOut. */
   timeout?: number;
@@ -337,6 +339,7 @@ export async function openExec(sb: Sandbox, argv: string[], opts: ExecOptions): 
   const result = session(ws, opts);
   ws.send(JSON.stringify({ command: argv }));
   const s = new ExecSession(ws, result, stdin !== undefined);
+  if (opts.tty && opts.size) s.resize(opts.size[0], opts.size[1]);
   if (stdin !== undefined && stdin !== true) feed(s, stdin).catch(() => s.close());
   return s;
 }

@@ -60,11 +60,13 @@ describe("a running sandbox", { skip: !LIVE && "needs a live hiloop (HILOOP_URL,
     const page = await client.sandboxes.page({ labels: { suite: "typescript" }, state: "running" });
     assert.ok(page.items.some((s) => s.id === sb.id));
     assert.ok((await sb.events()).some((e) => e.to === "running"));
+    const org = await client.org();
+    assert.ok(org.id && typeof org.max_sandboxes === "number", JSON.stringify(org));
   });
 
   it("changes its TTL and idle timeout, and counts a touch", async () => {
     const before = Date.parse(sb.data.expires_at);
-    await sb.update({ ttl: "3h" });
+    await sb.setTTL("3h");
     assert.ok(Date.parse(sb.data.expires_at) > before + 3600_000, sb.data.expires_at);
     await sb.update({ idleTimeout: "45m" });
     assert.equal(sb.data.idle_timeout, "45m0s");
@@ -115,23 +117,28 @@ describe("a running sandbox", { skip: !LIVE && "needs a live hiloop (HILOOP_URL,
     let r = await s.wait();
     assert.deepEqual([r.exitCode, r.stdout], [0, "one\ntwo\n"]);
 
-    // The terminal's size shows once the resize has reached it: each line
-    // sent asks stty again, until the answer is the new size.
+    // The terminal's size shows once it has reached the terminal: each
+    // line sent asks stty again, until the answer is the size wanted.
     let seen = "";
     let more = () => {};
     const tty = await sb.openExec(["sh", "-c", 'stty size; while read x; do [ "$x" = q ] && exit 5; stty size; done'], {
       tty: true,
+      size: [100, 40],
       onStdout: (c) => {
         seen += new TextDecoder().decode(c);
         more();
       },
     });
+    const until = async (size) => {
+      while (!seen.includes(size)) {
+        const output = new Promise((resolve) => (more = resolve));
+        await tty.write("\r");
+        await output;
+      }
+    };
+    await until("40 100");
     tty.resize(132, 50);
-    while (!/50 132/.test(seen)) {
-      const output = new Promise((resolve) => (more = resolve));
-      await tty.write("\r");
-      await output;
-    }
+    await until("50 132");
     await tty.write("q\r");
     r = await tty.wait();
     assert.equal(r.exitCode, 5);

@@ -60,6 +60,7 @@ const (
 	CodeProcessNotRunning      = "process_not_running"
 	CodeOutputGone             = "output_gone"
 	CodeProcessOperationFailed = "process_operation_failed"
+	CodeDirectoryNotEmpty      = "directory_not_empty"
 )
 
 // ErrorBody is the envelope of every error response.

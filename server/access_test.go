@@ -47,7 +47,7 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 		path += "?path=/tmp/f"
 		body = "abc"
 		headers["Content-Type"] = "application/octet-stream"
-	case "GET /v1/sandboxes/{id}/files":
+	case "GET /v1/sandboxes/{id}/files", "GET /v1/sandboxes/{id}/fs/list", "GET /v1/sandboxes/{id}/fs/stat":
 		path += "?path=/tmp/f"
 	case "POST /v1/sandboxes/{id}/processes":
 		body = `{"command":["sleep","1"]}`
@@ -59,6 +59,10 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 	case "GET /v1/sandboxes/{id}/processes/{pid}/output":
 		path += "?offset=0"
 	case "GET /v1/sandboxes/{id}/processes", "GET /v1/sandboxes/{id}/processes/{pid}", "DELETE /v1/sandboxes/{id}/processes/{pid}":
+	case "POST /v1/sandboxes/{id}/fs/remove", "POST /v1/sandboxes/{id}/fs/mkdir":
+		body = `{"path":"/tmp/f"}`
+	case "POST /v1/sandboxes/{id}/fs/rename":
+		body = `{"from":"/tmp/f","to":"/tmp/g"}`
 	case "GET /healthz", "GET /readyz", "GET /v1/openapi.json", "GET /v1/org", "GET /v1/keys", "DELETE /v1/keys/{id}",
 		"GET /v1/ssh-keys", "DELETE /v1/ssh-keys/{id}", "GET /v1/ssh/host-key", "GET /v1/sandboxes", "GET /v1/sandboxes/{id}",
 		"DELETE /v1/sandboxes/{id}", "POST /v1/sandboxes/{id}/stop", "POST /v1/sandboxes/{id}/start",
@@ -246,7 +250,7 @@ func TestOtherOrganizationIsNotFound(t *testing.T) {
 // key.
 func TestRouteLoads(t *testing.T) {
 	ts := newTestServer(t, &controltest.Cluster{})
-	sessions := regexp.MustCompile(`^(GET|PUT) /v1/sandboxes/\{id\}/(exec|files|processes/\{pid\}/output)$`)
+	sessions := regexp.MustCompile(`^(GET|PUT) /v1/sandboxes/\{id\}/(exec|files|processes/\{pid\}/output|fs/list|fs/stat)$`)
 	for _, rt := range ts.srv.routes() {
 		method, _, _ := strings.Cut(rt.pattern, " ")
 		var access access

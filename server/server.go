@@ -149,8 +149,8 @@ const (
 	// poll: a read that, with ?while=STATE, is a long poll and holds one
 	// of the key's and organization's waiting slots instead.
 	poll
-	// session: an exec stream or a file transfer, which the session limits
-	// hold, not a read slot.
+	// session: an exec stream, a file transfer or a file operation's GET,
+	// which the session limits hold, not a read slot.
 	session
 )
 
@@ -187,6 +187,11 @@ func (s *Server) routes() []route {
 		{"GET /v1/sandboxes/{id}/processes/{pid}/output", keyed, session, s.processOutput},
 		{"POST /v1/sandboxes/{id}/processes/{pid}/stdin", keyed, write, s.writeStdin},
 		{"POST /v1/sandboxes/{id}/processes/{pid}/signal", keyed, write, s.signalProcess},
+		{"GET /v1/sandboxes/{id}/fs/list", keyed, session, s.fsList},
+		{"GET /v1/sandboxes/{id}/fs/stat", keyed, session, s.fsStat},
+		{"POST /v1/sandboxes/{id}/fs/remove", keyed, write, s.fsRemove},
+		{"POST /v1/sandboxes/{id}/fs/mkdir", keyed, write, s.fsMkdir},
+		{"POST /v1/sandboxes/{id}/fs/rename", keyed, write, s.fsRename},
 	}
 }
 

@@ -1,0 +1,175 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
+)
+
+// File operations (list, stat, remove, mkdir, rename) are the core's
+// (control/fsops.go): each handler checks its input, admits an exec
+// session as a file transfer does, and writes what the core answered.
+
+func (s *Server) fsList(w http.ResponseWriter, r *http.Request) {
+	p, err := fileQuery(r, "path", "wake")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
+	if !ok {
+		return
+	}
+	defer sess.End()
+	l, err := sess.List(sess.Context(), p)
+	if err != nil {
+		s.writeError(w, r, fsFailed(err))
+		return
+	}
+	out := api.FileList{Path: p, Entries: make([]api.FileEntry, 0, len(l.Entries)), Truncated: l.Truncated}
+	for _, e := range l.Entries {
+		out.Entries = append(out.Entries, fileEntry(e, ""))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) fsStat(w http.ResponseWriter, r *http.Request) {
+	p, err := fileQuery(r, "path", "wake")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
+	if !ok {
+		return
+	}
+	defer sess.End()
+	e, err := sess.Stat(sess.Context(), p)
+	if err != nil {
+		s.writeError(w, r, fsFailed(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, fileEntry(e, p))
+}
+
+func (s *Server) fsRemove(w http.ResponseWriter, r *http.Request) {
+	var req api.RemoveRequest
+	if err := fsBody(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkPath("path", req.Path); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if req.Path == "/" {
+		s.writeError(w, r, pathError(&control.PathError{Field: "path", Problem: "/ cannot be removed"}))
+		return
+	}
+	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
+	if !ok {
+		return
+	}
+	defer sess.End()
+	if err := sess.Remove(sess.Context(), req.Path, req.Recursive); err != nil {
+		s.writeError(w, r, fsFailed(err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) fsMkdir(w http.ResponseWriter, r *http.Request) {
+	var req api.MkdirRequest
+	if err := fsBody(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkPath("path", req.Path); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
+	if !ok {
+		return
+	}
+	defer sess.End()
+	e, err := sess.Mkdir(sess.Context(), req.Path)
+	if err != nil {
+		s.writeError(w, r, fsFailed(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, fileEntry(e, req.Path))
+}
+
+func (s *Server) fsRename(w http.ResponseWriter, r *http.Request) {
+	var req api.RenameRequest
+	if err := fsBody(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkPath("from", req.From); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkPath("to", req.To); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	switch {
+	case req.From == "/" || req.To == "/":
+		s.writeError(w, r, pathError(&control.PathError{Field: "from", Problem: "/ cannot be renamed, nor replaced"}))
+		return
+	case strings.HasPrefix(req.To, req.From+"/"):
+		s.writeError(w, r, pathError(&control.PathError{Field: "to", Problem: "is inside from: a directory cannot move into itself"}))
+		return
+	}
+	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
+	if !ok {
+		return
+	}
+	defer sess.End()
+	e, err := sess.Rename(sess.Context(), req.From, req.To, req.Overwrite)
+	if err != nil {
+		s.writeError(w, r, fsFailed(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, fileEntry(e, req.To))
+}
+
+// fsBody reads a file operation's JSON body, with wake its only query
+// parameter.
+func fsBody(w http.ResponseWriter, r *http.Request, v any) error {
+	if err := knownQuery(r.URL.Query(), "wake"); err != nil {
+		return err
+	}
+	return decode(w, r, v)
+}
+
+// fileEntry is the answer for one file; p is its path, "" in a listing.
+func fileEntry(e control.FileStat, p string) api.FileEntry {
+	return api.FileEntry{Name: e.Name, Path: p, Type: string(e.Type), Size: e.Size, Mode: e.Mode, MTime: e.MTime}
+}
+
+// fsFailed maps a file operation the core did not do to the answer: as a
+// transfer's (fileFailed), and for what only file operations meet.
+func fsFailed(err error) error {
+	var fe *control.FileError
+	switch {
+	case errors.As(err, &fe) && fe.Kind == control.ErrNotEmpty:
+		msg := fe.Stderr
+		if msg == "" {
+			msg = "the directory is not empty"
+		}
+		return newError(http.StatusConflict, api.CodeDirectoryNotEmpty, msg)
+	case errors.As(err, &fe) && fe.Kind == control.ErrUnreadable:
+		return newError(http.StatusUnprocessableEntity, api.CodeFileOperationFailed, "the sandbox answered what is not a stat record of the path: the image's stat must take -c FORMAT as busybox's and GNU's do")
+	case errors.As(err, &fe) && fe.Kind == control.ErrNoShell:
+		return newError(http.StatusUnprocessableEntity, api.CodeShellUnavailable, "the sandbox's image has no POSIX sh with stat (and rm, rmdir, mkdir and mv to change files), which file operations need")
+	case errors.Is(err, control.ErrExecTimeout):
+		return newError(http.StatusGatewayTimeout, api.CodeExecTimeout, "the operation ran past its 10 minutes and was ended; part of it may be done")
+	}
+	return pathError(fileFailed(err))
+}

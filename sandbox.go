@@ -87,6 +87,7 @@ type SandboxCmd struct {
 	Cp      SandboxCpCmd      `cmd:"" name:"cp" help:"Copy a file or directory into (PATH SANDBOX:/abs/path) or out of (SANDBOX:/abs/path PATH) a sandbox."`
 	SSH     SandboxSSHCmd     `cmd:"" name:"ssh" help:"ssh into a sandbox through the gateway, host key pinned; exits with ssh's code."`
 	Process SandboxProcessCmd `cmd:"" help:"Background processes: start, list, get, logs, stdin, kill."`
+	FS      SandboxFSCmd      `cmd:"" name:"fs" help:"List, inspect, remove, make and rename files in a sandbox: fs ls|stat|rm|mkdir|mv SANDBOX:/path."`
 }
 
 // SandboxCreateCmd creates a sandbox.

@@ -205,6 +205,39 @@ func CheckPath(field, p string) error {
 	return nil
 }
 
+// CheckRemove holds the path of a remove to what Remove takes: a path
+// CheckPath takes, other than /. The API checks it before admission too,
+// to answer 400 with nothing run.
+func CheckRemove(p string) error {
+	if err := CheckPath("path", p); err != nil {
+		return err
+	}
+	if p == "/" {
+		return &PathError{Field: "path", Problem: "/ cannot be removed"}
+	}
+	return nil
+}
+
+// CheckRename holds a rename to what Rename takes: paths CheckPath takes,
+// neither of them /, to not inside from.
+func CheckRename(from, to string) error {
+	if err := CheckPath("from", from); err != nil {
+		return err
+	}
+	if err := CheckPath("to", to); err != nil {
+		return err
+	}
+	switch {
+	case from == "/":
+		return &PathError{Field: "from", Problem: "/ cannot be renamed"}
+	case to == "/":
+		return &PathError{Field: "to", Problem: "/ cannot be replaced"}
+	case strings.HasPrefix(to, from+"/"):
+		return &PathError{Field: "to", Problem: "is inside from: a directory cannot move into itself"}
+	}
+	return nil
+}
+
 // List lists the directory dir (or the one a symbolic link dir points to)
 // of the session's sandbox. It answers a *PathError, a *FileError
 // (ErrFileNotFound, ErrPathConflict for a file that is not a directory),
@@ -236,11 +269,8 @@ func (s *Session) Stat(ctx context.Context, p string) (FileStat, error) {
 // A directory that is not empty without recursive is a *FileError of
 // ErrNotEmpty; / is a *PathError.
 func (s *Session) Remove(ctx context.Context, p string, recursive bool) error {
-	if err := CheckPath("path", p); err != nil {
+	if err := CheckRemove(p); err != nil {
 		return err
-	}
-	if p == "/" {
-		return &PathError{Field: "path", Problem: "/ cannot be removed"}
 	}
 	r := "0"
 	if recursive {
@@ -265,17 +295,8 @@ func (s *Session) Mkdir(ctx context.Context, p string) (FileStat, error) {
 // of ErrPathConflict unless overwrite, which replaces a file or a link, or
 // an empty directory with a directory (ErrNotEmpty for one that is not).
 func (s *Session) Rename(ctx context.Context, from, to string, overwrite bool) (FileStat, error) {
-	if err := CheckPath("from", from); err != nil {
+	if err := CheckRename(from, to); err != nil {
 		return FileStat{}, err
-	}
-	if err := CheckPath("to", to); err != nil {
-		return FileStat{}, err
-	}
-	switch {
-	case from == "/" || to == "/":
-		return FileStat{}, &PathError{Field: "from", Problem: "/ cannot be renamed, nor replaced"}
-	case strings.HasPrefix(to, from+"/"):
-		return FileStat{}, &PathError{Field: "to", Problem: "is inside from: a directory cannot move into itself"}
 	}
 	o := "0"
 	if overwrite {

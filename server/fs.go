@@ -3,7 +3,6 @@ package server
 import (
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
@@ -61,12 +60,8 @@ func (s *Server) fsRemove(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkPath("path", req.Path); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if req.Path == "/" {
-		s.writeError(w, r, pathError(&control.PathError{Field: "path", Problem: "/ cannot be removed"}))
+	if err := control.CheckRemove(req.Path); err != nil {
+		s.writeError(w, r, pathError(err))
 		return
 	}
 	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
@@ -110,20 +105,8 @@ func (s *Server) fsRename(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkPath("from", req.From); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := checkPath("to", req.To); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	switch {
-	case req.From == "/" || req.To == "/":
-		s.writeError(w, r, pathError(&control.PathError{Field: "from", Problem: "/ cannot be renamed, nor replaced"}))
-		return
-	case strings.HasPrefix(req.To, req.From+"/"):
-		s.writeError(w, r, pathError(&control.PathError{Field: "to", Problem: "is inside from: a directory cannot move into itself"}))
+	if err := control.CheckRename(req.From, req.To); err != nil {
+		s.writeError(w, r, pathError(err))
 		return
 	}
 	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")

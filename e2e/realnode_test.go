@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,6 +124,9 @@ func TestRealNode(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(dir, "out", "sub", "f")); err != nil || string(b) != "back\n" {
 			t.Fatalf("downloaded tree: %q %v", b, err)
 		}
+	})
+	t.Run("file operations with busybox, and a stat that lies", func(t *testing.T) {
+		realNodeFileOperations(t, in, sb.ID, exec1)
 	})
 	u := newSSHUser(t, in, in.Token)
 	t.Run("ssh", func(t *testing.T) {
@@ -327,4 +331,66 @@ spec:
 			return err == nil && !strings.Contains(out, "sbx-"+strings.TrimPrefix(sb.ID, "sbx_")), err
 		})
 	})
+}
+
+// realNodeFileOperations runs the file operations in a busybox sandbox
+// under gVisor: hostile names list as themselves with busybox's sh and
+// stat; mkdir, mv and rm -r work; and a stat the workload put first on its
+// PATH, which plants names and answers garbage, adds no entry and makes a
+// stat fail as file_operation_failed, never a 5xx.
+func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 func(string, ...string) (string, string, int)) {
+	script := `mkdir -p /tmp/fsops && cd /tmp/fsops && for n; do printf %s "$n" > "./$n"; done`
+	if _, errOut, code := exec1("", append([]string{"sh", "-c", script, "sh"}, hostileNames...)...); code != 0 {
+		t.Fatalf("making the names: %d %s", code, errOut)
+	}
+	ls := func() (api.FileList, int, string) {
+		out, errOut, code := in.CLI(in.Token, "sandbox", "fs", "ls", "-o", "json", id+":/tmp/fsops")
+		var l api.FileList
+		json.Unmarshal([]byte(out), &l)
+		return l, code, errOut
+	}
+	l, code, errOut := ls()
+	var names []string
+	for _, e := range l.Entries {
+		names = append(names, e.Name)
+		if e.Type != api.FileTypeFile || e.Size != int64(len(e.Name)) || e.MTime.IsZero() {
+			t.Errorf("%q: %+v", e.Name, e)
+		}
+	}
+	want := slices.Clone(hostileNames)
+	slices.Sort(want)
+	if code != 0 || !slices.Equal(names, want) {
+		t.Fatalf("fs ls: %d %q %s, want %q", code, names, errOut, want)
+	}
+	if out, errOut, code := in.CLI(in.Token, "sandbox", "fs", "stat", "-o", "json", id+":/tmp/fsops/-rf"); code != 0 || !strings.Contains(out, `"size": 3`) {
+		t.Errorf("fs stat: %d %q %s", code, out, errOut)
+	}
+	in.MustCLI(in.Token, "sandbox", "fs", "mkdir", id+":/tmp/fsops/d/e")
+	in.MustCLI(in.Token, "sandbox", "fs", "mv", id+":/tmp/fsops/-rf", "/tmp/fsops/d/e/f")
+	if _, errOut, code := in.CLI(in.Token, "sandbox", "fs", "rm", id+":/tmp/fsops/d"); code != 1 || !strings.Contains(errOut, "directory_not_empty") {
+		t.Errorf("fs rm of a directory: %d %s", code, errOut)
+	}
+	in.MustCLI(in.Token, "sandbox", "fs", "rm", "-r", id+":/tmp/fsops/d")
+
+	// The workload's own stat, first on busybox's PATH.
+	lie := `#!/bin/sh
+printf '81a4 1 1 planted\n81a4 99 99 $(id)\n'
+head -c 4096 /dev/urandom
+`
+	if _, errOut, code := in.CLIInput(in.Token, lie, "sandbox", "exec", "-i", id, "--", "sh", "-c", "mkdir -p /usr/local/bin && cat > /usr/local/bin/stat && chmod +x /usr/local/bin/stat"); code != 0 {
+		t.Fatalf("planting a stat: %d %s", code, errOut)
+	}
+	defer exec1("", "rm", "-f", "/usr/local/bin/stat")
+	l, code, errOut = ls()
+	for _, e := range l.Entries {
+		if !slices.Contains(hostileNames, e.Name) {
+			t.Errorf("the lying stat added %q", e.Name)
+		}
+	}
+	if code != 0 {
+		t.Errorf("fs ls with a lying stat: %d %s", code, errOut)
+	}
+	if _, errOut, code := in.CLI(in.Token, "sandbox", "fs", "stat", id+":/tmp/fsops/a b c"); code != 1 || !strings.Contains(errOut, api.CodeFileOperationFailed) {
+		t.Errorf("fs stat with a lying stat: %d %s", code, errOut)
+	}
 }

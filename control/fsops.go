@@ -34,8 +34,13 @@ const exitNotEmpty = 95
 // statFormat is the stat -c format of a record: "MODE SIZE MTIME NAME\n".
 const statFormat = `'%f %s %Y %n'`
 
-// need exits 127 when the image lacks one of the utilities named.
-const needFunc = `need() { for c; do command -v "$c" >/dev/null 2>&1 || { echo "the image has no $c" >&2; exit 127; }; done; }
+// need exits 127 when the image lacks one of the utilities named, or has
+// a stat that does not take -c FORMAT (a busybox built without it), which
+// would leave every record out and a directory looking empty.
+const needFunc = `need() {
+  for c; do command -v "$c" >/dev/null 2>&1 || { echo "the image has no $c" >&2; exit 127; }; done
+  case " $* " in *" stat "*) stat -c %f / >/dev/null 2>&1 || { echo "the image's stat does not take -c FORMAT" >&2; exit 127; };; esac
+}
 `
 
 // listScript lists the directory $1, at most $2 entries: its names, in
@@ -48,6 +53,7 @@ const needFunc = `need() { for c; do command -v "$c" >/dev/null 2>&1 || { echo "
 const listScript = needFunc + `need stat
 [ -e "$1" ] || [ -L "$1" ] || exit 92
 [ -d "$1" ] || { echo "$1 is not a directory" >&2; exit 93; }
+{ [ -r "$1" ] && [ -x "$1" ]; } || { echo "$1: permission denied" >&2; exit 94; }
 cd "$1" || exit 94
 max=$2
 emit() { [ $# -gt 0 ] || return 0; printf '%s\0' "$@"; printf '\0'; stat -c ` + statFormat + ` -- "$@"; printf '\0'; }

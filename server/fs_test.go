@@ -192,13 +192,14 @@ func TestFSHostileStat(t *testing.T) {
 				return len(l.Entries) == 1 && l.Entries[0].Size == 1<<63-1 && l.Entries[0].MTime.Year() == 9999
 			},
 			statCode: 200, statCheck: func(e api.FileEntry) bool { return e.Size == 1<<63-1 }},
-		{name: "endless", stat: `yes 81a4`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 && l.Truncated },
+		{name: "endless", stat: `case "$*" in *--*) yes 81a4;; esac`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 && l.Truncated },
 			statCode: 422, statErr: api.CodeFileOperationFailed},
 		{name: "binary", stat: `head -c 100000 /dev/urandom`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 },
 			statCode: 422, statErr: api.CodeFileOperationFailed},
-		{name: "fails", stat: `echo "stat: \033]0;owned\007refused" >&2; exit 3`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 },
+		{name: "fails", stat: `case "$*" in *--*) echo "stat: \033]0;owned\007refused" >&2; exit 3;; esac`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 },
 			statCode: 422, statErr: api.CodeFileOperationFailed},
 		{name: "missing", stat: "", listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable},
+		{name: "without -c", stat: `echo "stat: unrecognized option: c" >&2; exit 1`, listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, id := filesServer(t, hostileBin(t, tc.stat), nil)

@@ -152,7 +152,8 @@ func TestFileOperations(t *testing.T) {
 			{"POST", "/fs/remove", `{"path":"/a\nb"}`, api.CodeInvalidPath},
 			{"POST", "/fs/remove", `{"path":"/tmp","force":true}`, api.CodeUnknownField},
 			{"POST", "/fs/mkdir", `{"path":"` + work + `/names/-rf/x"}`, api.CodePathConflict},
-			{"POST", "/fs/mkdir", `[]`, api.CodeInvalidJSON},
+			{"POST", "/fs/mkdir", `[]`, api.CodeInvalidField},
+			{"POST", "/fs/mkdir", `{"path":`, api.CodeInvalidJSON},
 			{"POST", "/fs/rename", `{"from":"/a"}`, api.CodeInvalidPath},
 			{"POST", "/fs/rename", `{"from":"/","to":"/b"}`, api.CodeInvalidPath},
 		} {

@@ -335,9 +335,10 @@ spec:
 
 // realNodeFileOperations runs the file operations in a busybox sandbox
 // under gVisor: hostile names list as themselves with busybox's sh and
-// stat; mkdir, mv and rm -r work; and a stat the workload put first on its
-// PATH, which plants names and answers garbage, adds no entry and makes a
-// stat fail as file_operation_failed, never a 5xx.
+// stat; mkdir, mv and rm -r work; a stat the workload put first on its
+// PATH is not run (busybox's sh runs its own applets); and a workload that
+// replaced sh itself gets bounded, well-formed answers about nothing but
+// its own files.
 func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 func(string, ...string) (string, string, int)) {
 	script := `mkdir -p /tmp/fsops && cd /tmp/fsops && for n; do printf %s "$n" > "./$n"; done`
 	if _, errOut, code := exec1("", append([]string{"sh", "-c", script, "sh"}, hostileNames...)...); code != 0 {
@@ -372,25 +373,38 @@ func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 fun
 	}
 	in.MustCLI(in.Token, "sandbox", "fs", "rm", "-r", id+":/tmp/fsops/d")
 
-	// The workload's own stat, first on busybox's PATH.
-	lie := `#!/bin/sh
-printf '81a4 1 1 planted\n81a4 99 99 $(id)\n'
-head -c 4096 /dev/urandom
-`
+	// A stat the workload puts first on its PATH is not the one that
+	// runs: busybox's sh runs its own applets whatever PATH says.
+	lie := "#!/bin/sh\nprintf '81a4 1 1 planted\\n'\n"
 	if _, errOut, code := in.CLIInput(in.Token, lie, "sandbox", "exec", "-i", id, "--", "sh", "-c", "mkdir -p /usr/local/bin && cat > /usr/local/bin/stat && chmod +x /usr/local/bin/stat"); code != 0 {
 		t.Fatalf("planting a stat: %d %s", code, errOut)
 	}
-	defer exec1("", "rm", "-f", "/usr/local/bin/stat")
-	l, code, errOut = ls()
-	for _, e := range l.Entries {
-		if !slices.Contains(hostileNames, e.Name) {
-			t.Errorf("the lying stat added %q", e.Name)
+	if l, code, errOut := ls(); code != 0 || len(l.Entries) != len(hostileNames)-1 || slices.ContainsFunc(l.Entries, func(e api.FileEntry) bool { return e.Name == "planted" }) {
+		t.Errorf("fs ls with a stat on PATH: %d %+v %s", code, l, errOut)
+	}
+	exec1("", "rm", "-f", "/usr/local/bin/stat")
+
+	// A workload that replaces sh itself chooses everything its scripts
+	// print: here a name of its own and then more bytes than a listing
+	// reads. The answers stay bounded and well formed, never a 5xx.
+	hostile := "#!/bin/busybox sh\nprintf 'planted\\0\\00081a4 1 1 planted\\n\\0'\nhead -c 10000000 /dev/urandom\n"
+	if _, errOut, code := in.CLIInput(in.Token, hostile, "sandbox", "exec", "-i", id, "--", "/bin/busybox", "sh", "-c", "rm -f /bin/sh && cat > /bin/sh && chmod +x /bin/sh"); code != 0 {
+		t.Fatalf("replacing sh: %d %s", code, errOut)
+	}
+	restore := func() {
+		if _, errOut, code := exec1("", "/bin/busybox", "sh", "-c", "rm -f /bin/sh && ln /bin/busybox /bin/sh"); code != 0 {
+			t.Fatalf("restoring sh: %d %s", code, errOut)
 		}
 	}
-	if code != 0 {
-		t.Errorf("fs ls with a lying stat: %d %s", code, errOut)
+	defer restore()
+	if l, code, errOut := ls(); code != 0 || !l.Truncated || len(l.Entries) > api.MaxListEntries || len(l.Entries) == 0 || l.Entries[0].Name != "planted" {
+		t.Errorf("fs ls with a hostile sh: %d, %d entries, truncated %v, %s", code, len(l.Entries), l.Truncated, errOut)
 	}
 	if _, errOut, code := in.CLI(in.Token, "sandbox", "fs", "stat", id+":/tmp/fsops/a b c"); code != 1 || !strings.Contains(errOut, api.CodeFileOperationFailed) {
-		t.Errorf("fs stat with a lying stat: %d %s", code, errOut)
+		t.Errorf("fs stat with a hostile sh: %d %s", code, errOut)
+	}
+	restore()
+	if l, code, errOut := ls(); code != 0 || len(l.Entries) != len(hostileNames)-1 {
+		t.Errorf("fs ls once sh is back: %d %d entries %s", code, len(l.Entries), errOut)
 	}
 }

@@ -1,14 +1,18 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/store"
 )
 
 // fsGet is a GET of the file operation op of path p.
@@ -219,5 +223,47 @@ func TestFSHostileStat(t *testing.T) {
 				t.Errorf("the answer carries the sandbox's escapes: %q", body)
 			}
 		})
+	}
+}
+
+// TestFSWake: a file operation on a sandbox stopped for idleness is
+// refused without ?wake=true, saying how to wake it, and with it wakes the
+// sandbox, waits for it, and runs, as a file transfer does; the POSTs take
+// wake in the query too.
+func TestFSWake(t *testing.T) {
+	ts, _ := filesServer(t, os.Getenv("PATH"), nil)
+	dir := t.TempDir()
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/fs/list?path=" + dir, ""},
+		{"GET", "/fs/stat?path=" + dir, ""},
+		{"POST", "/fs/mkdir", `{"path":` + jsonString(dir+"/m") + `}`},
+		{"POST", "/fs/rename", `{"from":` + jsonString(dir+"/m") + `,"to":` + jsonString(dir+"/n") + `}`},
+		{"POST", "/fs/remove", `{"path":` + jsonString(dir+"/n") + `}`},
+	} {
+		id := ts.stopIdle(ts.runningIdle())
+		if rec := ts.do(tc.method, "/v1/sandboxes/"+id+tc.path, tc.body); rec.Code != 409 || errCode(t, rec) != api.CodeSandboxNotRunning || !strings.Contains(rec.Body.String(), "wake=true") {
+			t.Errorf("%s %s without wake: %d %s", tc.method, tc.path, rec.Code, rec.Body.String())
+		}
+		sep := "?"
+		if strings.Contains(tc.path, "?") {
+			sep = "&"
+		}
+		waiting := ts.db.Waiting()
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() { done <- ts.do(tc.method, "/v1/sandboxes/"+id+tc.path+sep+"wake=true", tc.body) }()
+		for ts.db.Waiting() == waiting {
+			select {
+			case rec := <-done:
+				t.Fatalf("%s %s with wake answered %d %s before it waited", tc.method, tc.path, rec.Code, rec.Body.String())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+		if rec := <-done; rec.Code != 200 && rec.Code != 204 {
+			t.Errorf("%s %s with wake: %d %s", tc.method, tc.path, rec.Code, rec.Body.String())
+		}
+	}
+	if _, err := os.Stat(dir + "/n"); err == nil {
+		t.Error("the woken remove did not remove")
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -265,5 +268,62 @@ func TestFSWake(t *testing.T) {
 	}
 	if _, err := os.Stat(dir + "/n"); err == nil {
 		t.Error("the woken remove did not remove")
+	}
+}
+
+// TestFSAdmittedAsExec: every file operation is an exec session: refused
+// in a sandbox that is not running or is quarantined, and past the session
+// limit, as an exec is, with nothing run.
+func TestFSAdmittedAsExec(t *testing.T) {
+	var argvs [][]string
+	hold, held := make(chan struct{}), make(chan struct{})
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, co *control.Options) {
+		local := localExec(os.Getenv("PATH"), &argvs)
+		co.Exec = controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
+			if req.Command[0] == "hold" {
+				close(held)
+				<-hold
+				return cluster.ExitStatus{}, nil
+			}
+			return local.Run(ctx, req)
+		}}
+		co.Limits = control.Limits{PerSandbox: 1, PerOrg: 10}
+	})
+	ctx := context.Background()
+	stopped := ts.create(`{"image":"busybox"}`)
+	quarantined := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(ctx, quarantined, store.Observation{State: store.StateQuarantined, Anomaly: "foreign_pod"})
+	busy := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(ctx, busy, store.Observation{State: store.StateRunning})
+	done := make(chan int)
+	go func() {
+		done <- ts.do("POST", "/v1/sandboxes/"+busy+"/exec/run", `{"command":["hold"]}`).Code
+	}()
+	<-held
+	ops := []struct{ method, path, body string }{
+		{"GET", "/fs/list?path=/tmp", ""},
+		{"GET", "/fs/stat?path=/tmp", ""},
+		{"POST", "/fs/mkdir", `{"path":"/tmp/x"}`},
+		{"POST", "/fs/rename", `{"from":"/tmp/x","to":"/tmp/y"}`},
+		{"POST", "/fs/remove", `{"path":"/tmp/y"}`},
+	}
+	for _, op := range ops {
+		for _, tc := range []struct {
+			id     string
+			status int
+			code   string
+		}{{stopped, 409, api.CodeSandboxNotRunning}, {quarantined, 409, api.CodeSandboxQuarantined}, {busy, 429, api.CodeExecLimit}} {
+			if rec := ts.do(op.method, "/v1/sandboxes/"+tc.id+op.path, op.body); rec.Code != tc.status || errCode(t, rec) != tc.code {
+				t.Errorf("%s %s: %d %s, want %d %s", op.method, op.path, rec.Code, rec.Body.String(), tc.status, tc.code)
+			}
+		}
+	}
+	close(hold)
+	<-done
+	if len(argvs) != 0 {
+		t.Errorf("refused operations ran commands: %q", argvs)
+	}
+	if rec := ts.do("GET", "/v1/sandboxes/"+busy+"/fs/stat?path=/tmp", ""); rec.Code != 200 {
+		t.Errorf("once the slot is free: %d %s", rec.Code, rec.Body.String())
 	}
 }

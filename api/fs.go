@@ -104,8 +104,9 @@ type RenameRequest struct {
 	Overwrite bool `json:"overwrite,omitempty"`
 }
 
-// fsTimeout bounds a file operation on the server (control.FSTimeout).
-const fsTimeout = 10 * time.Minute
+// FSTimeout bounds one file operation on the server; past it the
+// operation is ended (504 exec_timeout), and part of it may be done.
+const FSTimeout = 10 * time.Minute
 
 // fsCall makes the file operation call of method and op in sandbox id,
 // waking it unless c.NoWake, with query q.
@@ -113,7 +114,7 @@ func (c *Client) fsCall(ctx context.Context, method, id, op string, q url.Values
 	if q == nil {
 		q = url.Values{}
 	}
-	timeout := fsTimeout + callTimeout
+	timeout := FSTimeout + callTimeout
 	if c.wake(q) {
 		timeout += wakeWait
 	}

@@ -29,6 +29,8 @@ import (
 // ended by a NUL, and the parser matches each of stat's records to the
 // name it expects (parseRecord). A name that cannot hold '/' cannot pass
 // for the script's own records either, which start with '/'.
+
+// exitNotEmpty: the directory to remove, or to rename over, is not empty.
 const exitNotEmpty = 95
 
 // statFormat is the stat -c format of a record: "MODE SIZE MTIME NAME\n".
@@ -132,11 +134,7 @@ exec stat -c ` + statFormat + ` -- "$2"`
 
 // FSTimeout bounds one file operation: a recursive remove of a large tree
 // is the longest of them.
-const FSTimeout = 10 * time.Minute
-
-// MaxListEntries caps the entries of a listing; a directory with more is
-// listed Truncated.
-const MaxListEntries = 10000
+const FSTimeout = api.FSTimeout
 
 // maxListOutput caps what of a listing's output is read: 10,001 names of
 // 255 bytes, each twice, with their records, fit with room to spare. Past
@@ -176,7 +174,7 @@ type FileStat struct {
 }
 
 // Listing is a directory's entries, sorted by name, at most
-// MaxListEntries; Truncated says there were more (or more output than is
+// api.MaxListEntries; Truncated says there were more (or more output than is
 // read).
 type Listing struct {
 	Entries   []FileStat
@@ -252,11 +250,11 @@ func (s *Session) List(ctx context.Context, dir string) (Listing, error) {
 	if err := CheckPath("path", dir); err != nil {
 		return Listing{}, err
 	}
-	out, cut, err := s.runFS(ctx, maxListOutput, listScript, dir, strconv.Itoa(MaxListEntries))
+	out, cut, err := s.runFS(ctx, maxListOutput, listScript, dir, strconv.Itoa(api.MaxListEntries))
 	if err != nil {
 		return Listing{}, err
 	}
-	l := parseListing(out, MaxListEntries)
+	l := parseListing(out, api.MaxListEntries)
 	l.Truncated = l.Truncated || cut
 	return l, nil
 }

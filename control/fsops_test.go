@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/hiloop/hiloop/api"
 )
 
 // chunk is listScript's output for names, with stat's records recs.
@@ -112,7 +114,7 @@ func TestListScriptOnThisMachine(t *testing.T) {
 		}
 		return parseListing(out.Bytes(), max)
 	}
-	l := run(MaxListEntries)
+	l := run(api.MaxListEntries)
 	if l.Truncated || len(l.Entries) != len(names) {
 		t.Fatalf("%d entries (truncated %v), want %d", len(l.Entries), l.Truncated, len(names))
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/hiloop/hiloop/api"
@@ -152,7 +153,7 @@ func fsFailed(err error) error {
 	case errors.As(err, &fe) && fe.Kind == control.ErrNoShell:
 		return newError(http.StatusUnprocessableEntity, api.CodeShellUnavailable, "the sandbox's image has no POSIX sh with stat (and rm, rmdir, mkdir and mv to change files), which file operations need")
 	case errors.Is(err, control.ErrExecTimeout):
-		return newError(http.StatusGatewayTimeout, api.CodeExecTimeout, "the operation ran past its 10 minutes and was ended; part of it may be done")
+		return newError(http.StatusGatewayTimeout, api.CodeExecTimeout, fmt.Sprintf("the operation ran past %s and was ended; part of it may be done", control.FSTimeout))
 	}
 	return pathError(fileFailed(err))
 }

@@ -151,7 +151,11 @@ func fsFailed(err error) error {
 	case errors.As(err, &fe) && fe.Kind == control.ErrUnreadable:
 		return newError(http.StatusUnprocessableEntity, api.CodeFileOperationFailed, "the sandbox answered what is not a stat record of the path: the image's stat must take -c FORMAT as busybox's and GNU's do")
 	case errors.As(err, &fe) && fe.Kind == control.ErrNoShell:
-		return newError(http.StatusUnprocessableEntity, api.CodeShellUnavailable, "the sandbox's image has no POSIX sh with stat (and rm, rmdir, mkdir and mv to change files), which file operations need")
+		msg := "the sandbox's image lacks what file operations need: a POSIX sh with stat -c (and rm, rmdir, mkdir and mv to change files)"
+		if fe.Stderr != "" {
+			msg += "; " + fe.Stderr
+		}
+		return newError(http.StatusUnprocessableEntity, api.CodeShellUnavailable, msg)
 	case errors.Is(err, control.ErrExecTimeout):
 		return newError(http.StatusGatewayTimeout, api.CodeExecTimeout, fmt.Sprintf("the operation ran past %s and was ended; part of it may be done", control.FSTimeout))
 	}

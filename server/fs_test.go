@@ -190,6 +190,7 @@ func TestFSHostileStat(t *testing.T) {
 		statCode   int
 		statErr    string
 		statCheck  func(api.FileEntry) bool
+		statSays   string
 	}{
 		{name: "plants names", stat: `printf '81a4 1 1 planted\n41ed 2 2 ../../etc\n'`,
 			listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 },
@@ -205,8 +206,9 @@ func TestFSHostileStat(t *testing.T) {
 			statCode: 422, statErr: api.CodeFileOperationFailed},
 		{name: "fails", stat: `case "$*" in *--*) echo "stat: \033]0;owned\007refused" >&2; exit 3;; esac`, listCode: 200, listCheck: func(l api.FileList) bool { return len(l.Entries) == 0 },
 			statCode: 422, statErr: api.CodeFileOperationFailed},
-		{name: "missing", stat: "", listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable},
-		{name: "without -c", stat: `echo "stat: unrecognized option: c" >&2; exit 1`, listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable},
+		{name: "missing", stat: "", listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable, statSays: "the image has no stat"},
+		{name: "without -c", stat: `echo "stat: unrecognized option: c" >&2; exit 1`, listCode: 422, statCode: 422, statErr: api.CodeShellUnavailable,
+			statSays: "does not take -c FORMAT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, id := filesServer(t, hostileBin(t, tc.stat), nil)
@@ -219,7 +221,7 @@ func TestFSHostileStat(t *testing.T) {
 			code, body = ts.fsGet(id, "stat", dir+"/real")
 			var e api.FileEntry
 			json.Unmarshal([]byte(body), &e)
-			if code != tc.statCode || tc.statErr != "" && codeOf(body) != tc.statErr || tc.statCheck != nil && !tc.statCheck(e) {
+			if code != tc.statCode || tc.statErr != "" && codeOf(body) != tc.statErr || tc.statCheck != nil && !tc.statCheck(e) || !strings.Contains(body, tc.statSays) {
 				t.Errorf("stat: %d %.300s", code, body)
 			}
 			if strings.Contains(body, `\u001b`) || strings.Contains(body, `\u0007`) {

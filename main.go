@@ -5,9 +5,9 @@
 //
 // The grammar is split by command group: serve.go (serve, dev; what they
 // run is package app), sandbox.go, exec.go (sandbox exec and its terminal),
-// fs.go (sandbox fs),
-// admin.go (org, key, backup), ssh.go (ssh-key, ssh-config,
-// ssh-rotate-agent-key, sandbox ssh), agent.go (the in-pod session helper).
+// fs.go (sandbox fs), admin.go (org, key, backup), ssh.go (ssh-key,
+// ssh-config, ssh-rotate-agent-key, sandbox ssh), agent.go (the in-pod
+// session helper).
 package main
 
 import (

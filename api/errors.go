@@ -60,6 +60,7 @@ const (
 	CodeProcessNotRunning      = "process_not_running"
 	CodeOutputGone             = "output_gone"
 	CodeProcessOperationFailed = "process_operation_failed"
+	CodeInvalidEnv             = "invalid_env"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -8,10 +8,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"path"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hiloop/hiloop/api"
@@ -25,29 +23,9 @@ import (
 
 var fileMode = regexp.MustCompile(`^0?[0-7]{3}$`)
 
-// validatePath refuses a path that is not absolute and clean, that is
-// longer than api.MaxPathBytes, or that holds a NUL or another control
-// character: paths reach the sandbox only as arguments, but a control
-// character in a path is never what a caller meant, and would garble logs
-// and listings.
-func validatePath(p string) error {
-	bad := func(msg string) error {
-		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidPath, Field: "path", Message: "path: " + msg}}
-	}
-	switch {
-	case p == "":
-		return bad("is required")
-	case len(p) > api.MaxPathBytes:
-		return bad(fmt.Sprintf("longer than %d bytes", api.MaxPathBytes))
-	case !strings.HasPrefix(p, "/"):
-		return bad("must be absolute")
-	case strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
-		return bad("must not contain NUL or other control characters")
-	case path.Clean(p) != p:
-		return bad(fmt.Sprintf("must be clean (no '.', '..', '//' or trailing '/'): %q", truncate(path.Clean(p))))
-	}
-	return nil
-}
+// validatePath refuses a path that control.ValidatePath refuses, as the
+// field path.
+func validatePath(p string) error { return control.ValidatePath("path", p) }
 
 // fileQuery reads the query of a files request.
 func fileQuery(r *http.Request, known ...string) (string, error) {

@@ -21,7 +21,7 @@ import (
 // shell. Kubernetes' exec has neither, so a shell in the image does it;
 // a command with neither runs as it is, and needs no shell.
 //
-// The script says on stdout, on a line of its own, that the command is
+// The script says on stdout, at the end of a line, that the command is
 // about to start (setupReady), then execs it. The line never reaches the
 // caller; whatever exit status comes without it is the script's, not the
 // command's: the command never ran. That way a missing directory is an
@@ -103,10 +103,9 @@ type execSetup struct {
 	mu     sync.Mutex
 	said   []byte
 	stdout io.Writer
-	// line is the start of the stdout line being read, up to the ready
-	// line's length and one byte more; long says the line is longer.
+	// line is the end of the stdout line being read, up to the ready
+	// line's length and one byte more.
 	line []byte
-	long bool
 }
 
 // withSetup returns req to run through setupScript, and its set-up, or req
@@ -186,8 +185,9 @@ func (w *setupStdout) Write(p []byte) (int, error) {
 			return n, nil
 		}
 		s.addLine(p[:i])
-		// A terminal writes the line's end as \r\n.
-		if !s.long && string(bytes.TrimSuffix(s.line, []byte("\r"))) == setupReady {
+		// A terminal writes the line's end as \r\n, and echoes what is
+		// typed ahead before the line: the line ends with the ready text.
+		if bytes.HasSuffix(bytes.TrimSuffix(s.line, []byte("\r")), []byte(setupReady)) {
 			s.ready.Store(true)
 			if rest := p[i+1:]; len(rest) > 0 {
 				if _, err := s.stdout.Write(rest); err != nil {
@@ -197,20 +197,18 @@ func (w *setupStdout) Write(p []byte) (int, error) {
 			return n, nil
 		}
 		s.keep(p[:i+1])
-		s.line, s.long = s.line[:0], false
+		s.line = s.line[:0]
 		p = p[i+1:]
 	}
 	return n, nil
 }
 
-// addLine adds p to the line being read, as far as it can still be the
-// ready line.
+// addLine adds p to the end of the line being read.
 func (s *execSetup) addLine(p []byte) {
-	if room := len(setupReady) + 1 - len(s.line); len(p) > room {
-		s.long = true
-		p = p[:max(room, 0)]
-	}
 	s.line = append(s.line, p...)
+	if keep := len(setupReady) + 1; len(s.line) > keep {
+		s.line = append(s.line[:0], s.line[len(s.line)-keep:]...)
+	}
 }
 
 // setupStderr passes the command's stderr on as it comes, and keeps a copy

@@ -452,7 +452,12 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, control.ErrCallerGone):
 		// The client left; nobody is listening for the exit.
 	case err != nil:
-		log.Warn("exec ended without an exit status", "err", err)
+		// A directory or environment the sandbox could not set up is the
+		// caller's to fix, not the stream's failure.
+		var sf *control.SetupError
+		if !errors.As(err, &sf) {
+			log.Warn("exec ended without an exit status", "err", err)
+		}
 		d := toAPIError(execFailed(err)).detail
 		sendExit(api.ExitFrame{Error: &d})
 	default:

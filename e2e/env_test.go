@@ -28,11 +28,12 @@ var hostileEnv = map[string]string{
 	"SUBST":   "$(touch /tmp/hiloop-env-pwned) `touch /tmp/hiloop-env-pwned` ${HOME} $$ $",
 	"KUBEREF": "$(QUOTES) $$(QUOTES)",
 	"SPACES":  "  two  spaces  ",
-	"LINES":   "one\ntwo\n",
-	"GLOB":    "* ? [a]",
-	"UNICODE": "h\u00e9llo \u4e16\u754c \U0001F600",
-	"EMPTY":   "",
-	"DASHES":  "--",
+	// Not LINES: busybox's stty size takes it over the terminal's own.
+	"NEWLINES": "one\ntwo\n",
+	"GLOB":     "* ? [a]",
+	"UNICODE":  "h\u00e9llo \u4e16\u754c \U0001F600",
+	"EMPTY":    "",
+	"DASHES":   "--",
 }
 
 // envArgs are env as repeated --env flags.
@@ -112,7 +113,7 @@ func TestExecEnvAndCwd(t *testing.T) {
 	// exec's own does, and so does the directory, which is this
 	// machine's.
 	dir := t.TempDir()
-	want := map[string]string{"OWN": "exec's own $(id)", "LINES": "\n\n"}
+	want := map[string]string{"OWN": "exec's own $(id)", "NEWLINES": "\n\n"}
 	for k, v := range hostileEnv {
 		want[k+"_X"] = v
 	}

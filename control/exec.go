@@ -59,7 +59,7 @@ func (s *Session) Context() context.Context { return s.ctx }
 //   - a *StreamError when the stream broke before the exit status arrived;
 //   - a *SetupError when the request's Env or Cwd could not be set up in
 //     the sandbox (a missing directory, an image without sh), with
-//     nothing run. An *FieldError (ErrInvalidEnv, ErrInvalidPath) refuses
+//     nothing run. A *FieldError (ErrInvalidEnv, ErrInvalidPath) refuses
 //     an Env or a Cwd past the limits (ValidateExecSetup) before anything
 //     runs.
 //

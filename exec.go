@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,7 +23,30 @@ type SandboxExecCmd struct {
 	TTY         bool          `short:"t" help:"Allocate a terminal (implies -i); the local one goes raw and its size follows."`
 	Timeout     time.Duration `default:"0s" help:"Kill the command after this long (default: no limit but the server's)."`
 	Wake        bool          `help:"Start the sandbox first if it was stopped for idleness, and wait for it."`
+	Env         []string      `sep:"none" placeholder:"NAME=VALUE" help:"Add NAME=VALUE to the command's environment, exactly as given (no shell reads it); repeatable. Needs sh in the image."`
+	Cwd         string        `placeholder:"DIR" help:"Run the command in DIR, an absolute path in the sandbox. Needs sh in the image."`
 	Command     []string      `arg:"" passthrough:"" help:"Command and arguments, after --."`
+}
+
+// parseEnv reads repeated NAME=VALUE flags into an environment, splitting
+// each at its first '=': the value may hold any other. The server checks
+// the names.
+func parseEnv(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("%s %q: want NAME=VALUE", flag, kv)}
+		}
+		if _, dup := env[k]; dup {
+			return nil, usageError{fmt.Errorf("%s: %s given twice", flag, k)}
+		}
+		env[k] = v
+	}
+	return env, nil
 }
 
 // exitCode makes hiloop exit with a remote command's own code.
@@ -45,7 +69,11 @@ func (c *SandboxExecCmd) Run(ctx context.Context) error {
 	if len(c.Command) == 0 {
 		return usageError{errors.New("no command: hiloop sandbox exec ID -- CMD ARGS...")}
 	}
-	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout}
+	env, err := parseEnv("--env", c.Env)
+	if err != nil {
+		return err
+	}
+	o := api.ExecOptions{Command: c.Command, Stdout: os.Stdout, Stderr: os.Stderr, TTY: c.TTY, Timeout: c.Timeout, Env: env, Cwd: c.Cwd}
 	// A terminal without input is of no use; -t implies -i, as in ssh.
 	if c.Interactive || c.TTY {
 		o.Stdin = os.Stdin

@@ -103,6 +103,7 @@ type SandboxCreateCmd struct {
 	Volume         []string          `help:"Volume NAME:SIZE:MOUNTPATH[:STORAGECLASS]; repeatable."`
 	Label          map[string]string `help:"Label KEY=VALUE; repeatable."`
 	Transport      []string          `help:"Transport the sandbox needs; repeatable."`
+	Env            []string          `sep:"none" placeholder:"NAME=VALUE" help:"Set NAME=VALUE in the sandbox's environment, exactly as given; repeatable."`
 	IdempotencyKey string            `help:"Idempotency-Key: a retry with the same key never makes a second sandbox."`
 	IdleTimeout    string            `name:"idle-timeout" help:"Stop the sandbox once nobody used it through hiloop for this long, such as 30m (0: never; default: the organization's, else the deployment's). ssh, ssh -L and exec --wake start it again."`
 	Wait           bool              `help:"Wait until the sandbox runs, showing its progress."`
@@ -113,6 +114,11 @@ type SandboxCreateCmd struct {
 func (c *SandboxCreateCmd) Run(ctx context.Context, stdout io.Writer) error {
 	req := api.CreateSandboxRequest{Image: c.Image, TTL: c.TTL, ShutdownPolicy: c.ShutdownPolicy, Labels: c.Label, Transports: c.Transport,
 		IdleTimeout: c.IdleTimeout}
+	env, err := parseEnv("--env", c.Env)
+	if err != nil {
+		return err
+	}
+	req.Env = env
 	if c.CPU != "" || c.CPULimit != "" || c.Memory != "" || c.MemoryLimit != "" {
 		req.Resources = &api.Resources{CPURequest: c.CPU, CPULimit: c.CPULimit, MemoryRequest: c.Memory, MemoryLimit: c.MemoryLimit}
 	}

@@ -568,9 +568,11 @@ func (c *Client) Run(ctx context.Context, id string, req ExecRunRequest) (ExecRu
 		timeout += wakeWait
 	}
 	var out ExecRunResponse
-	err := c.do(ctx, request{method: http.MethodPost, path: path, in: req,
-		timeout: timeout + callTimeout}, &out)
-	return out, err
+	if err := c.do(ctx, request{method: http.MethodPost, path: path, in: req,
+		timeout: timeout + callTimeout}, &out); err != nil {
+		return out, err
+	}
+	return out, out.decodeOutput()
 }
 
 // ExecOptions describe a streaming exec session.
@@ -586,6 +588,10 @@ type ExecOptions struct {
 	Resize <-chan ResizeFrame
 	// Timeout kills the command after this long; the server's maximum when 0.
 	Timeout time.Duration
+	// Env is added to the command's environment and Cwd is the directory
+	// it runs in, as in ExecRunRequest.
+	Env map[string]string
+	Cwd string
 }
 
 // ExitStatus is how a command ended: its exit code, and the signal that
@@ -662,7 +668,7 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	start, err := json.Marshal(StartFrame{Command: o.Command})
+	start, err := json.Marshal(StartFrame{Command: o.Command, Env: o.Env, Cwd: o.Cwd})
 	if err != nil {
 		return ExitFrame{}, err
 	}

@@ -61,6 +61,7 @@ const (
 	CodeOutputGone             = "output_gone"
 	CodeProcessOperationFailed = "process_operation_failed"
 	CodeDirectoryNotEmpty      = "directory_not_empty"
+	CodeInvalidEnv             = "invalid_env"
 )
 
 // ErrorBody is the envelope of every error response.

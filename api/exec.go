@@ -1,6 +1,8 @@
 package api
 
 import (
+	"encoding/base64"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -50,7 +52,25 @@ type ExecRunRequest struct {
 	Stdin *string `json:"stdin,omitempty"`
 	// Timeout bounds the run, as a Go duration; 60s by default, 24h at most.
 	Timeout string `json:"timeout,omitempty"`
+	// Env is added to the command's environment, exactly: no shell reads
+	// the names or the values. Names are letters, digits and _, not
+	// starting with a digit, and not starting with HILOOP_; at most 64,
+	// and 32 KiB in all.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the absolute, clean directory the command runs in; the
+	// container's own when empty. A directory the sandbox lacks is 404
+	// file_not_found, and the command does not run.
+	Cwd string `json:"cwd,omitempty"`
 }
+
+// Encodings of ExecRunResponse's Stdout and Stderr.
+const (
+	// EncodingUTF8: both are the output itself, which is valid UTF-8.
+	EncodingUTF8 = "utf-8"
+	// EncodingBase64: both are the output in standard base64, since one
+	// of them is not valid UTF-8.
+	EncodingBase64 = "base64"
+)
 
 // ExecRunResponse is how the command ended and what it printed.
 type ExecRunResponse struct {
@@ -59,13 +79,36 @@ type ExecRunResponse struct {
 	// Signal names the signal that killed it, when the runtime said so.
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timed_out"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
+	// Stdout and Stderr are what the command printed. On the wire they are
+	// text when Encoding is utf-8, and base64 when it is base64 (when
+	// either is not valid UTF-8). Client.Run decodes them: what it returns
+	// holds the bytes themselves, whatever Encoding says.
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+	// Encoding is EncodingUTF8 or EncodingBase64, for both Stdout and
+	// Stderr. An answer without it (an older server) is utf-8.
+	Encoding string `json:"encoding,omitempty"`
 	// StdoutTruncated and StderrTruncated say output beyond MaxRunOutput
 	// bytes was dropped.
 	StdoutTruncated bool  `json:"stdout_truncated"`
 	StderrTruncated bool  `json:"stderr_truncated"`
 	DurationMS      int64 `json:"duration_ms"`
+}
+
+// decodeOutput makes Stdout and Stderr the bytes themselves when they
+// came in base64.
+func (r *ExecRunResponse) decodeOutput() error {
+	if r.Encoding != EncodingBase64 {
+		return nil
+	}
+	for _, f := range []*string{&r.Stdout, &r.Stderr} {
+		b, err := base64.StdEncoding.DecodeString(*f)
+		if err != nil {
+			return fmt.Errorf("exec/run: the answer's output is not base64: %w", err)
+		}
+		*f = string(b)
+	}
+	return nil
 }
 
 // ExitFrame is the payload of the final ChanExit message.
@@ -86,6 +129,9 @@ type ResizeFrame struct {
 // proxy and access logs. It is a text message.
 type StartFrame struct {
 	Command []string `json:"command"`
+	// Env and Cwd are as in ExecRunRequest.
+	Env map[string]string `json:"env,omitempty"`
+	Cwd string            `json:"cwd,omitempty"`
 }
 
 // ChannelConn writes the channel-prefixed binary messages of hiloop's exec

@@ -62,6 +62,12 @@ type CreateSandboxRequest struct {
 	// idleness is woken by its owner's next ssh, ssh -L, or exec or file
 	// call with ?wake=true.
 	IdleTimeout string `json:"idle_timeout,omitempty"`
+	// Env is the workload container's environment beside the image's, as
+	// plain values (never a reference to a Secret): every process in the
+	// sandbox, an exec's too, sees it. Names are letters, digits and _,
+	// not starting with a digit or with HILOOP_; at most 64, and 32 KiB in
+	// all. It is returned by every read of the sandbox.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Resources are CPU and memory requests and limits.
@@ -131,6 +137,8 @@ type Sandbox struct {
 	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
 	Volumes        []VolumeRequest   `json:"volumes"`
 	Labels         map[string]string `json:"labels"`
+	// Env is the environment it was created with.
+	Env map[string]string `json:"env"`
 	// Transports are the ways in the sandbox asked for; empty means every
 	// transport the deployment backed when it was created.
 	Transports []string `json:"transports"`

@@ -9,6 +9,12 @@ import (
 // ExecRequest is one command to run in a sandbox.
 type ExecRequest struct {
 	Command []string
+	// Env is added to the command's environment, and Cwd (absolute, or
+	// empty for the container's own) is the directory it runs in. The
+	// core applies them: it runs the command through a fixed sh script
+	// that takes them as arguments, so an Executor never sees them set.
+	Env map[string]string
+	Cwd string
 	// Stdin, when not nil, is copied to the command; its EOF is delivered
 	// as the command's stdin EOF.
 	Stdin io.Reader

@@ -56,7 +56,12 @@ func (s *Session) Context() context.Context { return s.ctx }
 //     being opened: no command ran, so none timed out;
 //   - ErrExecTimeout when ctx's deadline passed once the stream was open
 //     (the command outlived the caller's timeout);
-//   - a *StreamError when the stream broke before the exit status arrived.
+//   - a *StreamError when the stream broke before the exit status arrived;
+//   - a *SetupError when the request's Env or Cwd could not be set up in
+//     the sandbox (a missing directory, an image without sh), with
+//     nothing run. A *FieldError (ErrInvalidEnv, ErrInvalidPath) refuses
+//     an Env or a Cwd past the limits (ValidateExecSetup) before anything
+//     runs.
 //
 // ctx should derive from Context.
 func (s *Session) Exec(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
@@ -66,6 +71,10 @@ func (s *Session) Exec(ctx context.Context, req cluster.ExecRequest) (cluster.Ex
 	if err := CheckArgv(req.Command); err != nil {
 		return cluster.ExitStatus{}, err
 	}
+	if err := ValidateExecSetup(req.Env, req.Cwd); err != nil {
+		return cluster.ExitStatus{}, err
+	}
+	req, setup := withSetup(req)
 	st, err := s.c.o.Exec.Exec(ctx, s.SandboxID, req)
 	// The cause first, even over an exit status: a stop or delete ends
 	// the session before it reaches the pod (applyMode), so a command that
@@ -77,7 +86,15 @@ func (s *Session) Exec(ctx context.Context, req cluster.ExecRequest) (cluster.Ex
 		return st, &EndedError{Cause: cause, Err: err}
 	}
 	if err == nil {
+		if setup != nil {
+			if serr := setup.failed(st); serr != nil {
+				return st, serr
+			}
+		}
 		return st, nil
+	}
+	if setup != nil && noProgram(err) {
+		return st, &SetupError{Kind: ErrSetupNoShell, Code: -1}
 	}
 	var ce *cluster.ConnectError
 	connect := errors.As(err, &ce)

@@ -461,9 +461,16 @@ func fileExitError(code int, stderr []byte) error {
 // its refusal (kubelets answer "executable file not found", kwok "no such
 // file or directory"), else the error itself.
 func fileExecFailed(err error) error {
-	var re *cluster.RemoteError
-	if errors.As(err, &re) && (strings.Contains(re.Message, "executable file not found") || strings.Contains(re.Message, "no such file or directory")) {
+	if noProgram(err) {
 		return &FileError{Kind: ErrNoShell, Code: -1}
 	}
 	return err
+}
+
+// noProgram reports whether err is the runtime's refusal to start a
+// command whose program the image does not have: kubelets answer
+// "executable file not found", kwok "no such file or directory".
+func noProgram(err error) bool {
+	var re *cluster.RemoteError
+	return errors.As(err, &re) && (strings.Contains(re.Message, "executable file not found") || strings.Contains(re.Message, "no such file or directory"))
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"path"
 	"slices"
 	"strconv"
@@ -181,73 +180,51 @@ type Listing struct {
 	Truncated bool
 }
 
-// PathError is a path no file operation or transfer takes (CheckPath).
-// Field names the request field.
-type PathError struct{ Field, Problem string }
-
-func (e *PathError) Error() string { return e.Field + ": " + e.Problem }
-
-// CheckPath holds a path in a sandbox to what every way in takes: not
-// empty, absolute, clean, at most api.MaxPathBytes, without NUL or another
-// control character (paths reach the sandbox only as arguments, but a
-// control character is never what a caller meant, and would garble logs
-// and listings). field names it in the error, a *PathError.
-func CheckPath(field, p string) error {
-	bad := func(msg string) error { return &PathError{Field: field, Problem: msg} }
-	switch {
-	case p == "":
-		return bad("is required")
-	case len(p) > api.MaxPathBytes:
-		return bad(fmt.Sprintf("longer than %d bytes", api.MaxPathBytes))
-	case !strings.HasPrefix(p, "/"):
-		return bad("must be absolute")
-	case strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
-		return bad("must not contain NUL or other control characters")
-	case path.Clean(p) != p:
-		return bad(fmt.Sprintf("must be clean (no '.', '..', '//' or trailing '/'): %q", Truncate(path.Clean(p))))
-	}
-	return nil
+// pathRefused is a path no file operation takes, as ValidatePath's errors
+// are: a *FieldError of ErrInvalidPath naming the request field.
+func pathRefused(field, problem string) error {
+	return &FieldError{Field: field, Message: problem, Err: ErrInvalidPath}
 }
 
 // CheckRemove holds the path of a remove to what Remove takes: a path
-// CheckPath takes, other than /. The API checks it before admission too,
+// ValidatePath takes, other than /. The API checks it before admission too,
 // to answer 400 with nothing run.
 func CheckRemove(p string) error {
-	if err := CheckPath("path", p); err != nil {
+	if err := ValidatePath("path", p); err != nil {
 		return err
 	}
 	if p == "/" {
-		return &PathError{Field: "path", Problem: "/ cannot be removed"}
+		return pathRefused("path", "/ cannot be removed")
 	}
 	return nil
 }
 
-// CheckRename holds a rename to what Rename takes: paths CheckPath takes,
+// CheckRename holds a rename to what Rename takes: paths ValidatePath takes,
 // neither of them /, to not inside from.
 func CheckRename(from, to string) error {
-	if err := CheckPath("from", from); err != nil {
+	if err := ValidatePath("from", from); err != nil {
 		return err
 	}
-	if err := CheckPath("to", to); err != nil {
+	if err := ValidatePath("to", to); err != nil {
 		return err
 	}
 	switch {
 	case from == "/":
-		return &PathError{Field: "from", Problem: "/ cannot be renamed"}
+		return pathRefused("from", "/ cannot be renamed")
 	case to == "/":
-		return &PathError{Field: "to", Problem: "/ cannot be replaced"}
+		return pathRefused("to", "/ cannot be replaced")
 	case strings.HasPrefix(to, from+"/"):
-		return &PathError{Field: "to", Problem: "is inside from: a directory cannot move into itself"}
+		return pathRefused("to", "is inside from: a directory cannot move into itself")
 	}
 	return nil
 }
 
 // List lists the directory dir (or the one a symbolic link dir points to)
-// of the session's sandbox. It answers a *PathError, a *FileError
+// of the session's sandbox. It answers a *FieldError of ErrInvalidPath, a *FileError
 // (ErrFileNotFound, ErrPathConflict for a file that is not a directory),
 // or an error of Exec.
 func (s *Session) List(ctx context.Context, dir string) (Listing, error) {
-	if err := CheckPath("path", dir); err != nil {
+	if err := ValidatePath("path", dir); err != nil {
 		return Listing{}, err
 	}
 	out, cut, err := s.runFS(ctx, maxListOutput, listScript, dir, strconv.Itoa(api.MaxListEntries))
@@ -262,7 +239,7 @@ func (s *Session) List(ctx context.Context, dir string) (Listing, error) {
 // Stat answers what the file p of the session's sandbox is, or an error as
 // List does.
 func (s *Session) Stat(ctx context.Context, p string) (FileStat, error) {
-	if err := CheckPath("path", p); err != nil {
+	if err := ValidatePath("path", p); err != nil {
 		return FileStat{}, err
 	}
 	return s.record(ctx, p, statScript, p)
@@ -271,7 +248,7 @@ func (s *Session) Stat(ctx context.Context, p string) (FileStat, error) {
 // Remove removes the file, symbolic link or empty directory p of the
 // session's sandbox, and with recursive a directory and everything in it.
 // A directory that is not empty without recursive is a *FileError of
-// ErrNotEmpty; / is a *PathError.
+// ErrNotEmpty; / is a *FieldError of ErrInvalidPath.
 func (s *Session) Remove(ctx context.Context, p string, recursive bool) error {
 	if err := CheckRemove(p); err != nil {
 		return err
@@ -288,7 +265,7 @@ func (s *Session) Remove(ctx context.Context, p string, recursive bool) error {
 // parents, and answers what p is then. One that exists is no error; a file
 // in the way is a *FileError of ErrPathConflict.
 func (s *Session) Mkdir(ctx context.Context, p string) (FileStat, error) {
-	if err := CheckPath("path", p); err != nil {
+	if err := ValidatePath("path", p); err != nil {
 		return FileStat{}, err
 	}
 	return s.record(ctx, p, mkdirScript, p)

@@ -190,6 +190,12 @@ func validateSpec(req api.CreateSandboxRequest) (store.Spec, error) {
 	if err := ValidateLabels("labels", req.Labels); err != nil {
 		return spec, err
 	}
+	if err := ValidateEnv("env", req.Env); err != nil {
+		return spec, err
+	}
+	if len(req.Env) > 0 {
+		spec.Env = req.Env
+	}
 	return spec, nil
 }
 

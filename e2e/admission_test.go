@@ -260,6 +260,19 @@ var escapes = append([]escape{
 	{name: "env from a ConfigMap", rule: "env", spec: addEnv(&corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
 		LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}})},
 	{name: "env from the node's address", rule: "env", spec: addEnv(&corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}})},
+	// The workload's env is plain values only, as hiloop renders a
+	// sandbox's env: not even its own pod's metadata or resources.
+	{name: "env from the pod's own metadata in the workload", rule: "env", spec: addEnv(&corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}})},
+	{name: "env from a resource field", rule: "env", spec: addEnv(&corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}})},
+	{name: "env from a Secret in the helper", rule: "env", spec: func(s *corev1.PodSpec) {
+		h := helperOf(s)
+		h.Env = append(h.Env, corev1.EnvVar{Name: "STOLEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}}})
+	}},
+	{name: "env from a resource field in the helper", rule: "env", spec: func(s *corev1.PodSpec) {
+		h := helperOf(s)
+		h.Env = append(h.Env, corev1.EnvVar{Name: "MEM", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}}})
+	}},
 	{name: "envFrom a Secret", rule: "env", spec: func(s *corev1.PodSpec) {
 		s.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}}}}
 	}},
@@ -521,9 +534,13 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 	opts := k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass,
 		Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, AgentImage: "hiloop/hiloop:test"}
 	gatewayKey := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"
+	// Every conforming shape has an environment, as a sandbox created
+	// with env renders it: plain values, one of them escaped for the
+	// kubelet's $(...) expansion.
 	record := func(id string, transports []sandbox.Transport, volumes ...store.Volume) store.Sandbox {
 		return store.Sandbox{ID: id, OrgID: "org_admission", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", Transports: transports, Volumes: volumes, ShutdownPolicy: "retain"}}
+			Spec: store.Spec{Image: "busybox", Transports: transports, Volumes: volumes, ShutdownPolicy: "retain",
+				Env: map[string]string{"PLAIN": "value", "REF": "$(PLAIN)", "EMPTY": ""}}}
 	}
 	withHelper := []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}
 	data := store.Volume{Name: "data", Size: "1Gi", MountPath: "/data"}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
@@ -24,7 +27,8 @@ import (
 
 // TestRealNode runs hiloop's product paths on pods that really run, under
 // gVisor, on the local cluster's real node (a kubelet, containerd and
-// runsc on this machine): the kernel a command sees, exit codes, stdin EOF
+// runsc on this machine): the kernel a command sees, exit codes, a
+// create's env and an exec's env and cwd under busybox's sh, stdin EOF
 // and a terminal (its size and a resize) from a real kubelet, files both ways, a file written in
 // the sandbox that is not on the host, ssh and ssh -L through the session
 // helper container in the pod to a server that listens only inside it,
@@ -36,7 +40,8 @@ func TestRealNode(t *testing.T) {
 	c := e2e.NewRealCluster(t, func(o *localcluster.Options) { o.RuncHandler = true })
 	in := e2e.ServeInProcessOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
 		"--transports", "exec,ssh,forward", "--agent-image", c.AgentImage())
-	sb := in.Create(in.Token, "busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait")
+	sb := in.Create(in.Token, append([]string{"busybox", "--transport", "exec", "--transport", "ssh", "--transport", "forward", "--wait"},
+		envArgs(hostileEnv)...)...)
 	exec1 := func(stdin string, args ...string) (string, string, int) {
 		return cliExec(in, in.Token, stdin, append([]string{sb.ID, "--"}, args...)...)
 	}
@@ -75,6 +80,35 @@ func TestRealNode(t *testing.T) {
 		}
 		if _, errOut, code := exec1("", "sh", "-c", "kill -KILL $$"); code != 137 {
 			t.Errorf("signal death: exit %d (%s)", code, errOut)
+		}
+	})
+	t.Run("a create's env, an exec's env and cwd, under busybox's sh", func(t *testing.T) {
+		want := maps.Clone(hostileEnv)
+		execEnv := map[string]string{"QUOTES": "the exec's \"own\"", "OWN": "$(id) `id`\n"}
+		maps.Copy(want, execEnv)
+		names := slices.Sorted(maps.Keys(want))
+		// busybox has no printenv: each value is printed by name,
+		// the names being this test's own.
+		script := `pwd; for k in "$@"; do eval "printf '%s\\0' \"\${$k}\""; done`
+		out, errOut, code := cliExec(in, in.Token, "", append(append(envArgs(execEnv), "--cwd", "/etc", sb.ID, "--", "sh", "-c", script, "sh"), names...)...)
+		pwd, values, _ := strings.Cut(out, "\n")
+		if code != 0 || pwd != "/etc" {
+			t.Fatalf("exec: %d %q %q", code, out, errOut)
+		}
+		got := map[string]string{}
+		for i, v := range strings.Split(strings.TrimSuffix(values, "\x00"), "\x00") {
+			if i < len(names) {
+				got[names[i]] = v
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("the command's environment (-want +got):\n%s", diff)
+		}
+		if _, errOut, code := exec1("", "test", "-e", "/tmp/hiloop-env-pwned"); code == 0 {
+			t.Errorf("a value was run by a shell: %s", errOut)
+		}
+		if _, errOut, code := cliExec(in, in.Token, "", "--cwd", "/nonexistent", sb.ID, "--", "true"); code != 255 || !strings.Contains(errOut, "file_not_found") {
+			t.Errorf("a missing cwd: %d %q", code, errOut)
 		}
 	})
 	t.Run("stdin EOF reaches the command", func(t *testing.T) {

@@ -3,7 +3,7 @@ package k8s
 import (
 	"cmp"
 	"fmt"
-	"github.com/hiloop/hiloop/cluster"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -166,7 +167,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		}
 	}
 
-	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image}
+	container := corev1.Container{Name: WorkloadContainer, Image: sb.Spec.Image, Env: renderEnv(sb.Spec.Env)}
 	var err error
 	if container.Resources, err = resources(sb.Spec, o); err != nil {
 		return nil, err
@@ -236,6 +237,21 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		obj.Spec.ShutdownTime = &metav1.Time{Time: sb.ExpiresAt.UTC().Truncate(time.Second)}
 	}
 	return obj, nil
+}
+
+// renderEnv is a sandbox's environment as the workload container's env:
+// plain values in name order, never a reference. The kubelet expands
+// $(NAME) in a value to another variable's and $$ to $, so every $ is
+// doubled: the container sees each value exactly as the caller gave it.
+func renderEnv(env map[string]string) []corev1.EnvVar {
+	if len(env) == 0 {
+		return nil
+	}
+	out := make([]corev1.EnvVar, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, corev1.EnvVar{Name: k, Value: strings.ReplaceAll(env[k], "$", "$$")})
+	}
+	return out
 }
 
 // runtimeClassName is the receipt's runtime class; none when the receipt

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +33,9 @@ func TestRenderGolden(t *testing.T) {
 				CPURequest: "500m", CPULimit: "2", MemoryRequest: "256Mi", MemoryLimit: "1Gi", TTLSeconds: 3600, ShutdownPolicy: "delete",
 				Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data"}, {Name: "cache", Size: "1Gi", MountPath: "/cache", StorageClass: "fast"}},
 				Labels:  map[string]string{"team": "ml"}}},
+		"env": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportExec},
+				Env: map[string]string{"TOKEN": "s3cret", "QUOTED": `a "b" 'c'`, "REF": "$(TOKEN) $$ $HOME", "EMPTY": "", "LINES": "one\ntwo"}}},
 		"stopped": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeStopped,
 			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportExec}}},
 	} {
@@ -59,8 +63,18 @@ func TestRenderGolden(t *testing.T) {
 			}
 			// The invariants DESIGN.md names, checked on the object itself.
 			c := obj.Spec.PodTemplate.Spec.Containers[0]
-			if c.Command != nil || c.Args != nil || c.Env != nil || c.SecurityContext != nil {
-				t.Error("workload container has command, args, env or securityContext")
+			if c.Command != nil || c.Args != nil || c.EnvFrom != nil || c.SecurityContext != nil {
+				t.Error("workload container has command, args, envFrom or securityContext")
+			}
+			// Its env is the spec's, as plain values the kubelet expands
+			// back to exactly the spec's.
+			if len(c.Env) != len(sb.Spec.Env) {
+				t.Errorf("workload env %v, spec %v", c.Env, sb.Spec.Env)
+			}
+			for _, e := range c.Env {
+				if e.ValueFrom != nil || strings.ReplaceAll(e.Value, "$$", "$") != sb.Spec.Env[e.Name] {
+					t.Errorf("workload env %s: %+v, spec %q", e.Name, e, sb.Spec.Env[e.Name])
+				}
 			}
 			ps := obj.Spec.PodTemplate.Spec
 			if ps.RestartPolicy != "Never" || ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken ||

@@ -55,6 +55,10 @@ func toAPIError(err error) *apiError {
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalidEnv):
+		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidEnv, Field: fe.Field, Message: fe.Error()}}
+	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalidPath):
+		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidPath, Field: fe.Field, Message: fe.Error()}}
 	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalid):
 		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: fe.Field, Message: fe.Error()}}
 	case errors.As(err, &fe) && errors.Is(err, control.ErrUnsupported):

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 
@@ -41,6 +43,48 @@ func boolQuery(q url.Values, name string) (bool, error) {
 		return true, nil
 	}
 	return false, fieldError(name, "must be true or false")
+}
+
+// startQuery reads the command, env and cwd of a stream's URL. Without a
+// command there, the command is the first message, and so are its env
+// and cwd.
+func startQuery(q url.Values) (api.StartFrame, error) {
+	start := api.StartFrame{Command: q["command"], Cwd: q.Get("cwd")}
+	if len(start.Command) == 0 {
+		if q.Has("env") || q.Has("cwd") {
+			return start, fieldError("command", "env and cwd go where the command goes: in the URL with it, or in the first message")
+		}
+		return start, nil
+	}
+	if len(q["cwd"]) > 1 {
+		return start, &control.FieldError{Field: "cwd", Message: "given more than once", Err: control.ErrInvalidPath}
+	}
+	env, err := envQuery(q)
+	if err != nil {
+		return start, err
+	}
+	start.Env = env
+	return start, validateStart(start)
+}
+
+// envQuery reads the env parameters of a stream's URL, each NAME=VALUE,
+// into a map: nil when there are none.
+func envQuery(q url.Values) (map[string]string, error) {
+	if len(q["env"]) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range q["env"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, &control.FieldError{Field: "env", Message: fmt.Sprintf("%q is not NAME=VALUE", truncate(kv)), Err: control.ErrInvalidEnv}
+		}
+		if _, dup := env[k]; dup {
+			return nil, &control.FieldError{Field: "env", Message: fmt.Sprintf("%q given twice", truncate(k)), Err: control.ErrInvalidEnv}
+		}
+		env[k] = v
+	}
+	return env, nil
 }
 
 func validateArgv(argv []string) error {
@@ -78,7 +122,30 @@ func execFailed(err error) error {
 	case errors.As(err, &se):
 		return &wrappedAPIError{apiError: newError(http.StatusBadGateway, api.CodeExecFailed, control.ErrStreamBroken.Error()), err: err}
 	}
-	return err
+	return setupFailed(err)
+}
+
+// setupFailed maps a command whose environment or working directory the
+// sandbox could not set up to the answer: a directory it lacks is
+// file_not_found, as for a file; the message is the core's, which quotes
+// only what the caller's own sandbox said.
+func setupFailed(err error) error {
+	var sf *control.SetupError
+	if !errors.As(err, &sf) {
+		return err
+	}
+	detail := func(status int, code, field string) error {
+		return &apiError{status: status, detail: api.ErrorDetail{Code: code, Field: field, Message: sf.Error()}}
+	}
+	switch sf.Kind {
+	case control.ErrCwdNotFound:
+		return detail(http.StatusNotFound, api.CodeFileNotFound, "cwd")
+	case control.ErrCwdNotDir, control.ErrCwdDenied:
+		return detail(http.StatusConflict, api.CodePathConflict, "cwd")
+	case control.ErrSetupNoShell:
+		return detail(http.StatusUnprocessableEntity, api.CodeShellUnavailable, "")
+	}
+	return detail(http.StatusUnprocessableEntity, api.CodeInvalidEnv, "env")
 }
 
 // wrappedAPIError is an apiError that keeps the error behind it for the log.
@@ -121,6 +188,10 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if err := control.ValidateExecSetup(req.Env, req.Cwd); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	timeout, err := parseTimeout(req.Timeout)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -135,7 +206,7 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
 	defer cancel()
 	stdout, stderr := &capWriter{max: api.MaxRunOutput}, &capWriter{max: api.MaxRunOutput}
-	ereq := cluster.ExecRequest{Command: req.Command, Stdout: stdout, Stderr: stderr}
+	ereq := cluster.ExecRequest{Command: req.Command, Env: req.Env, Cwd: req.Cwd, Stdout: stdout, Stderr: stderr}
 	if req.Stdin != nil {
 		ereq.Stdin = strings.NewReader(*req.Stdin)
 	}
@@ -146,8 +217,8 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		in = len(*req.Stdin)
 	}
 	sess.Moved(int64(in), int64(len(stdout.buf)+len(stderr.buf)))
-	resp := api.ExecRunResponse{Stdout: string(stdout.buf), Stderr: string(stderr.buf),
-		StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
+	resp := api.ExecRunResponse{StdoutTruncated: stdout.truncated, StderrTruncated: stderr.truncated, DurationMS: time.Since(start).Milliseconds()}
+	resp.Stdout, resp.Stderr, resp.Encoding = encodeOutput(stdout, stderr)
 	switch {
 	case errors.Is(err, control.ErrExecTimeout):
 		resp.TimedOut = true
@@ -158,6 +229,39 @@ func (s *Server) execRun(w http.ResponseWriter, r *http.Request) {
 		resp.ExitCode, resp.Signal = &st.Code, st.Signal
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// encodeOutput is what a run printed as the answer carries it: text when
+// both stdout and stderr are valid UTF-8, else both in base64, so that
+// every byte comes back as it was. Output cut at MaxRunOutput is first cut
+// back to the last whole character, when that is all that keeps it from
+// being text: the answer says it was truncated anyway.
+func encodeOutput(stdout, stderr *capWriter) (string, string, string) {
+	out, errOut := stdout.text(), stderr.text()
+	if utf8.Valid(out) && utf8.Valid(errOut) {
+		return string(out), string(errOut), api.EncodingUTF8
+	}
+	return base64.StdEncoding.EncodeToString(stdout.buf), base64.StdEncoding.EncodeToString(stderr.buf), api.EncodingBase64
+}
+
+// text is what the writer kept, without a character that the cap cut
+// in two.
+func (c *capWriter) text() []byte {
+	b := c.buf
+	if !c.truncated {
+		return b
+	}
+	// A cut character is an incomplete sequence of at most three bytes
+	// at the end, after the last byte that can start one.
+	for i := len(b) - 1; i >= 0 && i >= len(b)-3; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 // admitExec admits an exec session for the request's caller, or answers
@@ -201,17 +305,14 @@ var upgrader = websocket.Upgrader{
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	q := r.URL.Query()
-	if err := knownQuery(q, "command", "stdin", "tty", "timeout", "wake"); err != nil {
+	if err := knownQuery(q, "command", "env", "cwd", "stdin", "tty", "timeout", "wake"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	// Without command in the URL, the argv is the first message.
-	argv := q["command"]
-	if len(argv) > 0 {
-		if err := validateArgv(argv); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
+	start, err := startQuery(q)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	flags := map[string]bool{}
 	for _, f := range []string{"stdin", "tty"} {
@@ -262,7 +363,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	defer close(handlerDone)
 	// The wait for the first message is bounded before the session-end
 	// cut below can run, so that the cut always comes later and wins.
-	if len(argv) == 0 {
+	if len(start.Command) == 0 {
 		conn.SetReadDeadline(time.Now().Add(startFrameWait))
 	}
 	stop := context.AfterFunc(sess.Context(), func() {
@@ -283,9 +384,9 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 		cc.Send(api.ChanExit, b)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 	}
-	if len(argv) == 0 {
+	if len(start.Command) == 0 {
 		var ferr *apiError
-		argv, ferr = readStart(conn)
+		start, ferr = readStart(conn)
 		// From here a session's end reaches the handler through ctx, which
 		// ends the command and then the stream, whatever the read does.
 		conn.SetReadDeadline(time.Time{})
@@ -297,7 +398,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ereq := cluster.ExecRequest{Command: argv, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
+	ereq := cluster.ExecRequest{Command: start.Command, Env: start.Env, Cwd: start.Cwd, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if flags["stdin"] {
@@ -351,7 +452,12 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, control.ErrCallerGone):
 		// The client left; nobody is listening for the exit.
 	case err != nil:
-		log.Warn("exec ended without an exit status", "err", err)
+		// A directory or environment the sandbox could not set up is the
+		// caller's to fix, not the stream's failure.
+		var sf *control.SetupError
+		if !errors.As(err, &sf) {
+			log.Warn("exec ended without an exit status", "err", err)
+		}
 		d := toAPIError(execFailed(err)).detail
 		sendExit(api.ExitFrame{Error: &d})
 	default:
@@ -381,24 +487,32 @@ func closeWhenStalled(cc *api.ChannelConn, conn *websocket.Conn, done <-chan str
 
 // readStart reads the StartFrame of a stream opened without a command.
 // Its deadline (startFrameWait) is set by the caller.
-func readStart(conn *websocket.Conn) ([]string, *apiError) {
+func readStart(conn *websocket.Conn) (api.StartFrame, *apiError) {
+	var f api.StartFrame
 	mt, b, err := conn.ReadMessage()
 	if err != nil {
-		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, "no command: neither in the URL nor in a first message")
+		return f, newError(http.StatusBadRequest, api.CodeInvalidFrame, "no command: neither in the URL nor in a first message")
 	}
 	if mt != websocket.TextMessage {
-		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be a text message {"command":[...]} when the URL has no command`)
+		return f, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be a text message {"command":[...]} when the URL has no command`)
 	}
-	var f api.StartFrame
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return nil, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be {"command":[...]}`)
+		return f, newError(http.StatusBadRequest, api.CodeInvalidFrame, `the first message must be {"command":[...]}, with "env":{...} and "cwd":"..." if wanted`)
 	}
+	if err := validateStart(f); err != nil {
+		return f, toAPIError(err)
+	}
+	return f, nil
+}
+
+// validateStart checks a stream's command, env and cwd.
+func validateStart(f api.StartFrame) error {
 	if err := validateArgv(f.Command); err != nil {
-		return nil, toAPIError(err)
+		return err
 	}
-	return f.Command, nil
+	return control.ValidateExecSetup(f.Env, f.Cwd)
 }
 
 // handleFrame applies one client message, or says why it is invalid.

@@ -23,26 +23,9 @@ import (
 
 var fileMode = regexp.MustCompile(`^0?[0-7]{3}$`)
 
-// validatePath refuses a path the core refuses (control.CheckPath), as
-// 400 invalid_path naming the field.
-func validatePath(p string) error { return checkPath("path", p) }
-
-// checkPath is validatePath of the field named.
-func checkPath(field, p string) error {
-	if err := control.CheckPath(field, p); err != nil {
-		return pathError(err)
-	}
-	return nil
-}
-
-// pathError is the answer to a *control.PathError; other errors pass.
-func pathError(err error) error {
-	var pe *control.PathError
-	if errors.As(err, &pe) {
-		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidPath, Field: pe.Field, Message: pe.Error()}}
-	}
-	return err
-}
+// validatePath refuses a path that control.ValidatePath refuses, as the
+// field path.
+func validatePath(p string) error { return control.ValidatePath("path", p) }
 
 // fileQuery reads the query of a files request.
 func fileQuery(r *http.Request, known ...string) (string, error) {

@@ -62,7 +62,7 @@ func (s *Server) fsRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := control.CheckRemove(req.Path); err != nil {
-		s.writeError(w, r, pathError(err))
+		s.writeError(w, r, err)
 		return
 	}
 	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
@@ -83,7 +83,7 @@ func (s *Server) fsMkdir(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkPath("path", req.Path); err != nil {
+	if err := control.ValidatePath("path", req.Path); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -107,7 +107,7 @@ func (s *Server) fsRename(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := control.CheckRename(req.From, req.To); err != nil {
-		s.writeError(w, r, pathError(err))
+		s.writeError(w, r, err)
 		return
 	}
 	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
@@ -159,5 +159,5 @@ func fsFailed(err error) error {
 	case errors.Is(err, control.ErrExecTimeout):
 		return newError(http.StatusGatewayTimeout, api.CodeExecTimeout, fmt.Sprintf("the operation ran past %s and was ended; part of it may be done", control.FSTimeout))
 	}
-	return pathError(fileFailed(err))
+	return fileFailed(err)
 }

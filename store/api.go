@@ -74,7 +74,7 @@ func (sb Sandbox) API() api.Sandbox {
 		Resources: api.Resources{CPURequest: sb.Spec.CPURequest, CPULimit: sb.Spec.CPULimit,
 			MemoryRequest: sb.Spec.MemoryRequest, MemoryLimit: sb.Spec.MemoryLimit},
 		ShutdownPolicy: sb.Spec.ShutdownPolicy, ExpiresAt: sb.ExpiresAt,
-		Volumes: []api.VolumeRequest{}, Labels: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
+		Volumes: []api.VolumeRequest{}, Labels: map[string]string{}, Env: map[string]string{}, Transports: transportNames(sb.Spec.Transports),
 		IdleTimeout: sb.IdleTimeout.String(), LastActivityAt: sb.LastActivityAt, StoppedBy: stoppedBy(sb),
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		RuntimeObserved: string(sb.RuntimeObserved), KernelRelease: sb.RuntimeRelease,
@@ -90,6 +90,9 @@ func (sb Sandbox) API() api.Sandbox {
 	}
 	for k, v := range sb.Spec.Labels {
 		out.Labels[k] = v
+	}
+	for k, v := range sb.Spec.Env {
+		out.Env[k] = v
 	}
 	return out
 }

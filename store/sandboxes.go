@@ -81,6 +81,9 @@ type Spec struct {
 	// Transports are the ways in the sandbox asked for; empty means every
 	// transport the deployment backed at create time.
 	Transports []sandbox.Transport `json:"transports,omitempty"`
+	// Env is the workload's environment beside the image's. It is stored
+	// in a column of its own (env), never in the spec's JSON.
+	Env map[string]string `json:"-"`
 }
 
 // Volume is a persistent volume that lives as long as its sandbox.
@@ -160,21 +163,26 @@ type NewSandbox struct {
 }
 
 const sandboxColumns = `id, org_id, spec, desired_mode, state, anomaly, exit_code, reason, expires_at, created_at, updated_at, receipt, mode_outside, pod_uid, helper_key_changed_pod,
-	idle_timeout, last_activity_at, activity_open, stop_cause, runtime_pod, runtime_observed, runtime_release`
+	idle_timeout, last_activity_at, activity_open, stop_cause, runtime_pod, runtime_observed, runtime_release, env`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
-	var spec string
+	var spec, env string
 	var exit sql.NullInt64
 	var expires sql.NullInt64
 	var created, updated, idle, active int64
 	if err := row.Scan(&sb.ID, &sb.OrgID, &spec, &sb.DesiredMode, &sb.State, &sb.Anomaly, &exit, &sb.Reason, &expires, &created, &updated, &sb.Receipt, &sb.ModeOutside, &sb.PodUID, &sb.HelperKeyChangedPod,
-		&idle, &active, &sb.ActivityOpen, &sb.StopCause, &sb.RuntimePod, &sb.RuntimeObserved, &sb.RuntimeRelease); err != nil {
+		&idle, &active, &sb.ActivityOpen, &sb.StopCause, &sb.RuntimePod, &sb.RuntimeObserved, &sb.RuntimeRelease, &env); err != nil {
 		return Sandbox{}, err
 	}
 	sb.IdleTimeout, sb.LastActivityAt = time.Duration(idle)*time.Second, fromMS(active)
 	if err := json.Unmarshal([]byte(spec), &sb.Spec); err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: spec: %w", sb.ID, err)
+	}
+	if env != "{}" {
+		if err := json.Unmarshal([]byte(env), &sb.Spec.Env); err != nil {
+			return Sandbox{}, fmt.Errorf("sandbox %s: env: %w", sb.ID, err)
+		}
 	}
 	if exit.Valid {
 		c := int(exit.Int64)
@@ -196,6 +204,12 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 	spec, err := json.Marshal(n.Spec)
 	if err != nil {
 		return Sandbox{}, false, err
+	}
+	env := []byte("{}")
+	if len(n.Spec.Env) > 0 {
+		if env, err = json.Marshal(n.Spec.Env); err != nil {
+			return Sandbox{}, false, err
+		}
 	}
 	err = s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		if n.IdempotencyKey != "" {
@@ -231,7 +245,7 @@ func (s *Store) CreateSandbox(ctx context.Context, n NewSandbox) (sb Sandbox, cr
 		}
 		if _, err := tx.ExecContext(ctx, insertSandboxSQL,
 			sb.ID, sb.OrgID, string(spec), sb.DesiredMode, sb.State, nullMS(sb.ExpiresAt), ms(now), ms(now), sb.Receipt,
-			int64(sb.IdleTimeout/time.Second), ms(now), idem, hash); err != nil {
+			int64(sb.IdleTimeout/time.Second), ms(now), string(env), idem, hash); err != nil {
 			return err
 		}
 		created = true
@@ -256,7 +270,7 @@ const (
 	anySandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`
 	orgSandboxSQL    = `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ? AND org_id = ?`
 	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxColumns + `, idempotency_key, request_hash)
-		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?, 0, '', '', '', '', ?, ?)`
+		VALUES (?, ?, ?, ?, ?, '', NULL, '', ?, ?, ?, ?, 0, '', '', ?, ?, 0, '', '', '', '', ?, ?, ?)`
 )
 
 // checkQuota returns ErrQuota when the organization has no room for one more

@@ -172,9 +172,10 @@ template's), name (the Sandbox's or the pod's name).
   message: "[volume-mounts] a container mounts whole volumes: no subPath or subPathExpr (the kubelet resolves them on the node), no mount propagation"
 - expression: >-
     variables.containers.all(c, !has(c.envFrom)
-    && c.?env.orValue([]).all(e, !has(e.valueFrom) || (dyn(e.valueFrom).all(k, k in ['fieldRef', 'resourceFieldRef'])
-    && e.valueFrom.?fieldRef.?fieldPath.orValue('metadata.').startsWith('metadata.'))))
-  message: "[env] a container's environment comes only from literal values, its own resources and the pod's metadata: no Secret, ConfigMap, file or node field, no envFrom"
+    && c.?env.orValue([]).all(e, dyn(e).all(k, k in ['name', 'value'])
+    || (c.name == 'session-helper' && dyn(e).all(k, k in ['name', 'valueFrom'])
+    && dyn(e.valueFrom).all(k, k == 'fieldRef') && e.valueFrom.?fieldRef.?fieldPath.orValue('').startsWith('metadata.'))))
+  message: "[env] a container's environment is plain values (the session helper's also the pod's own metadata): no valueFrom (Secret, ConfigMap, resource, file or node field), no envFrom"
 - expression: >-
     !has(variables.spec.resourceClaims)
     && variables.containers.all(c, !has(c.volumeDevices) && !has(c.?resources.orValue({}).claims))

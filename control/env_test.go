@@ -1,0 +1,217 @@
+package control
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
+)
+
+// TestValidateEnvAndCwd holds the one validation of an environment and a
+// working directory to its table: every refusal names its field and wraps
+// its sentinel (ErrInvalidEnv, ErrInvalidPath), both ErrInvalid.
+func TestValidateEnvAndCwd(t *testing.T) {
+	many := map[string]string{}
+	for i := range MaxEnvVars + 1 {
+		many["V"+strings.Repeat("X", i)] = ""
+	}
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		cwd   string
+		field string // "" when valid
+		kind  error
+	}{
+		{name: "nothing"},
+		{name: "plain", env: map[string]string{"A": "1", "_b9": "", "PATH": "/bin"}, cwd: "/tmp"},
+		{name: "values are anything but NUL", env: map[string]string{"V": "$(rm -rf /) `id` \"'\n\t\u00e9\xff"}},
+		{name: "root", cwd: "/"},
+		{name: "the most variables", env: func() map[string]string {
+			m := map[string]string{}
+			for i := range MaxEnvVars {
+				m["V"+strings.Repeat("X", i)] = ""
+			}
+			return m
+		}()},
+		{name: "exactly the most bytes", env: map[string]string{"V": strings.Repeat("x", MaxEnvBytes-3)}},
+		{name: "one byte more", env: map[string]string{"V": strings.Repeat("x", MaxEnvBytes-2)}, field: "env", kind: ErrInvalidEnv},
+		{name: "too many", env: many, field: "env", kind: ErrInvalidEnv},
+		{name: "empty name", env: map[string]string{"": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "leading digit", env: map[string]string{"1A": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "dash", env: map[string]string{"A-B": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "equals", env: map[string]string{"A=B": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "space", env: map[string]string{"A B": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "unicode", env: map[string]string{"\u00c9T\u00c9": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "reserved", env: map[string]string{"HILOOP_X": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "reserved in any case", env: map[string]string{"hiLoop_x": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "the prefix alone", env: map[string]string{"HILOOP_": "x"}, field: "env", kind: ErrInvalidEnv},
+		{name: "NUL in a value", env: map[string]string{"A": "x\x00y"}, field: "env.A", kind: ErrInvalidEnv},
+		{name: "relative", cwd: "tmp", field: "cwd", kind: ErrInvalidPath},
+		{name: "dot", cwd: "/tmp/.", field: "cwd", kind: ErrInvalidPath},
+		{name: "dot dot", cwd: "/tmp/../etc", field: "cwd", kind: ErrInvalidPath},
+		{name: "trailing slash", cwd: "/tmp/", field: "cwd", kind: ErrInvalidPath},
+		{name: "double slash", cwd: "//tmp", field: "cwd", kind: ErrInvalidPath},
+		{name: "NUL", cwd: "/tmp\x00", field: "cwd", kind: ErrInvalidPath},
+		{name: "newline", cwd: "/tmp\n", field: "cwd", kind: ErrInvalidPath},
+		{name: "DEL", cwd: "/tmp\x7f", field: "cwd", kind: ErrInvalidPath},
+		{name: "too long", cwd: "/" + strings.Repeat("a", api.MaxPathBytes), field: "cwd", kind: ErrInvalidPath},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateExecSetup(tc.env, tc.cwd)
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, tc.kind) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("got %v, want a %v naming %s", err, tc.kind, tc.field)
+			}
+		})
+	}
+	// Create takes the same environment validation.
+	if _, err := NewCreateRequest(api.CreateSandboxRequest{Image: "busybox", Env: map[string]string{"HILOOP_X": "1"}}, ""); !errors.Is(err, ErrInvalidEnv) {
+		t.Errorf("create with a reserved name: %v", err)
+	}
+	cr, err := NewCreateRequest(api.CreateSandboxRequest{Image: "busybox", Env: map[string]string{"A": "1"}}, "")
+	if err != nil || cr.Spec.Env["A"] != "1" {
+		t.Errorf("create with env: %+v %v", cr.Spec.Env, err)
+	}
+}
+
+// TestSetupStdout: the ready line never reaches the caller, however the
+// output is cut into writes and whatever line end a terminal gives it;
+// what follows it does, byte for byte; what came before it is kept for
+// the error.
+func TestSetupStdout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		want   string
+		ready  bool
+		said   string
+	}{
+		{"alone", []string{setupReady + "\n"}, "", true, ""},
+		{"with output", []string{setupReady + "\nhello\n"}, "hello\n", true, ""},
+		{"byte by byte", strings.Split(setupReady+"\nab", ""), "ab", true, ""},
+		{"a terminal's line end", []string{setupReady + "\r\n", "x"}, "x", true, ""},
+		{"after other lines", []string{"noise\n", "more\n", setupReady + "\nz"}, "z", true, ""},
+		{"after a terminal's echo of what was typed ahead", []string{"typed", " ahead" + setupReady[:4], setupReady[4:] + "\r\nz"}, "z", true, ""},
+		{"a longer line", []string{setupReady + "x\n"}, "", false, setupReady + "x\n"},
+		{"never ready", []string{"sh: export: PPID: is read only"}, "", false, "sh: export: PPID: is read only"},
+		{"the ready line twice passes the second", []string{setupReady + "\n" + setupReady + "\n"}, setupReady + "\n", true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			req, s := withSetup(cluster.ExecRequest{Command: []string{"true"}, Cwd: "/", Stdout: &out, Stderr: &errOut})
+			for _, w := range tc.writes {
+				if n, err := req.Stdout.Write([]byte(w)); n != len(w) || err != nil {
+					t.Fatalf("write %q: %d %v", w, n, err)
+				}
+			}
+			if got := out.String(); got != tc.want || s.ready.Load() != tc.ready || (!tc.ready && string(s.said) != tc.said) {
+				t.Fatalf("passed %q ready %v kept %q; want %q %v %q", got, s.ready.Load(), s.said, tc.want, tc.ready, tc.said)
+			}
+		})
+	}
+}
+
+// TestSetupScript runs the set-up script through every POSIX sh on this
+// machine (dash or bash as sh, busybox's): the command gets exactly the
+// environment and directory asked for, with nothing of them read by the
+// shell, and a directory it cannot enter is an exit status of the script
+// before any ready line.
+func TestSetupScript(t *testing.T) {
+	shells := map[string][]string{}
+	for name, argv := range map[string][]string{"sh": {"sh"}, "bash": {"bash", "--posix"}, "busybox": {"busybox", "sh"}} {
+		if _, err := exec.LookPath(argv[0]); err == nil {
+			shells[name] = argv
+		}
+	}
+	// The local cluster's busybox, which its images run.
+	if b := os.Getenv("HILOOP_CLUSTER_BIN"); b != "" {
+		shells["cluster busybox"] = []string{filepath.Join(b, "busybox"), "sh"}
+	}
+	if len(shells) == 0 {
+		t.Skip("no sh on this machine")
+	}
+	env := map[string]string{
+		"QUOTES": `a "b" 'c' \d`, "SUBST": "$(touch /tmp/hiloop-pwned) `id` ${HOME}", "SPACES": "  two  spaces ",
+		"LINES": "one\ntwo\n", "UNICODE": "h\u00e9llo \u4e16\u754c", "EMPTY": "", "DASHES": "--", "IFS": "x",
+		"n": "clobber", "PATH": "/usr/bin:/bin",
+	}
+	dir := t.TempDir()
+	for name, shell := range shells {
+		t.Run(name, func(t *testing.T) {
+			run := func(req cluster.ExecRequest) (string, int, error) {
+				var out, errOut bytes.Buffer
+				req.Stdout, req.Stderr = &out, &errOut
+				req, s := withSetup(req)
+				cmd := exec.Command(shell[0], append(shell[1:], req.Command[1:]...)...)
+				cmd.Stdout, cmd.Stderr, cmd.Env = req.Stdout, req.Stderr, []string{"PATH=/usr/bin:/bin", "HOME=/root"}
+				code := 0
+				if err := cmd.Run(); err != nil {
+					var ee *exec.ExitError
+					if !errors.As(err, &ee) {
+						t.Fatal(err)
+					}
+					code = ee.ExitCode()
+				}
+				return out.String(), code, s.failed(cluster.ExitStatus{Code: code})
+			}
+			// The environment as a program reads it, NAME=VALUE and a NUL
+			// each.
+			names := []string{"DASHES", "EMPTY", "IFS", "LINES", "PATH", "QUOTES", "SPACES", "SUBST", "UNICODE", "n"}
+			out, code, err := run(cluster.ExecRequest{Env: env, Cwd: dir, Command: []string{"env", "-0"}})
+			if err != nil || code != 0 {
+				t.Fatalf("exit %d, %v", code, err)
+			}
+			got := map[string]string{}
+			for _, kv := range strings.Split(strings.TrimSuffix(out, "\x00"), "\x00") {
+				k, v, _ := strings.Cut(kv, "=")
+				got[k] = v
+			}
+			for _, k := range names {
+				if got[k] != env[k] {
+					t.Errorf("%s: got %q, want %q", k, got[k], env[k])
+				}
+			}
+			if _, ok := got["HILOOP_SETUP_ARG"]; ok {
+				t.Error("the script's own variable reached the command")
+			}
+			out, _, err = run(cluster.ExecRequest{Cwd: dir, Command: []string{"pwd"}})
+			if err != nil || out != dir+"\n" {
+				t.Errorf("pwd: %q %v", out, err)
+			}
+			// The command's argv is its own, a first "--" included.
+			out, _, err = run(cluster.ExecRequest{Env: map[string]string{"A": "--"}, Command: []string{"printf", "%s|", "--", "-x", "a b"}})
+			if diff := cmp.Diff("--|-x|a b|", out); diff != "" || err != nil {
+				t.Errorf("argv (-want +got): %s %v", diff, err)
+			}
+			for _, tc := range []struct {
+				cwd  string
+				kind error
+			}{
+				{dir + "/missing", ErrCwdNotFound},
+				{"/etc/passwd", ErrCwdNotDir},
+			} {
+				_, _, err := run(cluster.ExecRequest{Cwd: tc.cwd, Command: []string{"true"}})
+				if !errors.Is(err, tc.kind) {
+					t.Errorf("cwd %s: %v, want %v", tc.cwd, err, tc.kind)
+				}
+			}
+			if _, err := os.Stat("/tmp/hiloop-pwned"); err == nil {
+				t.Error("a value was run by the shell")
+			}
+		})
+	}
+}

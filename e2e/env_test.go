@@ -1,0 +1,402 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/gorilla/websocket"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/internal/e2e"
+	"github.com/hiloop/hiloop/k8s"
+)
+
+// hostileEnv are values a shell would read if it were given them: quotes,
+// substitutions, globs, spaces, newlines, Unicode, a lone $ and $$.
+var hostileEnv = map[string]string{
+	"QUOTES":  `a "b" 'c' \d`,
+	"SUBST":   "$(touch /tmp/hiloop-env-pwned) `touch /tmp/hiloop-env-pwned` ${HOME} $$ $",
+	"KUBEREF": "$(QUOTES) $$(QUOTES)",
+	"SPACES":  "  two  spaces  ",
+	// Not LINES: busybox's stty size takes it over the terminal's own.
+	"NEWLINES": "one\ntwo\n",
+	"GLOB":     "* ? [a]",
+	"UNICODE":  "h\u00e9llo \u4e16\u754c \U0001F600",
+	"EMPTY":    "",
+	"DASHES":   "--",
+}
+
+// envArgs are env as repeated --env flags.
+func envArgs(env map[string]string) []string {
+	var out []string
+	for k, v := range env {
+		out = append(out, "--env", k+"="+v)
+	}
+	return out
+}
+
+// environ parses `env -0`.
+func environ(out string) map[string]string {
+	got := map[string]string{}
+	for _, kv := range strings.Split(strings.TrimSuffix(out, "\x00"), "\x00") {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
+	}
+	return got
+}
+
+// checkEnv reports each variable of want whose value got does not hold
+// exactly.
+func checkEnv(t *testing.T, how string, got, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: %s = %q (set %v), want %q", how, k, g, ok, v)
+		}
+	}
+}
+
+// TestExecEnvAndCwd: a create's env is in the Sandbox, the pod and every
+// command; an exec's and a run's env and cwd reach the command exactly,
+// through the API (run, the stream with its command in the URL or in its
+// first message), the Go client and the CLI, with nothing of them read by
+// a shell. Commands here run on this machine (kwok's exec), so the
+// directories are this machine's.
+func TestExecEnvAndCwd(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	os.Remove("/tmp/hiloop-env-pwned")
+	sb := in.Create(in.Token, append([]string{"busybox", "--wait"}, envArgs(hostileEnv)...)...)
+
+	// The record returns it exactly.
+	status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID, "")
+	var got api.Sandbox
+	if err := json.Unmarshal([]byte(body), &got); status != 200 || err != nil {
+		t.Fatalf("get: %d %s", status, body)
+	}
+	if diff := cmp.Diff(hostileEnv, got.Env); diff != "" {
+		t.Errorf("GET env (-want +got):\n%s", diff)
+	}
+	// The Sandbox and its pod carry it as plain values, escaped for the
+	// kubelet's $(...) expansion.
+	admin := quietAdmin(t)
+	obj, err := admin.Sandbox.AgentsV1beta1().Sandboxes(in.NS).Get(t.Context(), k8s.ObjectName(sb.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := admin.Kube.CoreV1().Pods(in.NS).Get(t.Context(), k8s.ObjectName(sb.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, c := range map[string]corev1.Container{"Sandbox": obj.Spec.PodTemplate.Spec.Containers[0], "pod": pod.Spec.Containers[0]} {
+		if len(c.Env) != len(hostileEnv) || c.EnvFrom != nil {
+			t.Errorf("%s env: %+v envFrom %+v", what, c.Env, c.EnvFrom)
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil || e.Value != strings.ReplaceAll(hostileEnv[e.Name], "$", "$$") {
+				t.Errorf("%s env %s: %+v", what, e.Name, e)
+			}
+		}
+	}
+
+	// kwok runs a command on this machine, not in the pod, so a create's
+	// env reaches commands only on a real node (TestRealNode); here an
+	// exec's own does, and so does the directory, which is this
+	// machine's.
+	dir := t.TempDir()
+	want := map[string]string{"OWN": "exec's own $(id)", "NEWLINES": "\n\n"}
+	for k, v := range hostileEnv {
+		want[k+"_X"] = v
+	}
+	execEnv := want
+
+	t.Run("run", func(t *testing.T) {
+		req, _ := json.Marshal(api.ExecRunRequest{Command: []string{"env", "-0"}, Env: execEnv, Cwd: dir})
+		status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		var run api.ExecRunResponse
+		json.Unmarshal([]byte(body), &run)
+		if status != 200 || run.ExitCode == nil || *run.ExitCode != 0 || run.Encoding != api.EncodingUTF8 {
+			t.Fatalf("run: %d %s", status, body)
+		}
+		checkEnv(t, "run", environ(run.Stdout), want)
+		if _, ok := environ(run.Stdout)["HILOOP_SETUP_ARG"]; ok {
+			t.Error("the set-up script's variable reached the command")
+		}
+		req, _ = json.Marshal(api.ExecRunRequest{Command: []string{"pwd"}, Cwd: dir})
+		status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		json.Unmarshal([]byte(body), &run)
+		if status != 200 || run.Stdout != dir+"\n" {
+			t.Fatalf("pwd: %d %s", status, body)
+		}
+	})
+	t.Run("the Go client", func(t *testing.T) {
+		c := sdk(in, in.Token)
+		run, err := c.Run(t.Context(), sb.ID, api.ExecRunRequest{Command: []string{"env", "-0"}, Env: execEnv, Cwd: dir})
+		if err != nil || run.ExitCode == nil || *run.ExitCode != 0 {
+			t.Fatalf("Run: %+v %v", run, err)
+		}
+		checkEnv(t, "Run", environ(run.Stdout), want)
+		var out bytes.Buffer
+		st, err := c.Exec(t.Context(), sb.ID, api.ExecOptions{Command: []string{"sh", "-c", "pwd && env -0"}, Env: execEnv, Cwd: dir, Stdout: &out})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("Exec: %+v %v", st, err)
+		}
+		pwd, env, _ := strings.Cut(out.String(), "\n")
+		if pwd != dir {
+			t.Errorf("Exec's directory: %q", pwd)
+		}
+		checkEnv(t, "Exec", environ(env), want)
+	})
+	t.Run("the CLI", func(t *testing.T) {
+		out, errOut, code := cliExec(in, in.Token, "", append(append(envArgs(execEnv), "--cwd", dir, sb.ID, "--"), "env", "-0")...)
+		if code != 0 {
+			t.Fatalf("exec: %d %q", code, errOut)
+		}
+		checkEnv(t, "CLI", environ(out), want)
+		if out, errOut, code := cliExec(in, in.Token, "", "--cwd", dir, sb.ID, "--", "pwd"); code != 0 || out != dir+"\n" {
+			t.Fatalf("pwd: %d %q %q", code, out, errOut)
+		}
+	})
+	t.Run("the stream, command in the URL", func(t *testing.T) {
+		q := url.Values{"command": {"env", "-0"}, "cwd": {dir}}
+		for k, v := range execEnv {
+			q.Add("env", k+"="+v)
+		}
+		c := dialExec(t, in, sb.ID, q)
+		var out bytes.Buffer
+		for {
+			_, b, err := c.ReadMessage()
+			if err != nil {
+				t.Fatalf("no exit frame: %v", err)
+			}
+			if len(b) > 0 && b[0] == api.ChanStdout {
+				out.Write(b[1:])
+			}
+			if len(b) > 0 && b[0] == api.ChanExit {
+				var f api.ExitFrame
+				if json.Unmarshal(b[1:], &f); f.ExitCode == nil || *f.ExitCode != 0 {
+					t.Fatalf("exit frame %s", b[1:])
+				}
+				break
+			}
+		}
+		checkEnv(t, "stream", environ(out.String()), want)
+	})
+	if _, err := os.Stat("/tmp/hiloop-env-pwned"); err == nil {
+		t.Error("a value was run by a shell")
+	}
+}
+
+// TestExecEnvRefused: every bad env and cwd, of a create, a run and a
+// stream, is refused with its code and field, and nothing is created or
+// run; a directory the sandbox lacks, or one that is not a directory, is
+// an error of its own, not an exit code; another organization's sandbox
+// is not_found, as an absent one.
+func TestExecEnvRefused(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	other := in.NewOrg("other", 10, 10)
+	sb := in.Create(in.Token, "busybox", "--wait")
+	marker := filepath.Join(t.TempDir(), "ran")
+	bad := []struct {
+		name  string
+		env   string // JSON
+		cwd   string // JSON
+		code  string
+		field string
+	}{
+		{"reserved name", `{"HILOOP_TOKEN":"x"}`, "", "invalid_env", "env"},
+		{"reserved name in lower case", `{"hiloop_x":"x"}`, "", "invalid_env", "env"},
+		{"name with a dash", `{"A-B":"x"}`, "", "invalid_env", "env"},
+		{"name with =", `{"A=B":"x"}`, "", "invalid_env", "env"},
+		{"leading digit", `{"1A":"x"}`, "", "invalid_env", "env"},
+		{"empty name", `{"":"x"}`, "", "invalid_env", "env"},
+		{"NUL in a value", `{"A":"x\u0000y"}`, "", "invalid_env", "env.A"},
+		{"too many", `{` + func() string {
+			var s []string
+			for i := range 65 {
+				s = append(s, `"V`+strings.Repeat("X", i)+`":""`)
+			}
+			return strings.Join(s, ",")
+		}() + `}`, "", "invalid_env", "env"},
+		{"too large", `{"A":"` + strings.Repeat("x", 32<<10) + `"}`, "", "invalid_env", "env"},
+		{"not an object", `["A=1"]`, "", "invalid_field", "env"},
+		{"relative cwd", "", `"tmp"`, "invalid_path", "cwd"},
+		{"unclean cwd", "", `"/tmp/../etc"`, "invalid_path", "cwd"},
+		{"cwd with a newline", "", `"/tmp\n"`, "invalid_path", "cwd"},
+		{"cwd too long", "", `"/` + strings.Repeat("a", 4096) + `"`, "invalid_path", "cwd"},
+	}
+	body := func(field, env, cwd string) string {
+		var parts []string
+		if field != "" {
+			parts = append(parts, field)
+		}
+		if env != "" {
+			parts = append(parts, `"env":`+env)
+		}
+		if cwd != "" {
+			parts = append(parts, `"cwd":`+cwd)
+		}
+		return "{" + strings.Join(parts, ",") + "}"
+	}
+	countSandboxes := func() int {
+		_, list := in.Call(in.Token, "GET", "/v1/sandboxes", "")
+		var l api.SandboxList
+		json.Unmarshal([]byte(list), &l)
+		return len(l.Items)
+	}
+	before := countSandboxes()
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			check := func(how string, status int, body string) {
+				t.Helper()
+				var e api.ErrorBody
+				json.Unmarshal([]byte(body), &e)
+				if status != 400 || e.Error.Code != tc.code || e.Error.Field != tc.field {
+					t.Errorf("%s: %d %.300s; want 400 %s naming %q", how, status, body, tc.code, tc.field)
+				}
+			}
+			run := body(`"command":["touch",`+strconvQuote(marker)+`]`, tc.env, tc.cwd)
+			status, resp := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", run)
+			check("run", status, resp)
+			if tc.env != "" {
+				status, resp := in.Call(in.Token, "POST", "/v1/sandboxes", body(`"image":"busybox"`, tc.env, ""))
+				check("create", status, resp)
+			}
+			// The stream reads its first message after the upgrade: the
+			// refusal is its exit frame.
+			c := dialExec(t, in, sb.ID, url.Values{})
+			c.WriteMessage(websocket.TextMessage, []byte(body(`"command":["touch",`+strconvQuote(marker)+`]`, tc.env, tc.cwd)))
+			f := readExit(t, c)
+			wantCode := tc.code
+			if tc.code == "invalid_field" {
+				wantCode = "invalid_frame" // not a StartFrame at all
+			}
+			if f.Error == nil || f.Error.Code != wantCode {
+				t.Errorf("stream: exit frame %+v, want %s", f, wantCode)
+			}
+		})
+	}
+	if n := countSandboxes(); n != before {
+		t.Errorf("%d sandboxes after the refused creates, %d before", n, before)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("a refused command ran")
+	}
+	// In the URL: the same refusals, before the upgrade; env and cwd only
+	// beside a command there.
+	for _, q := range []url.Values{
+		{"command": {"true"}, "env": {"HILOOP_X=1"}},
+		{"command": {"true"}, "env": {"NOEQUALS"}},
+		{"command": {"true"}, "env": {"A=1", "A=2"}},
+		{"command": {"true"}, "cwd": {"rel"}},
+		{"command": {"true"}, "cwd": {"/a", "/b"}},
+		{"env": {"A=1"}},
+		{"cwd": {"/tmp"}},
+	} {
+		if status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+q.Encode(), ""); status != 400 {
+			t.Errorf("stream ?%s: %d %s", q.Encode(), status, body)
+		}
+	}
+
+	// Directories the sandbox (here, this machine) cannot enter.
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	for _, tc := range []struct {
+		cwd, code string
+		status    int
+	}{
+		{"/nonexistent/hiloop", "file_not_found", 404},
+		{file, "path_conflict", 409},
+	} {
+		req, _ := json.Marshal(api.ExecRunRequest{Command: []string{"touch", marker}, Cwd: tc.cwd})
+		status, resp := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		var e api.ErrorBody
+		json.Unmarshal([]byte(resp), &e)
+		if status != tc.status || e.Error.Code != tc.code || e.Error.Field != "cwd" || !strings.Contains(e.Error.Message, tc.cwd) {
+			t.Errorf("run in %s: %d %s", tc.cwd, status, resp)
+		}
+		_, errOut, code := cliExec(in, in.Token, "", "--cwd", tc.cwd, sb.ID, "--", "touch", marker)
+		if code != 255 || !strings.Contains(errOut, tc.code) {
+			t.Errorf("CLI in %s: exit %d %q", tc.cwd, code, errOut)
+		}
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("a command ran in a directory it could not enter")
+	}
+
+	// Another organization: not_found, as for an absent sandbox.
+	run := `{"command":["true"],"env":{"A":"1"},"cwd":"/tmp"}`
+	fs, foreign := in.Call(other, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", run)
+	as, absent := in.Call(other, "POST", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaa/exec/run", run)
+	if fs != 404 || as != 404 || e2e.WithoutRequestID(foreign) != e2e.WithoutRequestID(absent) {
+		t.Errorf("foreign %d %q, absent %d %q", fs, foreign, as, absent)
+	}
+	if _, errOut, code := cliExec(in, other, "", "--env", "A=1", "--cwd", "/tmp", sb.ID, "--", "true"); code != 255 || !strings.Contains(errOut, "not_found") {
+		t.Errorf("CLI as another organization: %d %q", code, errOut)
+	}
+}
+
+// TestRunOutputBinary: output that is not UTF-8 comes back byte for byte,
+// in base64, both streams alike; UTF-8 output is text as before; output
+// cut by the cap in the middle of a character stays text, cut back to the
+// last whole one.
+func TestRunOutputBinary(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	sb := in.Create(in.Token, "busybox", "--wait")
+	var all bytes.Buffer
+	for i := range 256 {
+		all.WriteByte(byte(i))
+	}
+	src := filepath.Join(t.TempDir(), "bytes")
+	if err := os.WriteFile(src, all.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(cmd ...string) api.ExecRunResponse {
+		t.Helper()
+		req, _ := json.Marshal(api.ExecRunRequest{Command: cmd})
+		status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		var r api.ExecRunResponse
+		if err := json.Unmarshal([]byte(body), &r); status != 200 || err != nil || r.ExitCode == nil || *r.ExitCode != 0 {
+			t.Fatalf("%v: %d %.300s", cmd, status, body)
+		}
+		return r
+	}
+	r := run("sh", "-c", `cat "$1"; echo caf`+"\u00e9"+` >&2`, "sh", src)
+	if r.Encoding != api.EncodingBase64 {
+		t.Fatalf("encoding %q", r.Encoding)
+	}
+	stdout, err1 := base64.StdEncoding.DecodeString(r.Stdout)
+	stderr, err2 := base64.StdEncoding.DecodeString(r.Stderr)
+	if err1 != nil || err2 != nil || !bytes.Equal(stdout, all.Bytes()) || string(stderr) != "caf\u00e9\n" {
+		t.Fatalf("decoded %q %q (%v %v)", stdout, stderr, err1, err2)
+	}
+	// The Go client decodes it.
+	got, err := sdk(in, in.Token).Run(context.Background(), sb.ID, api.ExecRunRequest{Command: []string{"cat", src}})
+	if err != nil || got.Stdout != all.String() || got.Encoding != api.EncodingBase64 {
+		t.Fatalf("Run: %q %q %v", got.Stdout, got.Encoding, err)
+	}
+	// UTF-8 stays text.
+	if r := run("printf", "h\u00e9llo \u4e16\u754c"); r.Encoding != api.EncodingUTF8 || r.Stdout != "h\u00e9llo \u4e16\u754c" {
+		t.Fatalf("UTF-8: %q %q", r.Encoding, r.Stdout)
+	}
+	// "é\n" is three bytes: the cap (a multiple of none of them) cuts
+	// the last é in two.
+	r = run("sh", "-c", "yes \u00e9 | head -c 3000000")
+	if r.Encoding != api.EncodingUTF8 || !r.StdoutTruncated || len(r.Stdout) != api.MaxRunOutput-1 || !strings.HasSuffix(r.Stdout, "\u00e9\n") {
+		t.Fatalf("cut output: %q truncated %v, %d bytes ending %q", r.Encoding, r.StdoutTruncated, len(r.Stdout), r.Stdout[len(r.Stdout)-4:])
+	}
+}
+
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

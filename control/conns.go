@@ -62,9 +62,11 @@ func (k *Conn) close(cause error) {
 // Connections is the number of registered connections.
 func (c *Control) Connections() int { return c.conns.count() }
 
-// keyLive is nil when who names a live key of its organization, as the
+// keyLive is nil when who names a live key of its organization, and, if it
+// names a preview, a preview of its organization that works now, as the
 // record says now: ErrUnauthenticated when the key was revoked or deleted,
-// or when who names no organization, no key or a key of no known kind.
+// when who names no organization, no key or a key of no known kind, or
+// when its preview was revoked or expired.
 func (c *Control) keyLive(ctx context.Context, who Caller) error {
 	live, err := c.o.Store.KeyLive(ctx, who.OrgID, who.KeyID)
 	switch {
@@ -73,7 +75,7 @@ func (c *Control) keyLive(ctx context.Context, who Caller) error {
 	case !live:
 		return ErrUnauthenticated
 	}
-	return nil
+	return c.previewLive(ctx, who)
 }
 
 // end ends the live sessions and closes the registered connections whose
@@ -126,12 +128,12 @@ func (c *Control) sweep(ctx context.Context) {
 	why := func(who Caller, id string, holds func(store.Sandbox) bool) error {
 		live, ok := keys[who]
 		if !ok {
-			var err error
-			if live, err = c.o.Store.KeyLive(ctx, who.OrgID, who.KeyID); err != nil {
-				if ctx.Err() == nil {
-					c.log.Warn("sweep: read key", "key", who.KeyID, "err", err)
-				}
-				live = true
+			live = true
+			switch err := c.keyLive(ctx, who); {
+			case errors.Is(err, ErrUnauthenticated):
+				live = false
+			case err != nil && ctx.Err() == nil:
+				c.log.Warn("sweep: read key", "key", who.KeyID, "preview", who.Preview, "err", err)
 			}
 			keys[who] = live
 		}
@@ -156,7 +158,7 @@ func (c *Control) sweep(ctx context.Context) {
 	}
 	running := func(sb store.Sandbox) bool { return reachable(sb) == nil }
 	for _, s := range sessions {
-		if err := why(Caller{OrgID: s.OrgID, KeyID: s.KeyID}, s.SandboxID, running); err != nil {
+		if err := why(Caller{OrgID: s.OrgID, KeyID: s.KeyID, Preview: s.Preview}, s.SandboxID, running); err != nil {
 			s.cancel(err)
 		}
 	}

@@ -86,6 +86,9 @@ type Limits struct {
 	// WakeTimeout, and nothing else bounds how many there are.
 	WakeWaitsPerKey int
 	WakeWaitsPerOrg int
+	// PreviewsPerSandbox is the most live previews one sandbox may have;
+	// DefaultPreviewsPerSandbox when zero.
+	PreviewsPerSandbox int
 }
 
 // Default bounds of the calls waiting for sandboxes to wake.
@@ -153,6 +156,9 @@ type Options struct {
 type Caller struct {
 	OrgID string
 	KeyID string
+	// Preview, when set, is the preview a visitor came through
+	// (PreviewVisitor): the caller is held to it as to its key.
+	Preview string
 }
 
 // Control is the core.
@@ -228,6 +234,12 @@ func New(o Options) (*Control, error) {
 	}
 	if o.Limits.APIKeysPerOrg < 0 || o.Limits.SSHKeysPerOrg < 0 {
 		return nil, errors.New("control: key limits must not be negative")
+	}
+	if o.Limits.PreviewsPerSandbox < 0 {
+		return nil, errors.New("control: the preview limit must not be negative")
+	}
+	if o.Limits.PreviewsPerSandbox == 0 {
+		o.Limits.PreviewsPerSandbox = DefaultPreviewsPerSandbox
 	}
 	if o.Limits.WakeWaitsPerKey < 0 || o.Limits.WakeWaitsPerOrg < 0 {
 		return nil, errors.New("control: wake wait limits must not be negative")

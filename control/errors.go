@@ -55,8 +55,10 @@ var (
 	ErrUnauthenticated = errors.New("the key is revoked, deleted or unknown")
 
 	// Causes with which a live session ends.
-	ErrShuttingDown   = errors.New("hiloop is shutting down")
-	ErrKeyRevoked     = errors.New("the key this session authenticated with was revoked")
+	ErrShuttingDown = errors.New("hiloop is shutting down")
+	ErrKeyRevoked   = errors.New("the key this session authenticated with was revoked")
+	// ErrPreviewRevoked ends the connections of a preview revoked.
+	ErrPreviewRevoked = errors.New("the preview was revoked")
 	ErrSandboxChanged = errors.New("the sandbox stopped, was deleted or was quarantined")
 	// ErrIdleStopped ends the sessions of a sandbox stopped for idleness.
 	// Unlike ErrSandboxChanged it leaves their connections open: the next

@@ -25,6 +25,8 @@ type Session struct {
 	SandboxID string
 	OrgID     string
 	KeyID     string
+	// Preview is the preview the session came through, if any.
+	Preview string
 	// Transport is the way in.
 	Transport sandbox.Transport
 
@@ -115,7 +117,7 @@ func (c *Control) admitSession(ctx context.Context, who Caller, id string, trans
 		}
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
-	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Transport: transport, ctx: sctx, cancel: cancel, c: c, release: release}
+	s := &Session{SandboxID: id, OrgID: who.OrgID, KeyID: who.KeyID, Preview: who.Preview, Transport: transport, ctx: sctx, cancel: cancel, c: c, release: release}
 	if err := c.sessions.add(s, c.o.Limits); err != nil {
 		var le *limitError
 		if errors.As(err, &le) {

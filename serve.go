@@ -90,6 +90,9 @@ func (s *ServeCmd) serve(ctx context.Context, stdout io.Writer, extra func(conte
 	if addrs.Metrics != "" {
 		fmt.Fprintf(stdout, "hiloop metrics on http://%s/metrics\n", addrs.Metrics)
 	}
+	if s.PreviewDomain != "" {
+		fmt.Fprintf(stdout, "hiloop previews on %s://pv-ID.%s/\n", s.PreviewURLScheme(), s.PreviewDomain)
+	}
 	fmt.Fprintf(stdout, "hiloop %s serving on http://%s (cluster %s, namespace %s)\n", version, addrs.API, a.ClusterHost(), s.Namespace)
 	if s.AddrFile != "" {
 		if err := writeAddrFile(s.AddrFile, addrs); err != nil {

@@ -62,6 +62,9 @@ const (
 	CodeProcessOperationFailed = "process_operation_failed"
 	CodeDirectoryNotEmpty      = "directory_not_empty"
 	CodeInvalidEnv             = "invalid_env"
+	CodePreviewsDisabled       = "previews_disabled"
+	CodePreviewLimit           = "preview_limit"
+	CodePreviewUnreachable     = "preview_unreachable"
 )
 
 // ErrorBody is the envelope of every error response.

@@ -281,3 +281,46 @@ type HostKey struct {
 	// Port is the gateway's port; 0 when the gateway is off.
 	Port int `json:"port"`
 }
+
+// Preview auth modes (CreatePreviewRequest.Auth).
+const (
+	// PreviewAuthToken: the URL carries a token of the preview's own.
+	PreviewAuthToken = "token"
+	// PreviewAuthKey: a visitor presents an API key of the organization.
+	PreviewAuthKey = "key"
+)
+
+// CreatePreviewRequest is the body of POST /v1/sandboxes/{id}/previews:
+// serve a port of the sandbox at a URL on the deployment's preview domain.
+type CreatePreviewRequest struct {
+	// Port is the TCP port, on the sandbox's loopback, to serve.
+	Port int `json:"port"`
+	// Auth is who may visit: "token" (the default) for anyone holding the
+	// URL's token, "key" for a caller with an API key of the organization.
+	Auth string `json:"auth,omitempty"`
+	// TTL is how long the preview works, as a Go duration ("90m"); 24h
+	// when empty, from 1s to 720h.
+	TTL string `json:"ttl,omitempty"`
+}
+
+// Preview is one preview URL of a sandbox's port.
+type Preview struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	Port      int    `json:"port"`
+	Auth      string `json:"auth"`
+	// URL is where the port is served. The answer to a create of a token
+	// preview carries the token in it (and in Token), and only that
+	// answer: the record keeps the token's hash.
+	URL string `json:"url"`
+	// Token is the preview's token, in the answer to its create only.
+	Token     string    `json:"token,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// PreviewList is the answer of GET /v1/sandboxes/{id}/previews: the live
+// previews, oldest first.
+type PreviewList struct {
+	Items []Preview `json:"items"`
+}

@@ -73,7 +73,7 @@ type App struct {
 	db      *store.Store
 	core    *control.Control
 	mirror  *mirror.Mirror
-	gateway *sshd.Gateway // nil without sshLn
+	gateway *sshd.Gateway // nil without sshLn and previews
 	hostKey gossh.PublicKey
 	api     *http.Server
 	metrics *http.Server // nil without metricsLn
@@ -113,7 +113,9 @@ func New(ctx context.Context, o Options) (_ *App, err error) {
 	if err := a.buildCore(ctx); err != nil {
 		return nil, err
 	}
-	if a.sshLn != nil {
+	// Previews reach sandboxes through the gateway's helper leg, so it is
+	// built for them even when it serves no SSH.
+	if a.sshLn != nil || a.cfg.PreviewDomain != "" {
 		if err := a.buildGateway(ctx); err != nil {
 			return nil, err
 		}
@@ -213,7 +215,7 @@ func (a *App) buildCore(ctx context.Context) error {
 		Exec: &k8s.Execer{Clients: a.clients, Namespace: cfg.Namespace, ConnectTimeout: cfg.ClusterTimeout},
 		Caps: control.Capabilities{StorageClasses: cfg.StorageClasses, Transports: cfg.Transports},
 		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg,
-			WakeWaitsPerKey: cfg.MaxWaitingWakesPerKey, WakeWaitsPerOrg: cfg.MaxWaitingWakesPerOrg},
+			WakeWaitsPerKey: cfg.MaxWaitingWakesPerKey, WakeWaitsPerOrg: cfg.MaxWaitingWakesPerOrg, PreviewsPerSandbox: cfg.MaxPreviewsPerSandbox},
 		Boundary: func(ctx context.Context) []cluster.Check {
 			return a.clients.CheckBoundary(ctx, cfg.BoundaryOptions())
 		},
@@ -252,7 +254,9 @@ func (a *App) buildGateway(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.hostKey = hostKey.PublicKey()
+	if a.sshLn != nil {
+		a.hostKey = hostKey.PublicKey()
+	}
 	return nil
 }
 
@@ -264,11 +268,15 @@ func (a *App) buildHTTP() error {
 	if a.sshLn != nil {
 		sshPort = a.sshLn.Addr().(*net.TCPAddr).Port
 	}
+	var previews server.Previews
+	if cfg.PreviewDomain != "" {
+		previews = server.Previews{Domain: cfg.PreviewDomain, Scheme: cfg.PreviewURLScheme(), Dial: a.gateway.DialPort}
+	}
 	api, err := server.New(server.Options{
 		Control: a.core, Log: a.log, HostKey: a.hostKey, SSHPort: sshPort, Metrics: a.met,
 		// An upload may take as long as it keeps moving: its body's
 		// deadline moves ahead by the I/O timeout with each read.
-		MaxFileBytes: cfg.MaxFileSize, FileIdleTimeout: cfg.HTTPIOTimeout,
+		MaxFileBytes: cfg.MaxFileSize, FileIdleTimeout: cfg.HTTPIOTimeout, Previews: previews,
 		RateLimits: server.RateLimits{PerKey: rate.Limit(cfg.RateLimit), Burst: int(2 * cfg.RateLimit),
 			Creates: rate.Limit(cfg.CreateRateLimit), CreateBurst: int(5 * cfg.CreateRateLimit),
 			PerOrg: rate.Limit(cfg.OrgRateLimit), OrgBurst: max(1, int(2*cfg.OrgRateLimit)),
@@ -307,7 +315,7 @@ func (a *App) Run(ctx context.Context) error {
 	defer a.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveHTTP(a.api, a.ln) })
-	if a.gateway != nil {
+	if a.sshLn != nil {
 		g.Go(func() error { return a.gateway.Serve(a.sshLn) })
 	}
 	if a.metrics != nil {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -127,6 +129,11 @@ type Config struct {
 	RuntimeAttestation bool                `name:"runtime-attestation" default:"true" negatable:"" env:"HILOOP_RUNTIME_ATTESTATION" help:"Check from inside each new sandbox pod that it runs under gVisor (a probe reads /proc/version through exec) and quarantine one seen outside it (runtime_not_gvisor). Off with --insecure-no-gvisor, where nothing is promised; hiloop dev turns it off unless set, since its simulated pods run commands on this host."`
 	SelfCheck          time.Duration       `name:"self-check-interval" default:"1m" env:"HILOOP_SELF_CHECK_INTERVAL" help:"How often to check the cluster's isolation boundary (also checked at start); creates and starts are refused while it fails."`
 
+	// Preview URLs (docs/api.md, "Previews"; docs/operations.md).
+	PreviewDomain         string `name:"preview-domain" default:"" env:"HILOOP_PREVIEW_DOMAIN" help:"Domain, host[:port], whose subdomains serve preview URLs of sandboxes' ports (POST /v1/sandboxes/{id}/previews): requests to the --listen address with Host pv-ID.DOMAIN go to the sandbox, over the session helper as ssh -L does; needs the forward transport, a wildcard DNS record *.DOMAIN and, for https, a wildcard certificate where TLS ends. Off when empty."`
+	PreviewScheme         string `name:"preview-scheme" default:"auto" enum:"auto,http,https" env:"HILOOP_PREVIEW_SCHEME" help:"Scheme of the preview URLs: https (hiloop behind a proxy that ends TLS), http, or auto: http for localhost and *.localhost (plain-HTTP development on loopback), https otherwise."`
+	MaxPreviewsPerSandbox int    `name:"max-previews-per-sandbox" default:"16" env:"HILOOP_MAX_PREVIEWS_PER_SANDBOX" help:"Most live previews one sandbox may have; one more answers 409 preview_limit."`
+
 	// Limits of the SSH gateway on what a stranger can open (docs/ssh.md,
 	// "Limits").
 	SSHLoginGrace           time.Duration  `name:"ssh-login-grace" default:"30s" env:"HILOOP_SSH_LOGIN_GRACE" help:"Close an SSH connection that has not authenticated this long after it was accepted, version and key exchange included (as sshd's LoginGraceTime)."`
@@ -230,6 +237,9 @@ func (s *Config) Check() error {
 	if s.WakeTimeout <= 0 {
 		return errors.New("--wake-timeout: must be positive")
 	}
+	if err := s.checkPreviews(); err != nil {
+		return err
+	}
 	for flag, v := range map[string]string{"--default-cpu-limit": s.DefaultCPULimit, "--default-memory-limit": s.DefaultMemoryLimit} {
 		if q, err := resource.ParseQuantity(v); err != nil || q.Sign() <= 0 {
 			return fmt.Errorf("%s: %q is not a positive quantity", flag, v)
@@ -308,4 +318,46 @@ func (s *Config) validateSSHLimits() error {
 		}
 	}
 	return nil
+}
+
+// checkPreviews checks the preview flags.
+func (s *Config) checkPreviews() error {
+	if s.MaxPreviewsPerSandbox < 1 {
+		return errors.New("--max-previews-per-sandbox: must be at least 1")
+	}
+	if s.PreviewDomain == "" {
+		return nil
+	}
+	host := s.PreviewDomain
+	if h, port, err := net.SplitHostPort(host); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("--preview-domain: %q has no valid port", s.PreviewDomain)
+		}
+		host = h
+	}
+	for _, label := range strings.Split(host, ".") {
+		if !dnsLabelRE.MatchString(label) {
+			return fmt.Errorf("--preview-domain: %q is not a lower-case domain name, host[:port]", s.PreviewDomain)
+		}
+	}
+	if !slices.Contains(s.Transports, sandbox.TransportForward) {
+		return errors.New("--preview-domain: previews reach sandboxes over the forward transport (--transports ...,forward)")
+	}
+	return nil
+}
+
+// PreviewURLScheme is the scheme of the preview URLs: --preview-scheme,
+// or for auto, http for a localhost domain and https otherwise.
+func (s *Config) PreviewURLScheme() string {
+	if s.PreviewScheme != "auto" {
+		return s.PreviewScheme
+	}
+	host := s.PreviewDomain
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return "http"
+	}
+	return "https"
 }

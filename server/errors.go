@@ -77,6 +77,8 @@ func toAPIError(err error) *apiError {
 			verb = "delete"
 		}
 		return newError(http.StatusConflict, api.CodeKeyLimit, fmt.Sprintf("your organization has %d %s, the most it may have; %s one first", kl.Max, kl.Keys(), verb))
+	case errors.Is(err, store.ErrPreviewLimit):
+		return newError(http.StatusConflict, api.CodePreviewLimit, "the sandbox has as many live previews as it may have (hiloop serve --max-previews-per-sandbox); revoke one first")
 	case errors.Is(err, store.ErrLastKey):
 		return newError(http.StatusConflict, api.CodeLastKey, "this is the organization's last live key; create another key first")
 	case errors.Is(err, store.ErrConflict):

@@ -57,6 +57,8 @@ type Options struct {
 	// arriving: its read deadline moves ahead by this much with each read.
 	// Zero leaves the connection's deadlines as they are.
 	FileIdleTimeout time.Duration
+	// Previews serves preview URLs; off when its Domain is empty.
+	Previews Previews
 }
 
 // Server is the HTTP API. Its handlers only translate: HTTP in, a call to
@@ -89,6 +91,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = api.DefaultMaxFileBytes
+	}
+	if o.Previews.Domain != "" && (o.Previews.Dial == nil || o.Previews.Scheme == "") {
+		return nil, errors.New("server: previews need a dialer and a scheme")
 	}
 	s := &Server{o: o, log: o.Log.With("component", "api"), mux: http.NewServeMux(), held: make(chan struct{}, maxHeld)}
 	for _, rt := range s.routes() {
@@ -192,6 +197,9 @@ func (s *Server) routes() []route {
 		{"POST /v1/sandboxes/{id}/fs/remove", keyed, write, s.fsRemove},
 		{"POST /v1/sandboxes/{id}/fs/mkdir", keyed, write, s.fsMkdir},
 		{"POST /v1/sandboxes/{id}/fs/rename", keyed, write, s.fsRename},
+		{"POST /v1/sandboxes/{id}/previews", keyed, write, s.createPreview},
+		{"GET /v1/sandboxes/{id}/previews", keyed, read, s.listPreviews},
+		{"DELETE /v1/sandboxes/{id}/previews/{pid}", keyed, write, s.revokePreview},
 	}
 }
 
@@ -220,6 +228,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusInternalServerError, api.ErrorBody{Error: api.ErrorDetail{Code: api.CodeInternal, Message: "internal error", RequestID: info(r).id}})
 		}
 	}()
+	if s.isPreviewHost(r.Host) {
+		info(r).route = "preview"
+		s.servePreview(w, r)
+		return
+	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		s.noRoute(w, r)
 		return

@@ -187,48 +187,11 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 	if err != nil {
 		return nil, nil, errors.New(refusal(conn.User(), err))
 	}
-	fail := func(msg string, err error) (*forward.Mux, *control.Session, error) {
+	mux, podUID, err := g.helperMux(sess, log, g.o.MaxChannelsPerConn)
+	if err != nil {
 		sess.End()
-		g.log.Warn(msg, "sandbox", conn.User(), "err", err)
-		return nil, nil, errors.New(msg)
+		return nil, nil, err
 	}
-	addr, podUID, err := g.o.Control.HelperAddr(ctx, sess)
-	if err != nil {
-		msg := "the sandbox's session helper has no address yet"
-		if errors.Is(err, control.ErrPodNotServing) {
-			msg = err.Error()
-		}
-		return fail(msg, err)
-	}
-	// The server name is the sandbox id and the keys are derived for this
-	// sandbox alone: a helper of any other sandbox refuses them.
-	keys, err := g.o.Control.GatewayKeys(ctx, sess)
-	if err != nil {
-		return fail("the gateway's key is unreadable", err)
-	}
-	tc, err := g.dialTLS(sess.Context(), addr, sess.SandboxID, keys, g.pinned(sess, podUID))
-	if err != nil {
-		if cause := context.Cause(sess.Context()); cause != nil {
-			// The client left, or control ended the session: nobody
-			// waits for the helper any more.
-			sess.End()
-			log.Debug("forward dial abandoned", "cause", cause)
-			return nil, nil, fmt.Errorf("the session ended: %w", cause)
-		}
-		switch {
-		case errors.Is(err, forward.ErrOldHelper):
-			return fail(forward.ErrOldHelper.Error(), err)
-		case errors.Is(err, forward.ErrRefused):
-			return fail("the sandbox's session helper refused the gateway", err)
-		case errors.Is(err, context.DeadlineExceeded):
-			g.o.Metrics.SSHRefused(refusedHelperDial)
-		}
-		return fail("the sandbox's session helper did not answer", err)
-	}
-	// A helper takes in what the gateway writes at once (its reader never
-	// waits); one that does not within HelperDialTimeout stopped reading,
-	// and its upstream ends rather than hold every channel behind it.
-	mux := forward.NewMux(tc, forward.MuxOptions{MaxStreams: g.o.MaxChannelsPerConn, WriteTimeout: g.o.HelperDialTimeout})
 	log.Info("forward session opened", "pod_uid", podUID)
 	// Whichever ends first, the client's connection or the session, ends
 	// the other and the upstream; but a session ended by an idle stop
@@ -249,6 +212,54 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		g.upstreams.CompareAndDelete(conn, up)
 	}()
 	return mux, sess, nil
+}
+
+// helperMux dials the session's sandbox's helper, pinning its key to the
+// pod, and starts a mux of at most maxStreams streams on the connection,
+// which ends when the session does (its context). The error says what a
+// client may be told; the cause is logged.
+func (g *Gateway) helperMux(sess *control.Session, log *slog.Logger, maxStreams int) (*forward.Mux, string, error) {
+	ctx := sess.Context()
+	fail := func(msg string, err error) (*forward.Mux, string, error) {
+		g.log.Warn(msg, "sandbox", sess.SandboxID, "err", err)
+		return nil, "", errors.New(msg)
+	}
+	addr, podUID, err := g.o.Control.HelperAddr(ctx, sess)
+	if err != nil {
+		msg := "the sandbox's session helper has no address yet"
+		if errors.Is(err, control.ErrPodNotServing) {
+			msg = err.Error()
+		}
+		return fail(msg, err)
+	}
+	// The server name is the sandbox id and the keys are derived for this
+	// sandbox alone: a helper of any other sandbox refuses them.
+	keys, err := g.o.Control.GatewayKeys(ctx, sess)
+	if err != nil {
+		return fail("the gateway's key is unreadable", err)
+	}
+	tc, err := g.dialTLS(ctx, addr, sess.SandboxID, keys, g.pinned(sess, podUID))
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil {
+			// The client left, or control ended the session: nobody
+			// waits for the helper any more.
+			log.Debug("forward dial abandoned", "cause", cause)
+			return nil, "", fmt.Errorf("the session ended: %w", cause)
+		}
+		switch {
+		case errors.Is(err, forward.ErrOldHelper):
+			return fail(forward.ErrOldHelper.Error(), err)
+		case errors.Is(err, forward.ErrRefused):
+			return fail("the sandbox's session helper refused the gateway", err)
+		case errors.Is(err, context.DeadlineExceeded):
+			g.o.Metrics.SSHRefused(refusedHelperDial)
+		}
+		return fail("the sandbox's session helper did not answer", err)
+	}
+	// A helper takes in what the gateway writes at once (its reader never
+	// waits); one that does not within HelperDialTimeout stopped reading,
+	// and its upstream ends rather than hold every channel behind it.
+	return forward.NewMux(tc, forward.MuxOptions{MaxStreams: maxStreams, WriteTimeout: g.o.HelperDialTimeout}), podUID, nil
 }
 
 // dialTLS connects to the helper at addr and completes the TLS handshake,

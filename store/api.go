@@ -105,3 +105,8 @@ func transportNames(ts []sandbox.Transport) []string {
 	}
 	return out
 }
+
+// API is the preview as the API shows it, served at url.
+func (p Preview) API(url string) api.Preview {
+	return api.Preview{ID: p.ID, SandboxID: p.SandboxID, Port: p.Port, Auth: p.Auth, URL: url, CreatedAt: p.CreatedAt, ExpiresAt: p.ExpiresAt}
+}

@@ -61,6 +61,9 @@ func NewPreview(orgID, sandboxID, keyID string, port int, auth string, now time.
 // IsPreviewToken reports whether s has the form of a preview token.
 func IsPreviewToken(s string) bool { return strings.HasPrefix(s, previewTokenPrefix) }
 
+// IsKeySecret reports whether s has the form of an API key's secret.
+func IsKeySecret(s string) bool { return strings.HasPrefix(s, keyPrefix) }
+
 func hashToken(token string) []byte {
 	h := sha256.Sum256([]byte(token))
 	return h[:]

@@ -45,7 +45,7 @@ var imports = map[string][]string{
 	"migrations":           {},
 	"mirror":               {"k8s", "metrics", "sandbox", "store"},
 	"sandbox":              {},
-	"server":               {"api", "cluster", "control", "metrics", "sandbox", "store"},
+	"server":               {"api", "cluster", "control", "forward", "metrics", "sandbox", "store"},
 	"sshd":                 {"cluster", "control", "forward", "metrics", "sandbox", "store"},
 	"store":                {"api", "migrations", "sandbox"},
 }

@@ -1,0 +1,323 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/forward"
+	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/store"
+)
+
+// A preview's visitor is a stranger until proven otherwise: the host names
+// the preview, and its token (query, cookie or bearer) or an API key of its
+// organization (bearer) must match it, or the answer is 404, the same for
+// every reason. The connection's header and body deadlines and header caps
+// are the listener's (httpLimits in main); a refusal costs the client
+// address's rate-limit bucket; every request is admitted by the core as a
+// forward session (the session limits, the wake of an idle sandbox, the use
+// that keeps it awake), held to the preview, so a revoke or an expiry ends
+// the connections open through it.
+
+// maxPreviewCookies bounds the preview cookies tried of one request: a
+// sandbox app on another preview host of the domain can set more.
+const maxPreviewCookies = 4
+
+// maxPreviewResponseHeaderBytes bounds the headers a sandbox's app may
+// answer with.
+const maxPreviewResponseHeaderBytes = 256 << 10
+
+// isPreviewHost reports whether host (a request's Host, maybe with a port)
+// is a host of the preview domain.
+func (s *Server) isPreviewHost(host string) bool {
+	d := s.previewDomain()
+	if d == "" {
+		return false
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.HasSuffix(strings.ToLower(host), "."+d)
+}
+
+// previewID is the preview id a preview host names, or "".
+func (s *Server) previewID(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(strings.ToLower(host), "."+s.previewDomain())
+	if !ok {
+		return ""
+	}
+	rest, ok := strings.CutPrefix(label, previewHostPrefix)
+	if !ok || rest == "" || strings.ContainsAny(rest, ".-_") {
+		return ""
+	}
+	return "pv_" + rest
+}
+
+// visitor is who a preview request comes from, with the credential it
+// presented and how.
+type visitor struct {
+	who     control.Caller
+	preview store.Preview
+	// fromQuery: the token came in the query, and the answer sets the
+	// cookie.
+	fromQuery bool
+	token     string
+}
+
+// servePreview proxies a request on a preview host to its sandbox's port.
+func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
+	lim, addr := s.o.RateLimits, clientAddress(r)
+	ok, no, refund := s.limiters.takeAddress(lim, addr)
+	if !ok {
+		s.rateLimited(w, r, no)
+		return
+	}
+	v, err := s.previewVisitor(r)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) || errors.Is(err, control.ErrUnauthenticated) {
+			err = errNoPreview
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	refund()
+	info(r).org = v.who.OrgID
+	if v.fromQuery {
+		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: v.token, Path: "/", HttpOnly: true,
+			Secure: s.o.Previews.Scheme == "https", SameSite: http.SameSiteLaxMode, Expires: v.preview.ExpiresAt})
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			// The token leaves the address bar, the history and the
+			// Referer: the cookie carries it from now on.
+			u := *r.URL
+			q := u.Query()
+			q.Del(previewTokenParam)
+			u.RawQuery = q.Encode()
+			u.Scheme, u.Host = "", ""
+			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			return
+		}
+	}
+	sess, done, err := s.admitPreview(r.Context(), v)
+	if err != nil {
+		s.writeError(w, r, previewRefusal(err))
+		return
+	}
+	defer sess.End()
+	defer done()
+	conn, err := s.o.Previews.Dial(sess, v.preview.Port)
+	if err != nil {
+		s.writeError(w, r, unreachable(v.preview.Port, err))
+		return
+	}
+	defer conn.Close()
+	s.proxy(w, r.WithContext(sess.Context()), v, conn)
+}
+
+// previewVisitor finds the preview the request's host names and the
+// visitor its credential makes: an API key in Authorization (a preview of
+// key auth), or the preview's token in the query, in Authorization or in a
+// cookie.
+func (s *Server) previewVisitor(r *http.Request) (visitor, error) {
+	id := s.previewID(r.Host)
+	if id == "" {
+		return visitor{}, store.ErrNotFound
+	}
+	ctx := r.Context()
+	// A bearer that is neither an API key nor a preview token is the
+	// app's own, and passes to it untouched.
+	bearer := hiloopBearer(r.Header)
+	if len(bearer) > maxSecretLen {
+		bearer = ""
+	}
+	if store.IsKeySecret(bearer) {
+		who, err := s.o.Control.Authenticate(ctx, control.Credential{Secret: bearer})
+		if err != nil {
+			return visitor{}, err
+		}
+		c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Key: &who})
+		return visitor{who: c, preview: p}, err
+	}
+	tries := []string{}
+	fromQuery := r.URL.Query().Get(previewTokenParam)
+	if fromQuery != "" {
+		tries = append(tries, fromQuery)
+	}
+	if bearer != "" {
+		tries = append(tries, bearer)
+	}
+	for _, c := range r.CookiesNamed(previewCookie) {
+		if len(tries) >= maxPreviewCookies+2 {
+			break
+		}
+		tries = append(tries, c.Value)
+	}
+	for _, tok := range tries {
+		if len(tok) > maxSecretLen {
+			continue
+		}
+		c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Token: tok})
+		switch {
+		case err == nil:
+			return visitor{who: c, preview: p, token: tok, fromQuery: tok == fromQuery}, nil
+		case !errors.Is(err, store.ErrNotFound):
+			return visitor{}, err
+		}
+	}
+	return visitor{}, store.ErrNotFound
+}
+
+// admitPreview admits the visit as a forward session of its sandbox and
+// counts it as one use until done, waking a sandbox stopped for idleness
+// as ssh -L does (control.UseWaking).
+func (s *Server) admitPreview(ctx context.Context, v visitor) (*control.Session, func(), error) {
+	wo := control.WakeOptions{Transport: sandbox.TransportForward, Trigger: "preview"}
+	var sess *control.Session
+	var done func()
+	err := s.o.Control.UseWaking(ctx, v.who, v.preview.SandboxID, wo, func() (bool, error) {
+		ss, err := s.o.Control.Admit(ctx, v.who, v.preview.SandboxID, sandbox.TransportForward)
+		if err != nil {
+			var se *control.StateError
+			return errors.As(err, &se), err
+		}
+		d, err := ss.Use()
+		if err != nil {
+			ss.End()
+			return true, err
+		}
+		sess, done = ss, d
+		return false, nil
+	})
+	return sess, done, err
+}
+
+// previewRefusal is what a visitor is told of a refused admission: a
+// preview revoked or expired in between is not found, as before.
+func previewRefusal(err error) error {
+	switch {
+	case errors.Is(err, control.ErrUnauthenticated), errors.Is(err, store.ErrNotFound):
+		return errNoPreview
+	}
+	return err
+}
+
+// unreachable is the answer when the sandbox's port could not be reached.
+func unreachable(port int, err error) error {
+	msg := err.Error()
+	var oe *forward.OpenError
+	if errors.As(err, &oe) {
+		msg = fmt.Sprintf("nothing answered on port %d in the sandbox: %s", port, oe.Message)
+	}
+	return newError(http.StatusBadGateway, api.CodePreviewUnreachable, msg)
+}
+
+// proxy sends the request to the sandbox's port over conn and the answer
+// back, a protocol switch (WebSocket) included; the request's context is
+// the session's, so the session's end cuts both.
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, v visitor, conn net.Conn) {
+	dialled := false
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "127.0.0.1:" + strconv.Itoa(v.preview.Port)
+			pr.Out.Host = r.Host
+			stripPreviewCredentials(pr.Out)
+			pr.Out.Header.Set("X-Forwarded-Host", r.Host)
+			pr.Out.Header.Set("X-Forwarded-Proto", s.o.Previews.Scheme)
+		},
+		Transport: &http.Transport{
+			DialContext: func(context.Context, string, string) (net.Conn, error) {
+				if dialled {
+					return nil, errors.New("the preview's stream was used")
+				}
+				dialled = true
+				return conn, nil
+			},
+			DisableKeepAlives:      true,
+			DisableCompression:     true,
+			MaxResponseHeaderBytes: maxPreviewResponseHeaderBytes,
+		},
+		FlushInterval: -1,
+		ModifyResponse: func(res *http.Response) error {
+			dropPreviewCookie(res.Header)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			s.log.Debug("preview proxy", "preview", v.preview.ID, "err", err)
+			s.writeError(w, r, newError(http.StatusBadGateway, api.CodePreviewUnreachable, "the sandbox's app did not answer with HTTP"))
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// stripPreviewCredentials takes hiloop's own credentials out of a request
+// bound for a sandbox: the token parameter, a bearer API key or preview
+// token, and the preview cookie.
+func stripPreviewCredentials(r *http.Request) {
+	q := r.URL.Query()
+	if q.Has(previewTokenParam) {
+		q.Del(previewTokenParam)
+		r.URL.RawQuery = q.Encode()
+	}
+	auth := r.Header.Values("Authorization")
+	r.Header.Del("Authorization")
+	for _, a := range auth {
+		if b, ok := strings.CutPrefix(a, "Bearer "); !ok || !store.IsKeySecret(b) && !store.IsPreviewToken(b) {
+			r.Header.Add("Authorization", a)
+		}
+	}
+	lines := r.Header.Values("Cookie")
+	r.Header.Del("Cookie")
+	for _, line := range lines {
+		kept := []string{}
+		for _, part := range strings.Split(line, ";") {
+			name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
+			if name != previewCookie {
+				kept = append(kept, strings.TrimSpace(part))
+			}
+		}
+		if len(kept) > 0 {
+			r.Header.Add("Cookie", strings.Join(kept, "; "))
+		}
+	}
+}
+
+// hiloopBearer is the bearer credential of h when it is hiloop's (an API
+// key or a preview token), else "".
+func hiloopBearer(h http.Header) string {
+	b, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
+	if ok && (store.IsKeySecret(b) || store.IsPreviewToken(b)) {
+		return b
+	}
+	return ""
+}
+
+// dropPreviewCookie removes what a sandbox's app answers to set or clear
+// the preview cookie: the cookie is hiloop's.
+func dropPreviewCookie(h http.Header) {
+	all := h.Values("Set-Cookie")
+	if len(all) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, sc := range all {
+		c, err := http.ParseSetCookie(sc)
+		if err == nil && c.Name == previewCookie {
+			continue
+		}
+		h.Add("Set-Cookie", sc)
+	}
+}

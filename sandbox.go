@@ -88,6 +88,10 @@ type SandboxCmd struct {
 	SSH     SandboxSSHCmd     `cmd:"" name:"ssh" help:"ssh into a sandbox through the gateway, host key pinned; exits with ssh's code."`
 	Process SandboxProcessCmd `cmd:"" help:"Background processes: start, list, get, logs, stdin, kill."`
 	FS      SandboxFSCmd      `cmd:"" name:"fs" help:"List, inspect, remove, make and rename files in a sandbox: fs ls|stat|rm|mkdir|mv SANDBOX:/path."`
+
+	Preview       SandboxPreviewCmd       `cmd:"" help:"Serve a port of a sandbox at a preview URL and print the URL."`
+	Previews      SandboxPreviewsCmd      `cmd:"" help:"List a sandbox's live previews."`
+	PreviewRevoke SandboxPreviewRevokeCmd `cmd:"" name:"preview-revoke" help:"Revoke a sandbox's preview: its URL stops working and its open connections end."`
 }
 
 // SandboxCreateCmd creates a sandbox.

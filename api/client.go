@@ -412,6 +412,29 @@ func (c *Client) TouchSandbox(ctx context.Context, id string) (Sandbox, error) {
 	return c.action(ctx, http.MethodPost, sandboxPath(id, "/touch"))
 }
 
+// CreatePreview serves a port of a sandbox at a URL on the deployment's
+// preview domain (Preview.URL). A token preview's URL carries its token,
+// shown only in this answer. It is not retried: a second try would make a
+// second preview.
+func (c *Client) CreatePreview(ctx context.Context, id string, req CreatePreviewRequest) (Preview, error) {
+	var out Preview
+	err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/previews"), in: req, once: true}, &out)
+	return out, err
+}
+
+// Previews lists a sandbox's live previews, oldest first, without tokens.
+func (c *Client) Previews(ctx context.Context, id string) ([]Preview, error) {
+	var out PreviewList
+	err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/previews")}, &out)
+	return out.Items, err
+}
+
+// RevokePreview revokes a sandbox's preview: its URL stops working at the
+// next request, and connections open through it end.
+func (c *Client) RevokePreview(ctx context.Context, id, previewID string) error {
+	return c.do(ctx, request{method: http.MethodDelete, path: sandboxPath(id, "/previews/"+url.PathEscape(previewID))}, nil)
+}
+
 // Events lists a sandbox's state transitions, oldest first.
 func (c *Client) Events(ctx context.Context, id string) ([]Event, error) {
 	var out EventList

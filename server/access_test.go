@@ -3,17 +3,21 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -25,7 +29,7 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 	t.Helper()
 	method, path, _ := strings.Cut(p, " ")
 	path = strings.NewReplacer("/v1/keys/{id}", "/v1/keys/"+ids["key"], "/v1/ssh-keys/{id}", "/v1/ssh-keys/"+ids["ssh-key"],
-		"{id}", ids["sandbox"], "{pid}", ids["process"]).Replace(path)
+		"/previews/{pid}", "/previews/"+ids["preview"], "{id}", ids["sandbox"], "{pid}", ids["process"]).Replace(path)
 	var body string
 	headers := map[string]string{}
 	switch p {
@@ -63,10 +67,13 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 		body = `{"path":"/tmp/f"}`
 	case "POST /v1/sandboxes/{id}/fs/rename":
 		body = `{"from":"/tmp/f","to":"/tmp/g"}`
+	case "POST /v1/sandboxes/{id}/previews":
+		body = `{"port":8080}`
 	case "GET /healthz", "GET /readyz", "GET /v1/openapi.json", "GET /v1/org", "GET /v1/keys", "DELETE /v1/keys/{id}",
 		"GET /v1/ssh-keys", "DELETE /v1/ssh-keys/{id}", "GET /v1/ssh/host-key", "GET /v1/sandboxes", "GET /v1/sandboxes/{id}",
 		"DELETE /v1/sandboxes/{id}", "POST /v1/sandboxes/{id}/stop", "POST /v1/sandboxes/{id}/start",
-		"POST /v1/sandboxes/{id}/touch", "GET /v1/sandboxes/{id}/events":
+		"POST /v1/sandboxes/{id}/touch", "GET /v1/sandboxes/{id}/events",
+		"GET /v1/sandboxes/{id}/previews", "DELETE /v1/sandboxes/{id}/previews/{pid}":
 	default:
 		t.Fatalf("no request for route %s: add one", p)
 	}
@@ -85,10 +92,16 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 // tests may run one.
 func accessServer(t *testing.T) (ts *testServer, ids map[string]string, otherSecret string, ran *atomic.Int64) {
 	ran = &atomic.Int64{}
-	ts = newTestServer(t, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+	fc := &controltest.Cluster{Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, SessionPort: 2223}
+	ts = newTestServer(t, fc, func(o *Options, co *control.Options) {
 		co.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
 			ran.Add(1)
 			return cluster.ExitStatus{}, nil
+		}}
+		co.Caps.Transports = append(co.Caps.Transports, sandbox.TransportForward)
+		o.Previews = Previews{Domain: "preview.test", Scheme: "https", Dial: func(*control.Session, int) (net.Conn, error) {
+			ran.Add(1)
+			return nil, errors.New("no sandbox app in this test")
 		}}
 	})
 	ctx := context.Background()
@@ -116,7 +129,12 @@ func accessServer(t *testing.T) (ts *testServer, ids map[string]string, otherSec
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ts, map[string]string{"sandbox": id, "key": k.ID, "ssh-key": sk.ID, "process": p.ID}, otherSecret, ran
+	rec = ts.do("POST", "/v1/sandboxes/"+id+"/previews", `{"port":8080}`)
+	var pv api.Preview
+	if rec.Code != http.StatusCreated || json.Unmarshal(rec.Body.Bytes(), &pv) != nil {
+		t.Fatalf("create preview: %d %s", rec.Code, rec.Body.String())
+	}
+	return ts, map[string]string{"sandbox": id, "key": k.ID, "ssh-key": sk.ID, "process": p.ID, "preview": pv.ID}, otherSecret, ran
 }
 
 func serve(ts *testServer, req *http.Request, token string) *httptest.ResponseRecorder {
@@ -142,6 +160,9 @@ func unchanged(t *testing.T, ts *testServer, ids map[string]string, what string)
 		if live, err := ts.db.KeyLive(ctx, ts.org.ID, kid); err != nil || !live {
 			t.Errorf("%s: key %s is no longer live (%v)", what, kid, err)
 		}
+	}
+	if _, err := ts.db.LivePreview(ctx, ts.org.ID, ids["preview"], time.Now()); err != nil {
+		t.Errorf("%s: the preview is no longer live (%v)", what, err)
 	}
 }
 
@@ -199,7 +220,7 @@ func TestEveryKeyedRouteRefusesWithoutALiveKey(t *testing.T) {
 func TestOtherOrganizationIsNotFound(t *testing.T) {
 	ts, ids, other, ran := accessServer(t)
 	absent := map[string]string{"sandbox": "sbx_00000000000000000000000000", "key": "key_00000000000000000000000000",
-		"ssh-key": "sshk_00000000000000000000000000", "process": "proc_00000000000000000000000000"}
+		"ssh-key": "sshk_00000000000000000000000000", "process": "proc_00000000000000000000000000", "preview": "pv_0000000000000000"}
 	message := func(rec *httptest.ResponseRecorder) string {
 		var b api.ErrorBody
 		json.Unmarshal(rec.Body.Bytes(), &b)

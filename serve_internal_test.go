@@ -143,3 +143,42 @@ func TestAddrFile(t *testing.T) {
 		t.Errorf("the directory holds %d files, want the address file alone", len(ents))
 	}
 }
+
+// TestPreviewFlags: --preview-domain is a lower-case domain name with an
+// optional port and needs the forward transport; the URLs' scheme is
+// http for localhost and *.localhost, https otherwise, unless set.
+func TestPreviewFlags(t *testing.T) {
+	fwd := []string{"serve", "--transports", "exec,ssh,forward", "--agent-image", "hiloop/hiloop:1"}
+	for _, tc := range []struct {
+		args       []string
+		wantErr    string
+		wantScheme string
+	}{
+		{append(fwd, "--preview-domain", "preview.example.com"), "", "https"},
+		{append(fwd, "--preview-domain", "localhost:8080"), "", "http"},
+		{append(fwd, "--preview-domain", "preview.localhost"), "", "http"},
+		{append(fwd, "--preview-domain", "preview.localhost", "--preview-scheme", "https"), "", "https"},
+		{append(fwd, "--preview-domain", "preview.lan", "--preview-scheme", "http"), "", "http"},
+		{append(fwd, "--preview-domain", "Preview.Example.com"), "--preview-domain: ", ""},
+		{append(fwd, "--preview-domain", "*.example.com"), "--preview-domain: ", ""},
+		{append(fwd, "--preview-domain", "https://example.com"), "--preview-domain: ", ""},
+		{append(fwd, "--preview-domain", "example.com:0"), "--preview-domain: ", ""},
+		{append(fwd, "--preview-domain", "example.com", "--max-previews-per-sandbox", "0"), "--max-previews-per-sandbox: ", ""},
+		{[]string{"serve", "--preview-domain", "preview.example.com"}, "--preview-domain: previews reach sandboxes over the forward transport", ""},
+	} {
+		var cli CLI
+		parser, err := newParser(context.Background(), &cli, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = parser.Parse(tc.args)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.wantErr)
+		case tc.wantScheme != "" && cli.Serve.PreviewURLScheme() != tc.wantScheme:
+			t.Errorf("%v: scheme %s, want %s", tc.args, cli.Serve.PreviewURLScheme(), tc.wantScheme)
+		}
+	}
+}

@@ -93,6 +93,19 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
 	}
 	refund()
 	info(r).org = v.who.OrgID
+	// A preview's visits are held to a key's rate of their own
+	// (--rate-limit), and count toward the organization's: each costs a
+	// pod lookup and a connection to the sandbox's helper.
+	bucket := "preview:" + v.preview.ID
+	found, ok, no := s.limiters.allowKey(lim, bucket, false)
+	if !found {
+		s.limiters.addKey(lim, bucket, v.who.OrgID)
+		_, ok, no = s.limiters.allowKey(lim, bucket, false)
+	}
+	if !ok {
+		s.rateLimited(w, r, no)
+		return
+	}
 	if v.fromQuery {
 		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: v.token, Path: "/", HttpOnly: true,
 			Secure: s.o.Previews.Scheme == "https", SameSite: http.SameSiteLaxMode, Expires: v.preview.ExpiresAt})

@@ -469,3 +469,22 @@ func TestPreviewRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviewRate: a preview's visits are held to a key's rate of their
+// own.
+func TestPreviewRate(t *testing.T) {
+	e := newPreviewEnv(t, func(o *Options, _ *control.Options) {
+		// The API key's two tokens make the sandbox and the preview.
+		o.RateLimits = RateLimits{PerKey: 0.001, Burst: 2, PerOrg: 1000, OrgBurst: 1000}
+	})
+	p := e.createPreview(t, e.testServer, `{"port":80}`)
+	cookie := previewCookie + "=" + p.Token
+	for i := range 2 {
+		if res, body := e.visit(t, bare(t, p.URL), "Cookie", cookie); res.StatusCode != 200 {
+			t.Fatalf("visit %d: %d %s", i+1, res.StatusCode, body)
+		}
+	}
+	if res, body := e.visit(t, bare(t, p.URL), "Cookie", cookie); res.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, api.CodeRateLimited) {
+		t.Errorf("a visit past the preview's rate: %d %s", res.StatusCode, body)
+	}
+}

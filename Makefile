@@ -47,6 +47,7 @@ run: build
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && HILOOP_CLUSTER_BIN=$$bin ./bin/hiloop dev
 
 test:
+	-@testdata/preview-dns.sh
 	@bin=$$(testdata/cluster/build.sh | tail -n1) && \
 	  HILOOP_CLUSTER_BIN=$$bin $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz-short

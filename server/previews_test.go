@@ -488,3 +488,71 @@ func TestPreviewRate(t *testing.T) {
 		t.Errorf("a visit past the preview's rate: %d %s", res.StatusCode, body)
 	}
 }
+
+// FuzzPreviewVisit: no request on a preview host, whatever its host
+// label, query, cookies and Authorization, panics the server, gets a 500,
+// or reaches the sandbox without the preview's token ($TOKEN in a seed is
+// the real one).
+func FuzzPreviewVisit(f *testing.F) {
+	for _, seed := range [][4]string{
+		{"pv-$ID", "hiloop_preview_token=$TOKEN", "", ""},
+		{"pv-$ID", "", "hiloop_preview_token=$TOKEN", ""},
+		{"pv-$ID", "", "", "Bearer $TOKEN"},
+		{"pv-$ID", "", "", "Bearer hl_x"},
+		{"pv-$ID", "a=b", "hiloop_preview_token=hlp_x; hiloop_preview_token=hlp_y", "Bearer x"},
+		{"pv-", "%zz", "=;;=", "Bearer "},
+		{"PV-$ID", "hiloop_preview_token=%00", "", ""},
+		{"pv-a.pv-b", "", "", ""},
+	} {
+		f.Add(seed[0], seed[1], seed[2], seed[3])
+	}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app") }))
+	f.Cleanup(app.Close)
+	var dials atomic.Int64
+	fc := &controltest.Cluster{Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, SessionPort: 2223}
+	ts := newTestServer(f, fc, func(o *Options, co *control.Options) {
+		co.Caps.Transports = append(co.Caps.Transports, sandbox.TransportForward)
+		o.Previews = Previews{Domain: "preview.test", Scheme: "https", Dial: func(*control.Session, int) (net.Conn, error) {
+			dials.Add(1)
+			return net.Dial("tcp", app.Listener.Addr().String())
+		}}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	rec := ts.do("POST", "/v1/sandboxes/"+id+"/previews", `{"port":80}`)
+	var p api.Preview
+	json.Unmarshal(rec.Body.Bytes(), &p)
+	pid := strings.TrimPrefix(p.ID, "pv_")
+	f.Fuzz(func(t *testing.T, label, query, cookie, authorization string) {
+		fill := strings.NewReplacer("$ID", pid, "$TOKEN", p.Token)
+		label, query, cookie, authorization = fill.Replace(label), fill.Replace(query), fill.Replace(cookie), fill.Replace(authorization)
+		if !fieldValue(cookie) || !fieldValue(authorization) || !fieldValue(label) {
+			t.Skip("the listener refuses such a request before any handler sees it")
+		}
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Host = label + ".preview.test"
+		req.URL.RawQuery = query
+		req.Header.Set("Cookie", cookie)
+		req.Header.Set("Authorization", authorization)
+		before := dials.Load()
+		rec := httptest.NewRecorder()
+		ts.srv.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%q %q %q %q: %d %s", label, query, cookie, authorization, rec.Code, rec.Body.String())
+		}
+		if dials.Load() != before && !strings.Contains(query+cookie+authorization, p.Token) {
+			t.Fatalf("%q %q %q %q reached the sandbox without the token", label, query, cookie, authorization)
+		}
+	})
+}
+
+// fieldValue reports whether s may be a header field's value as the HTTP
+// server reads one: no control characters but tab.
+func fieldValue(s string) bool {
+	for _, c := range []byte(s) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

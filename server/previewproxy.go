@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
@@ -133,8 +134,31 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, unreachable(v.preview.Port, err))
 		return
 	}
-	defer conn.Close()
-	s.proxy(w, r.WithContext(sess.Context()), v, conn)
+	counted := &countedConn{Conn: conn}
+	defer func() {
+		conn.Close()
+		sess.Moved(counted.in.Load(), counted.out.Load())
+	}()
+	s.proxy(w, r.WithContext(sess.Context()), v, counted)
+}
+
+// countedConn counts the bytes written into the sandbox (in) and read out
+// of it (out), for the session's metrics.
+type countedConn struct {
+	net.Conn
+	in, out atomic.Int64
+}
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.in.Add(int64(n))
+	return n, err
 }
 
 // previewVisitor finds the preview the request's host names and the

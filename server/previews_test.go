@@ -42,6 +42,7 @@ type seen struct {
 	Host          string `json:"host"`
 	Authorization string `json:"authorization"`
 	Cookie        string `json:"cookie"`
+	Body          string `json:"body,omitempty"`
 }
 
 func newPreviewApp(t *testing.T) *previewApp {
@@ -65,8 +66,9 @@ func newPreviewApp(t *testing.T) *previewApp {
 		// The app tries to take the preview cookie over; hiloop drops it.
 		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: "app", Path: "/"})
 		http.SetCookie(w, &http.Cookie{Name: "app", Value: "1", Path: "/"})
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		json.NewEncoder(w).Encode(seen{Path: r.URL.Path, Query: r.URL.RawQuery, Host: r.Host,
-			Authorization: r.Header.Get("Authorization"), Cookie: strings.Join(r.Header.Values("Cookie"), "|")})
+			Authorization: r.Header.Get("Authorization"), Cookie: strings.Join(r.Header.Values("Cookie"), "|"), Body: string(body)})
 	}))
 	t.Cleanup(a.srv.Close)
 	return a
@@ -226,6 +228,24 @@ func TestPreviewToken(t *testing.T) {
 	json.Unmarshal([]byte(body), &got)
 	if res.StatusCode != http.StatusOK || got.Authorization != "" {
 		t.Errorf("with the token as bearer: %d, the app saw Authorization %q", res.StatusCode, got.Authorization)
+	}
+
+	// A POST's body reaches the app; a token in a POST's query sets the
+	// cookie and goes on without a redirect, and without the token.
+	post, err := http.NewRequest("POST", strings.Replace(p.URL, "https://", "http://", 1), strings.NewReader("form=data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = e.client().Do(post)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	got = seen{}
+	json.Unmarshal(b, &got)
+	if res.StatusCode != http.StatusOK || got.Body != "form=data" || got.Query != "" || len(res.Cookies()) == 0 {
+		t.Errorf("a POST with the token in its query: %d %s", res.StatusCode, b)
 	}
 
 	other := e.createPreview(t, e.testServer, `{"port":3001}`)

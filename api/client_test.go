@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -119,5 +120,29 @@ func TestErrorPrintable(t *testing.T) {
 	}
 	if msg := err.Error(); strings.ContainsAny(msg, "\u001b\u009b\u0007\u0085") || !strings.Contains(msg, "m]0;owned (x[2J) [request r[31m]") {
 		t.Errorf("error %q", msg)
+	}
+}
+
+// TestCreatePreviewTriedOnce: a preview's create is not retried, even on
+// an answer that invites a retry (a second try would make a second
+// preview, with a second token); its body is the request.
+func TestCreatePreviewTriedOnce(t *testing.T) {
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, r.Method+" "+r.URL.Path+" "+string(body))
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(503)
+		fmt.Fprint(w, `{"error":{"code":"storage_unavailable","message":"try again"}}`)
+	}))
+	defer srv.Close()
+	_, err := NewClient(srv.URL, "hl_x").CreatePreview(context.Background(), "sbx_1", CreatePreviewRequest{Port: 3000, Auth: PreviewAuthKey, TTL: "1h"})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeStorageUnavailable {
+		t.Fatalf("create preview: %v", err)
+	}
+	want := `POST /v1/sandboxes/sbx_1/previews {"port":3000,"auth":"key","ttl":"1h"}`
+	if len(bodies) != 1 || strings.TrimSpace(bodies[0]) != want {
+		t.Errorf("requests %q, want one: %s", bodies, want)
 	}
 }

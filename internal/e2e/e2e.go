@@ -56,6 +56,7 @@ var (
 // binary, and tears both down after: call it from TestMain as
 // os.Exit(e2e.Main(m)).
 func Main(m *testing.M) int {
+	quietClientGo()
 	code := m.Run()
 	helpersStop()
 	if shared != nil {

@@ -547,7 +547,7 @@ func FuzzPreviewVisit(f *testing.F) {
 		fill := strings.NewReplacer("$ID", pid, "$TOKEN", p.Token)
 		label, query, cookie, authorization = fill.Replace(label), fill.Replace(query), fill.Replace(cookie), fill.Replace(authorization)
 		if !fieldValue(cookie) || !fieldValue(authorization) || !fieldValue(label) {
-			t.Skip("the listener refuses such a request before any handler sees it")
+			return // the listener refuses such a request before any handler sees it
 		}
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Host = label + ".preview.test"

@@ -4,9 +4,11 @@
 // new endpoint is one method that names its route.
 
 import { ConflictError, errorFor, HiloopError, LimitError, WaitError } from "./errors.js";
-import type { Event, FileInfo, Org, Resources, SandboxInfo, SandboxList, State, Volume } from "./types.js";
+import type { Event, ExecRunResponse, FileInfo, Org, Resources, SandboxInfo, SandboxList, State, Volume } from "./types.js";
 import { CommandResult, openExec, type ExecOptions, type ExecSession } from "./exec.js";
 import { Files } from "./files.js";
+import { Processes } from "./processes.js";
+import { Previews } from "./previews.js";
 
 /** How long a call that may wake a sandbox waits beyond its own time, in
  * seconds: serve's --wake-timeout, by default. */
@@ -64,6 +66,9 @@ export interface Call {
   timeout?: number;
   /** Cancels the call. */
   signal?: AbortSignal;
+  /** Sends it once: not again after a 429 or 503, since a second try
+   * would do a second thing (a preview's create). */
+  once?: boolean;
 }
 
 /** An answer of the request core: the response, and the signal that cuts
@@ -242,7 +247,7 @@ export class Client {
       } finally {
         done();
       }
-      if (attempt >= this.maxRetries || err.retryAfter === undefined) throw err;
+      if (attempt >= this.maxRetries || call.once || err.retryAfter === undefined) throw err;
       await sleep(Math.min(err.retryAfter, 60), call.signal);
     }
   }
@@ -286,6 +291,10 @@ export interface CreateOptions {
   resources?: Resources;
   shutdownPolicy?: string;
   idleTimeout?: string;
+  /** The workload container's environment beside the image's: every
+   * process in the sandbox, each exec's too, sees it. Stored with the
+   * sandbox and shown by every read of it. */
+  env?: Record<string, string>;
   /** Wait until the sandbox runs (true). */
   wait?: boolean;
   /** Seconds to wait for it (300). */
@@ -320,7 +329,7 @@ export class Sandboxes {
     const req: Record<string, unknown> = { image };
     const fields: [string, unknown][] = [["ttl", opts.ttl], ["volumes", opts.volumes], ["labels", opts.labels],
       ["transports", opts.transports], ["resources", opts.resources], ["shutdown_policy", opts.shutdownPolicy],
-      ["idle_timeout", opts.idleTimeout]];
+      ["idle_timeout", opts.idleTimeout], ["env", opts.env]];
     for (const [k, v] of fields) if (v !== undefined) req[k] = v;
     const key = opts.idempotencyKey ?? crypto.randomUUID();
     const sb = new Sandbox(this.c, await this.c.json<SandboxInfo>({
@@ -374,6 +383,10 @@ export interface RunOptions {
   /** Given to the command, then closed; without it the command gets no
    * stdin. Bytes must be UTF-8: the one-shot call carries text. */
   stdin?: string | Uint8Array;
+  /** Variables added to the command's environment (see ExecOptions.env). */
+  env?: Record<string, string>;
+  /** The absolute directory the command runs in (see ExecOptions.cwd). */
+  cwd?: string;
   signal?: AbortSignal;
 }
 
@@ -382,13 +395,20 @@ export class Sandbox {
   /** The sandbox as the API last showed it. */
   data: SandboxInfo;
   readonly id: string;
-  /** Files and directories in and out of the sandbox. */
+  /** Files and directories in and out of the sandbox, and operations on
+   * them. */
   readonly files: Files;
+  /** Background processes. */
+  readonly processes: Processes;
+  /** Its ports at preview URLs. */
+  readonly previews: Previews;
 
   constructor(readonly client: Client, data: SandboxInfo) {
     this.data = data;
     this.id = data.id;
     this.files = new Files(this);
+    this.processes = new Processes(this);
+    this.previews = new Previews(this);
   }
 
   /** The state the API last showed. */
@@ -487,20 +507,28 @@ export class Sandbox {
   }
 
   /** Runs a one-shot command (POST .../exec/run): each of stdout and stderr
-   * holds up to 1 MiB (stdoutTruncated says when more was dropped). A
-   * command past its timeout comes back with timedOut, not an error. */
+   * holds up to 1 MiB (stdoutTruncated says when more was dropped), as the
+   * bytes the command wrote (stdoutBytes; stdout is their UTF-8 text),
+   * whether the server sent them as text or, for output that is not
+   * UTF-8, in base64 (encoding). A command past its timeout comes back
+   * with timedOut, not an error. */
   async run(cmd: Command, opts: RunOptions = {}): Promise<CommandResult> {
     const req: Record<string, unknown> = { command: argv(cmd) };
     if (opts.timeout !== undefined) req["timeout"] = `${Math.round(opts.timeout * 1000)}ms`;
     if (opts.stdin !== undefined) req["stdin"] = typeof opts.stdin === "string" ? opts.stdin : new TextDecoder().decode(opts.stdin);
+    if (opts.env !== undefined) req["env"] = opts.env;
+    if (opts.cwd !== undefined) req["cwd"] = opts.cwd;
     let path = this.path("/exec/run");
     let wait = (opts.timeout ?? DEFAULT_EXEC_TIMEOUT) + RUN_MARGIN;
     if (this.client.wake) {
       path += "?wake=true";
       wait += WAKE_WAIT;
     }
-    const r = await this.client.json<{ exit_code?: number; signal?: string; timed_out: boolean; stdout: string; stderr: string;
-      stdout_truncated: boolean; stderr_truncated: boolean }>({ method: "POST", path, payload: req, timeout: wait, signal: opts.signal });
+    const r = await this.client.json<ExecRunResponse>({ method: "POST", path, payload: req, timeout: wait, signal: opts.signal });
+    if (r.encoding === "base64") {
+      return new CommandResult(r.exit_code, fromBase64(r.stdout), fromBase64(r.stderr), r.timed_out, r.signal ?? "",
+        r.stdout_truncated, r.stderr_truncated, "base64");
+    }
     return CommandResult.fromText(r.exit_code, r.stdout, r.stderr, r.timed_out, r.signal ?? "", r.stdout_truncated, r.stderr_truncated);
   }
 
@@ -525,6 +553,20 @@ export class Sandbox {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.delete();
   }
+}
+
+/** The bytes of standard (padded) base64 text; a malformed one is
+ * HiloopError bad_answer. */
+export function fromBase64(text: string): Uint8Array {
+  let bin: string;
+  try {
+    bin = atob(text);
+  } catch (e) {
+    throw new HiloopError("the answer's base64 output is malformed", { code: "bad_answer", cause: e });
+  }
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
 }
 
 /** FileInfo is what an upload wrote. */

@@ -40,6 +40,9 @@ export class CommandResult {
     /** run only: stdout passed 1 MiB and the rest was dropped. */
     readonly stdoutTruncated = false,
     readonly stderrTruncated = false,
+    /** run only: how the server sent the output, utf-8 or base64 (for
+     * output that is not UTF-8); the bytes are the command's either way. */
+    readonly encoding: "utf-8" | "base64" = "utf-8",
   ) {}
 
   /** A result of text, as run answers. */
@@ -84,6 +87,13 @@ export interface ExecOptions {
   /** Seconds the command may run (the server's 24 h); past them the result
    * says timedOut. */
   timeout?: number;
+  /** Variables added to the command's environment, over the container's:
+   * passed as they are, never read by a shell (the image needs sh). */
+  env?: Record<string, string>;
+  /** The absolute directory the command runs in (the container's own
+   * without it); a missing one is NotFoundError file_not_found, with field
+   * cwd, and the command does not run. */
+  cwd?: string;
   /** Each chunk of stdout as it comes; nothing is collected then. */
   onStdout?: (chunk: Uint8Array) => void;
   /** Each chunk of stderr as it comes; nothing is collected then. */
@@ -337,7 +347,12 @@ export async function openExec(sb: Sandbox, argv: string[], opts: ExecOptions): 
     }
   }
   const result = session(ws, opts);
-  ws.send(JSON.stringify({ command: argv }));
+  // The environment, which may hold credentials, travels with the argv
+  // in the first message, out of the URL and the access logs.
+  const first: Record<string, unknown> = { command: argv };
+  if (opts.env !== undefined) first["env"] = opts.env;
+  if (opts.cwd !== undefined) first["cwd"] = opts.cwd;
+  ws.send(JSON.stringify(first));
   const s = new ExecSession(ws, result, stdin !== undefined);
   if (opts.tty && opts.size) s.resize(opts.size[0], opts.size[1]);
   if (stdin !== undefined && stdin !== true) feed(s, stdin).catch(() => s.close());

@@ -7,7 +7,7 @@ import type { Sandbox } from "./client.js";
 import { notAFile, readCapped, WAKE_WAIT, type BodyInit } from "./client.js";
 import { ConflictError, ExtractError, HiloopError } from "./errors.js";
 import { entryHeader, localParts, padded, TarReader } from "./tar.js";
-import type { FileInfo } from "./types.js";
+import type { FileEntry, FileInfo, FileList } from "./types.js";
 
 /** The media type of a directory's tar stream. */
 export const TAR_MEDIA_TYPE = "application/x-tar";
@@ -16,6 +16,8 @@ export const TAR_MEDIA_TYPE = "application/x-tar";
 export const MAX_FILE_BYTES = 1 << 30;
 /** downloadDir's default cap on a directory's entries. */
 export const MAX_ENTRIES = 100_000;
+/** How long the server gives one file operation (api.FSTimeout), seconds. */
+export const FS_TIMEOUT = 600;
 /** Bytes an upload is given a second for, beyond the client's timeout, as
  * the server allows a body (docs/api.md, Rate limits). */
 const UPLOAD_RATE = 16 << 10;
@@ -254,6 +256,69 @@ export class Files {
     } finally {
       await d.body.cancel().catch(() => {});
     }
+  }
+
+  /** Makes the file operation call op (GET .../fs/list and stat, POST
+   * .../fs/remove, mkdir and rename), waking the sandbox unless the client
+   * says not to; the server gives one operation up to FS_TIMEOUT. */
+  private op<T>(method: string, op: string, query: Record<string, string>, payload: unknown, signal?: AbortSignal): Promise<T> {
+    const c = this.sb.client;
+    const q = new URLSearchParams(query);
+    if (c.wake) q.set("wake", "true");
+    const qs = q.toString();
+    return c.json<T>({ method, path: this.sb.path("/fs/" + op + (qs ? "?" + qs : "")), payload, signal,
+      timeout: FS_TIMEOUT + c.timeout + (c.wake ? WAKE_WAIT : 0) });
+  }
+
+  /** Lists the directory at path, or the one a symbolic link there points
+   * to, sorted by name in byte order, without . and ..; truncated says it
+   * holds more than the 10,000 entries answered. A path that is not a
+   * directory is ConflictError path_conflict; none, NotFoundError
+   * file_not_found. */
+  list(path: string, opts: { signal?: AbortSignal } = {}): Promise<FileList> {
+    return this.op<FileList>("GET", "list", { path }, undefined, opts.signal);
+  }
+
+  /** What is at path (a symbolic link itself, never what it points to);
+   * nothing there is NotFoundError file_not_found (see exists). */
+  stat(path: string, opts: { signal?: AbortSignal } = {}): Promise<FileEntry> {
+    return this.op<FileEntry>("GET", "stat", { path }, undefined, opts.signal);
+  }
+
+  /** Whether anything (a dangling symbolic link too) is at path. Only
+   * file_not_found is false: a sandbox not found (not_found), not running,
+   * or any other failure throws. */
+  async exists(path: string, opts: { signal?: AbortSignal } = {}): Promise<boolean> {
+    try {
+      await this.stat(path, opts);
+      return true;
+    } catch (e) {
+      if (e instanceof HiloopError && e.code === "file_not_found") return false;
+      throw e;
+    }
+  }
+
+  /** Removes the file, symbolic link (never what it points to) or empty
+   * directory at path; with recursive, a directory and everything in it. A
+   * directory that is not empty without recursive is ConflictError
+   * directory_not_empty, and nothing is removed. */
+  async remove(path: string, opts: { recursive?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+    await this.op<void>("POST", "remove", {}, { path, recursive: opts.recursive ?? false }, opts.signal);
+  }
+
+  /** Makes the directory at path and its missing parents (mkdir -p) and
+   * answers its entry; one that exists is no error. A file on the way is
+   * ConflictError path_conflict. */
+  mkdir(path: string, opts: { signal?: AbortSignal } = {}): Promise<FileEntry> {
+    return this.op<FileEntry>("POST", "mkdir", {}, { path }, opts.signal);
+  }
+
+  /** Renames from to to, making to's missing parents, and answers to's
+   * entry. A to that exists is ConflictError path_conflict unless
+   * overwrite, which replaces a file, a link, or an empty directory when
+   * from is one. */
+  rename(from: string, to: string, opts: { overwrite?: boolean; signal?: AbortSignal } = {}): Promise<FileEntry> {
+    return this.op<FileEntry>("POST", "rename", {}, { from, to, overwrite: opts.overwrite ?? false }, opts.signal);
   }
 }
 

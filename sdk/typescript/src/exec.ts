@@ -234,7 +234,8 @@ export class ExecSession {
 /** The HTTP status an error code of an exit frame has outside a stream,
  * for its family. */
 function streamStatus(code: string): number {
-  return ({ session_ended: 409, exec_failed: 502, cluster_unavailable: 503, invalid_frame: 400, invalid_field: 400 } as Record<string, number>)[code] ?? 500;
+  return ({ session_ended: 409, exec_failed: 502, cluster_unavailable: 503, invalid_frame: 400, invalid_field: 400,
+    invalid_env: 400, invalid_path: 400, file_not_found: 404, path_conflict: 409, shell_unavailable: 422 } as Record<string, number>)[code] ?? 500;
 }
 
 /** The result an exit frame tells, or the error it carries. */
@@ -251,7 +252,7 @@ function exitResult(payload: Uint8Array, out: Uint8Array, errs: Uint8Array): Com
     if (typeof e !== "object") throw new StreamLostError("the exit frame's error is not an object", { code: "stream_lost" });
     const code = String(e.code ?? "");
     if (code === "exec_timeout") return new CommandResult(undefined, out, errs, true);
-    throw errorFor(streamStatus(code), String(e.message ?? ""), { code, requestId: String(e.request_id ?? "") });
+    throw errorFor(streamStatus(code), String(e.message ?? ""), { code, requestId: String(e.request_id ?? ""), field: String(e.field ?? "") });
   }
   if (typeof f.exit_code !== "number" || !Number.isInteger(f.exit_code)) {
     throw new StreamLostError("the exit frame carried no exit code", { code: "stream_lost" });

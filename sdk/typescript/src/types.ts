@@ -135,7 +135,7 @@ export interface FileInfo {
 export interface ExitFrame {
   exit_code?: number;
   signal?: string;
-  error?: { code: string; message: string; request_id?: string };
+  error?: { code: string; message: string; field?: string; request_id?: string };
 }
 
 /** What lstat says of one file (a symbolic link is itself). */

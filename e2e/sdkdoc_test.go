@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +26,9 @@ var codeBlock = regexp.MustCompile("(?s)```(go|python|typescript)\n(.*?)```")
 // against a live server on kwok's simulated pods (whose commands run on
 // this host): each prints its result and leaves no sandbox running.
 func TestSDKDocExamples(t *testing.T) {
-	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	e2e.Helpers(t)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
+		append(previewServeFlags(t), "--agent-image", "hiloop-agent:local")...)
 	runSDKDocExamples(t, in)
 }
 
@@ -37,7 +40,8 @@ func TestSDKDocExamples(t *testing.T) {
 // importable, and busybox's applets beside it.
 func TestSDKDocExamplesRealNode(t *testing.T) {
 	c := e2e.NewRealCluster(t)
-	in := e2e.ServeInProcessOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c), "--agent-image", c.AgentImage())
+	in := e2e.ServeInProcessOn(t, c, filepath.Join(t.TempDir(), "h.db"), e2e.NamespaceOn(t, c),
+		append(previewServeFlags(t), "--agent-image", c.AgentImage())...)
 	runSDKDocExamples(t, in)
 
 	sb := in.Create(in.Token, localcluster.PythonImage, "--wait")
@@ -58,6 +62,21 @@ print(platform.python_version(), platform.release(), len(mods))
 		strings.Join(strings.Fields(out), " ") != "/usr/bin/python3 /bin/tar /bin/head /bin/wc" {
 		t.Errorf("the image's commands: %d %q %q", code, out, errOut)
 	}
+}
+
+// previewServeFlags are serve's flags for the loops that fetch through a
+// preview URL: the forward transport and previews on preview.localhost at
+// the port of the API's listener, which they choose, so that the URLs a
+// create answers reach this server (the machine resolves *.localhost to
+// loopback: testdata/preview-dns.sh).
+func previewServeFlags(t testing.TB) []string {
+	t.Helper()
+	addr := e2e.FreeAddr(t)
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--listen", addr, "--transports", "exec,ssh,forward", "--preview-domain", "preview.localhost:" + port}
 }
 
 // runSDKDocExamples runs every Go, Python and TypeScript block of

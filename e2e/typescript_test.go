@@ -166,8 +166,8 @@ func nodeFlags(t testing.TB) []string {
 
 // TestTypeScriptSDK packs the TypeScript SDK, checks what the package
 // holds, and runs its node --test suites (sdk/typescript/test) with the
-// packed SDK against a live hiloop serve on the local cluster, with a
-// second organization's key for the isolation tests.
+// packed SDK against a live hiloop serve on the local cluster, with
+// previews on and a second organization's key for the isolation tests.
 func TestTypeScriptSDK(t *testing.T) {
 	dir := installTypeScript(t)
 	for _, f := range []string{"dist/index.js", "dist/index.d.ts", "dist/exec.js", "package.json"} {
@@ -190,7 +190,9 @@ func TestTypeScriptSDK(t *testing.T) {
 		args = append(args, filepath.Base(f))
 	}
 
-	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	e2e.Helpers(t)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
+		append(previewServeFlags(t), "--agent-image", "hiloop-agent:local")...)
 	cmd := exec.Command("node", args...)
 	cmd.Dir = run
 	cmd.Env = append(os.Environ(), "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token, "HILOOP_TEST_TOKEN_B="+in.NewOrg("ts-b", 5, 5))

@@ -238,4 +238,62 @@ describe("file operations, processes, env and previews", { skip: !LIVE && "needs
     assert.equal(text.stdout, "h\u00e9llo");
     assert.deepEqual([...text.stdoutBytes], [...new TextEncoder().encode("h\u00e9llo")]);
   });
+
+  it("serves a port at a preview URL, by token or by key, lists and revokes it", async () => {
+    const port = await freePort();
+    await sb.files.write(work + "/page.html", "hello from the sandbox");
+    const app = await sb.processes.start(["python3", "-u", "-m", "http.server", String(port), "--bind", "127.0.0.1", "--directory", work]);
+    try {
+      await outputUntil(app, "Serving HTTP");
+      const pv = await sb.previews.create(port, { ttl: "10m" });
+      assert.match(pv.id, /^pv_/);
+      assert.deepEqual([pv.port, pv.auth, pv.sandbox_id], [port, "token", sb.id]);
+      assert.match(pv.token, /^hlp_/);
+      assert.ok(pv.url.endsWith("?hiloop_preview_token=" + pv.token), pv.url);
+      assert.ok(Date.parse(pv.expires_at) > Date.parse(pv.created_at));
+      const page = new URL("/page.html", pv.url);
+      let r = await fetch(page, { headers: { Authorization: `Bearer ${pv.token}` } });
+      assert.equal(r.status, 200);
+      assert.equal(await r.text(), "hello from the sandbox");
+      r = await fetch(page);
+      assert.equal(r.status, 404, "no token, no page");
+      await r.body?.cancel();
+
+      const byKey = await sb.previews.create(port, { auth: "key" });
+      assert.equal(byKey.token, undefined);
+      const keyPage = new URL("/page.html", byKey.url);
+      r = await fetch(keyPage, { headers: { Authorization: `Bearer ${client.token}` } });
+      assert.equal(await r.text(), "hello from the sandbox");
+      r = await fetch(keyPage, { headers: { Authorization: `Bearer ${other.token}` } });
+      assert.equal(r.status, 404, "another organization's key");
+      await r.body?.cancel();
+
+      const live = await sb.previews.list();
+      assert.deepEqual(live.map((p) => p.id).sort(), [pv.id, byKey.id].sort());
+      assert.ok(live.every((p) => p.token === undefined && !p.url.includes("hiloop_preview_token")), JSON.stringify(live));
+      await sb.previews.revoke(pv.id);
+      r = await fetch(page, { headers: { Authorization: `Bearer ${pv.token}` } });
+      assert.equal(r.status, 404, "a revoked preview");
+      await r.body?.cancel();
+      assert.deepEqual((await sb.previews.list()).map((p) => p.id), [byKey.id]);
+      await sb.previews.revoke(byKey.id);
+      assert.deepEqual(await sb.previews.list(), []);
+    } finally {
+      await app.kill().catch(() => {});
+    }
+  });
+
+  it("refuses a preview's bad fields, and is another organization's 404", async () => {
+    assert.equal((await refused(() => sb.previews.create(0), hiloop.InvalidRequestError, "invalid_field")).field, "port");
+    assert.equal((await refused(() => sb.previews.create(70000), hiloop.InvalidRequestError, "invalid_field")).field, "port");
+    assert.equal((await refused(() => sb.previews.create(8000, { auth: "cookie" }), hiloop.InvalidRequestError, "invalid_field")).field, "auth");
+    assert.equal((await refused(() => sb.previews.create(8000, { ttl: "1000h" }), hiloop.InvalidRequestError, "invalid_field")).field, "ttl");
+    await refused(() => sb.previews.revoke("pv_nosuch"), hiloop.NotFoundError, "not_found");
+    const pv = await sb.previews.create(8000);
+    for (const call of [() => foreign.previews.create(8000), () => foreign.previews.list(), () => foreign.previews.revoke(pv.id)]) {
+      await refused(call, hiloop.NotFoundError, "not_found");
+    }
+    assert.deepEqual((await sb.previews.list()).map((p) => p.id), [pv.id], "another organization's revoke did nothing");
+    await sb.previews.revoke(pv.id);
+  });
 });

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hiloop/hiloop/api"
 )
@@ -116,11 +117,15 @@ func entryRow(tw *tabwriter.Writer, e api.FileEntry, name string) {
 }
 
 // shownName is a name the sandbox chose, fit for a terminal: quoted, with
-// Go's escapes, when it holds a control character, invalid UTF-8 or a
-// space at either end, so that a name cannot break a line or a column, nor
-// send escapes.
+// Go's escapes, when it holds invalid UTF-8, a space at either end or a
+// character Go does not call printable (every control, C1 ones too, and
+// the format characters that reorder or hide text, such as U+202E), so
+// that a name cannot break a line or a column, send escapes, nor show as
+// another name.
 func shownName(name string) string {
-	if api.Printable(name) != name || strings.ContainsAny(name, "\n\t") || strings.TrimSpace(name) != name || strings.HasPrefix(name, `"`) {
+	printable := func(r rune) bool { return r == ' ' || strconv.IsPrint(r) }
+	if !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !printable(r) }) >= 0 ||
+		strings.TrimSpace(name) != name || strings.HasPrefix(name, `"`) {
 		return strconv.Quote(name)
 	}
 	return name

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"golang.org/x/term"
 
@@ -37,13 +41,42 @@ type Client struct {
 
 func (c *Client) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
 	if c.Output == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(append(terminalSafeJSON(b), '\n'))
+		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	table(tw)
 	return tw.Flush()
+}
+
+// terminalSafeJSON escapes, as \uXXXX, what encoding/json leaves raw in
+// JSON it wrote and a terminal may act on rather than show: DEL, the C1
+// controls (U+009B is CSI) and the format characters that reorder or hide
+// text (U+202E, U+200B); it escapes the C0 controls itself, and the line
+// breaks left are the indentation's. Outside strings JSON is ASCII, so
+// each is inside a string and the value reads back the same.
+func terminalSafeJSON(b []byte) []byte {
+	unsafe := func(r rune) bool { return r == 0x7f || r > 0x7f && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r)) }
+	if bytes.IndexFunc(b, unsafe) < 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+64)
+	for _, r := range string(b) {
+		if !unsafe(r) {
+			out = utf8.AppendRune(out, r)
+			continue
+		}
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
 }
 
 func sandboxRows(tw *tabwriter.Writer, list ...api.Sandbox) {

@@ -34,8 +34,12 @@ const stallGrace = 3 * time.Second
 const startFrameWait = 30 * time.Second
 
 // boolQuery reads a query parameter that is true or false; absent is
-// false.
+// false, and given twice is invalid_field.
 func boolQuery(q url.Values, name string) (bool, error) {
+	if len(q[name]) > 1 {
+		// Which of two values holds would be the reader's choice.
+		return false, fieldError(name, "given more than once")
+	}
 	switch q.Get(name) {
 	case "", "false", "0":
 		return false, nil

@@ -1,0 +1,71 @@
+package server
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/hiloop/hiloop/api"
+)
+
+// TestFSRefusedAttacks: what a stranger sends to reach past the paths a
+// file operation takes, or to confuse the decoder, is a 4xx with a stable
+// code, and nothing runs in the sandbox: / spelled otherwise (//, /., a
+// .. back to it), a rename into itself spelled otherwise, a key given
+// twice or in another case with / last (the decoder keeps the last, and
+// the check sees what the operation would), values of the wrong JSON
+// type, a body past the cap, NUL or an escape in a query, and a query
+// parameter given twice.
+func TestFSRefusedAttacks(t *testing.T) {
+	var argvs [][]string
+	ts, id := filesServer(t, os.Getenv("PATH"), &argvs)
+	for _, tc := range []struct {
+		op, body string
+		status   int
+		code     string
+	}{
+		{"remove", `{"path":"//","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/.","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/tmp/..","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/tmp/x","path":"/","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/tmp/x","PATH":"/","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/tmp/x\u0000/","recursive":true}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":"/tmp/\u001b[2J"}`, 400, api.CodeInvalidPath},
+		{"remove", `{"path":["/"],"recursive":true}`, 400, api.CodeInvalidField},
+		{"remove", `{"path":"/tmp/x","recursive":"true"}`, 400, api.CodeInvalidField},
+		{"remove", `{"path":"/tmp/x","recursive":1}`, 400, api.CodeInvalidField},
+		{"remove", `{"path":null}`, 400, api.CodeInvalidPath},
+		{"remove", `["/"]`, 400, api.CodeInvalidField},
+		{"remove", `"/"`, 400, api.CodeInvalidField},
+		{"remove", `{"path":"/tmp/x"} {"path":"/"}`, 400, api.CodeInvalidJSON},
+		{"remove", ``, 400, api.CodeInvalidJSON},
+		{"mkdir", `{"path":"/tmp/x/../../etc"}`, 400, api.CodeInvalidPath},
+		{"mkdir", `{"path":{"$ne":""}}`, 400, api.CodeInvalidField},
+		{"rename", `{"from":"//","to":"/x"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"//"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"/x/./y"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"/x//y"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x/","to":"/x/y"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"/y","to":"/x/y"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"/y","from":"/"}`, 400, api.CodeInvalidPath},
+		{"rename", `{"from":"/x","to":"/y","overwrite":"yes"}`, 400, api.CodeInvalidField},
+		{"rename", `{"from":"/x"}`, 400, api.CodeInvalidPath},
+		{"mkdir", `{"path":"/` + strings.Repeat("a", int(MaxBodyBytes)) + `"}`, 413, api.CodeBodyTooLarge},
+	} {
+		if code, body := ts.fsPost(id, tc.op, tc.body); code != tc.status || codeOf(body) != tc.code {
+			t.Errorf("%s %.80s: %d %.300s, want %d %s", tc.op, tc.body, code, body, tc.status, tc.code)
+		}
+	}
+	for _, q := range []string{"path=/tmp%00", "path=/tmp%1b%5d0;x%07", "path=%2F%2F", "path=/tmp&path=/", "path=/tmp/%2E%2E",
+		"path=/tmp&wake=maybe", "path=/tmp&wake=true&wake=false"} {
+		for _, op := range []string{"list", "stat"} {
+			rec := ts.do("GET", "/v1/sandboxes/"+id+"/fs/"+op+"?"+q, "")
+			if rec.Code != 400 {
+				t.Errorf("%s ?%s: %d %s, want 400", op, q, rec.Code, rec.Body.String())
+			}
+		}
+	}
+	if len(argvs) != 0 {
+		t.Errorf("refused input ran commands: %q", argvs)
+	}
+}

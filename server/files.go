@@ -177,7 +177,12 @@ func fileFailed(err error) error {
 	case control.ErrFileNotFound:
 		return newError(http.StatusNotFound, api.CodeFileNotFound, "no such file or directory in the sandbox")
 	case control.ErrPathConflict:
-		return newError(http.StatusConflict, api.CodePathConflict, fe.Stderr)
+		msg := fe.Stderr
+		if msg == "" {
+			// The sandbox said nothing of why; the answer still does.
+			msg = "the path conflicts with what is in the sandbox (a file where a directory is needed, a directory where a file is, or something already there)"
+		}
+		return newError(http.StatusConflict, api.CodePathConflict, msg)
 	case control.ErrNoShell:
 		return errNoShell
 	}

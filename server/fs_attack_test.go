@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -67,5 +68,26 @@ func TestFSRefusedAttacks(t *testing.T) {
 	}
 	if len(argvs) != 0 {
 		t.Errorf("refused input ran commands: %q", argvs)
+	}
+}
+
+// TestFSHostileExitStatus: a stat that exits with a status the scripts
+// give a meaning, saying nothing, is still answered with a message, never
+// an empty one, and never a 5xx.
+func TestFSHostileExitStatus(t *testing.T) {
+	dir := t.TempDir()
+	for _, code := range []string{"92", "93", "94", "95", "126", "127", "1", "255"} {
+		ts, id := filesServer(t, hostileBin(t, `case "$*" in *--*) exit `+code+`;; esac`), nil)
+		for _, op := range []string{"stat", "list"} {
+			status, body := ts.fsGet(id, op, dir)
+			var b api.ErrorBody
+			json.Unmarshal([]byte(body), &b)
+			if op == "list" && status == 200 {
+				continue // a listing drops what stat did not answer
+			}
+			if status < 400 || status >= 500 || b.Error.Code == "" || strings.TrimSpace(b.Error.Message) == "" {
+				t.Errorf("%s with stat exiting %s: %d %s", op, code, status, body)
+			}
+		}
 	}
 }

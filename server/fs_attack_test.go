@@ -1,12 +1,17 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/internal/eventually"
 )
 
 // TestFSRefusedAttacks: what a stranger sends to reach past the paths a
@@ -89,5 +94,37 @@ func TestFSHostileExitStatus(t *testing.T) {
 				t.Errorf("%s with stat exiting %s: %d %s", op, code, status, body)
 			}
 		}
+	}
+}
+
+// TestFSClientLeavingEndsTheCommand: a stat that never ends is ended when
+// the client goes away, rather than holding a session slot until the
+// operation's deadline: the handler returns (it waits for the command)
+// with no 5xx, and no session is left open.
+func TestFSClientLeavingEndsTheCommand(t *testing.T) {
+	marks := t.TempDir()
+	bin := hostileBin(t, `case "$*" in *--*) : > `+marks+`/started; exec sleep 100000;; esac`)
+	if full, err := exec.LookPath("sleep"); err == nil {
+		os.Symlink(full, filepath.Join(bin, "sleep"))
+	}
+	ts, id := filesServer(t, bin, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequestWithContext(ctx, "GET", "/v1/sandboxes/"+id+"/fs/stat?path=/tmp", nil)
+	req.Header.Set("Authorization", "Bearer "+ts.token)
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { ts.srv.ServeHTTP(rec, req); close(done) }()
+	eventually.True(t, "the stat started", func() bool {
+		_, err := os.Stat(marks + "/started")
+		return err == nil
+	})
+	cancel()
+	<-done
+	if rec.Code >= 500 && rec.Code != 499 {
+		t.Errorf("a client that left was answered %d %s", rec.Code, rec.Body.String())
+	}
+	var org api.Org
+	if rec := ts.do("GET", "/v1/org", ""); json.Unmarshal(rec.Body.Bytes(), &org) != nil || org.Sessions == nil || org.Sessions.Open != 0 {
+		t.Errorf("sessions open once the handler returned: %s", rec.Body.String())
 	}
 }

@@ -47,17 +47,27 @@ const needFunc = `need() {
 // listScript lists the directory $1, at most $2 entries: its names, in
 // chunks of 256 (well within any exec's argument limit), each chunk being
 // the chunk's names each ended by a NUL, an empty name (a NUL), stat's
-// records of those names and a NUL. Past $2 entries it prints
+// records of those names and a NUL. Stat's records pass through a command
+// substitution, which drops NULs (dash, bash and busybox's ash alike), so
+// a stat that prints the framing itself cannot end the records early and
+// frame names of its own; the "." keeps trailing newlines, and head
+// bounds what the shell holds of a stat that never stops to $3 bytes
+// (maxListOutput: more is cut anyway). Past $2 entries it prints
 // "/truncated" and a NUL and stops. The globs find every name but . and
 // ..; a glob that matches nothing stays itself, which -e and -L then skip.
 // A symbolic link to a directory lists the directory.
-const listScript = needFunc + `need stat
+const listScript = needFunc + `need stat head
 [ -e "$1" ] || [ -L "$1" ] || exit 92
 [ -d "$1" ] || { echo "$1 is not a directory" >&2; exit 93; }
 { [ -r "$1" ] && [ -x "$1" ]; } || { echo "$1: permission denied" >&2; exit 94; }
 cd "$1" || exit 94
-max=$2
-emit() { [ $# -gt 0 ] || return 0; printf '%s\0' "$@"; printf '\0'; stat -c ` + statFormat + ` -- "$@"; printf '\0'; }
+max=$2 cap=$3
+emit() {
+  [ $# -gt 0 ] || return 0
+  printf '%s\0' "$@"; printf '\0'
+  r=$(stat -c ` + statFormat + ` -- "$@" | head -c "$cap"; echo .)
+  printf '%s\0' "${r%.}"
+}
 n=0 total=0
 set --
 for f in * .[!.]* ..?*; do
@@ -227,7 +237,7 @@ func (s *Session) List(ctx context.Context, dir string) (Listing, error) {
 	if err := ValidatePath("path", dir); err != nil {
 		return Listing{}, err
 	}
-	out, cut, err := s.runFS(ctx, maxListOutput, listScript, dir, strconv.Itoa(api.MaxListEntries))
+	out, cut, err := s.runFS(ctx, maxListOutput, listScript, dir, strconv.Itoa(api.MaxListEntries), strconv.Itoa(maxListOutput))
 	if err != nil {
 		return Listing{}, err
 	}

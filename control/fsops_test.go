@@ -107,7 +107,7 @@ func TestListScriptOnThisMachine(t *testing.T) {
 	names = append(names, "dangling", "sub")
 	run := func(max int) Listing {
 		var out, errOut bytes.Buffer
-		cmd := exec.Command("sh", "-c", listScript, "sh", dir, fmt.Sprint(max))
+		cmd := exec.Command("sh", "-c", listScript, "sh", dir, fmt.Sprint(max), fmt.Sprint(maxListOutput))
 		cmd.Stdout, cmd.Stderr = &out, &errOut
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("%v: %s", err, errOut.String())

@@ -128,3 +128,24 @@ func TestFSClientLeavingEndsTheCommand(t *testing.T) {
 		t.Errorf("sessions open once the handler returned: %s", rec.Body.String())
 	}
 }
+
+// TestFSHostileStatCannotFrame: a stat that prints the listing's own
+// framing (a NUL, names each ended by one, an empty name, then records of
+// them) adds no entry the shell did not find: its output reaches the
+// listing without a NUL.
+func TestFSHostileStatCannotFrame(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "real"), nil, 0o644)
+	ts, id := filesServer(t, hostileBin(t, `case "$*" in *--*)
+  printf '81a4 1 1 real\n\000planted\000\000'; printf '81a4 7 7 planted\n\000other\000\000'; printf '81a4 7 7 other\n';; esac`), nil)
+	code, body := ts.fsGet(id, "list", dir)
+	var l api.FileList
+	if json.Unmarshal([]byte(body), &l); code != 200 {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	for _, e := range l.Entries {
+		if e.Name != "real" {
+			t.Errorf("a lying stat added %q: %s", e.Name, body)
+		}
+	}
+}

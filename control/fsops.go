@@ -117,13 +117,16 @@ parents "$1"
 exec stat -c ` + statFormat + ` -- "$1"`
 
 // renameScript renames $1 to $2, making $2's missing parents, and prints
-// $2's record. A $2 that exists exits 93 unless $3 = 1; then a file or a
+// $2's record. A $2 that is $1 itself, spelled otherwise (through a
+// symbolic link above it, or a hard link), is left as it is, as rename(2)
+// does: replacing it would first remove the very file to rename. A $2 that exists exits 93 unless $3 = 1; then a file or a
 // link there is replaced (a link, never what it points to), and an empty
 // directory is when $1 is a directory too. A directory that is not empty
 // exits 95.
 const renameScript = needFunc + parentsFunc + `need stat mkdir mv rm rmdir
 [ -e "$1" ] || [ -L "$1" ] || exit 92
-if [ "$1" != "$2" ]; then
+same() { [ "$1" = "$2" ] || { [ ! -L "$1" ] && [ ! -L "$2" ] && [ "$1" -ef "$2" ]; }; }
+if ! same "$1" "$2"; then
   d=${2%/*}
   parents "${d:-/}"
   if [ -e "$2" ] || [ -L "$2" ]; then

@@ -149,3 +149,23 @@ func TestFSHostileStatCannotFrame(t *testing.T) {
 		}
 	}
 }
+
+// TestFSRenameOntoItself: a rename onto the very same directory spelled
+// through a symbolic link, with overwrite, removes nothing: it is the
+// rename(2) of a file onto itself, which does nothing.
+func TestFSRenameOntoItself(t *testing.T) {
+	ts, id := filesServer(t, os.Getenv("PATH"), nil)
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "real", "empty"), 0o755)
+	os.WriteFile(filepath.Join(dir, "real", "f"), []byte("keep"), 0o644)
+	os.Symlink("real", filepath.Join(dir, "l"))
+	for _, name := range []string{"empty", "f"} {
+		code, body := ts.fsPost(id, "rename", `{"from":`+jsonString(dir+"/l/"+name)+`,"to":`+jsonString(dir+"/real/"+name)+`,"overwrite":true}`)
+		if code != 200 {
+			t.Errorf("rename of %s onto itself: %d %s", name, code, body)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "real", name)); err != nil {
+			t.Errorf("a rename of %s onto itself removed it: %v", name, err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+	"unicode/utf8"
 )
 
 // File operations act on the workload container's file system the way
@@ -125,6 +126,18 @@ func (c *Client) fsCall(ctx context.Context, method, id, op string, q url.Values
 	return c.do(ctx, request{method: method, path: p, in: in, timeout: timeout}, out)
 }
 
+// bodyPath refuses, as the server would a path it cannot take (400
+// invalid_path), a path for a JSON body that is not UTF-8: encoding/json
+// would send it as U+FFFD, which names another file. List and Stat take
+// any bytes, since their paths go in the query.
+func bodyPath(field, p string) error {
+	if utf8.ValidString(p) {
+		return nil
+	}
+	return &Error{Status: http.StatusBadRequest, ErrorDetail: ErrorDetail{Code: CodeInvalidPath, Field: field,
+		Message: field + ": not valid UTF-8, which a JSON body cannot carry: remove or rename such a file with exec"}}
+}
+
 // List lists the directory at path (absolute) in the sandbox, or the
 // directory a symbolic link there points to. A path that is not a
 // directory is an *Error with code path_conflict; one that does not exist,
@@ -163,6 +176,9 @@ func (c *Client) Exists(ctx context.Context, id, path string) (bool, error) {
 // everything in it. A directory that is not empty without recursive is an
 // *Error with code directory_not_empty, and nothing is removed.
 func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) error {
+	if err := bodyPath("path", path); err != nil {
+		return err
+	}
 	return c.fsCall(ctx, http.MethodPost, id, "remove", nil, RemoveRequest{Path: path, Recursive: recursive}, nil)
 }
 
@@ -171,6 +187,9 @@ func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) er
 // an *Error with code path_conflict.
 func (c *Client) Mkdir(ctx context.Context, id, path string) (FileEntry, error) {
 	var e FileEntry
+	if err := bodyPath("path", path); err != nil {
+		return e, err
+	}
 	err := c.fsCall(ctx, http.MethodPost, id, "mkdir", nil, MkdirRequest{Path: path}, &e)
 	return e, err
 }
@@ -180,6 +199,12 @@ func (c *Client) Mkdir(ctx context.Context, id, path string) (FileEntry, error) 
 // path_conflict unless overwrite (see RenameRequest).
 func (c *Client) Rename(ctx context.Context, id, from, to string, overwrite bool) (FileEntry, error) {
 	var e FileEntry
+	if err := bodyPath("from", from); err != nil {
+		return e, err
+	}
+	if err := bodyPath("to", to); err != nil {
+		return e, err
+	}
 	err := c.fsCall(ctx, http.MethodPost, id, "rename", nil, RenameRequest{From: from, To: to, Overwrite: overwrite}, &e)
 	return e, err
 }

@@ -169,3 +169,42 @@ func TestFSRenameOntoItself(t *testing.T) {
 		}
 	}
 }
+
+// TestFSBodyNotUTF8: a path in a POST body that is not UTF-8 (raw bytes
+// that are not, or a lone surrogate escape such as Python writes for a
+// name it read as bytes) is refused with nothing run, rather than decoded
+// to U+FFFD and so naming another file: the file named with U+FFFD stays.
+func TestFSBodyNotUTF8(t *testing.T) {
+	var argvs [][]string
+	ts, id := filesServer(t, os.Getenv("PATH"), &argvs)
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "\uFFFD")
+	os.WriteFile(keep, []byte("keep"), 0o644)
+	for _, body := range []string{
+		`{"path":"` + dir + "/\xff" + `"}`,
+		`{"path":"` + dir + `/\udcff"}`,
+		`{"path":"` + dir + `/\ud83d"}`,
+		`{"path":"` + dir + `/\ud83dx"}`,
+		`{"path":"` + dir + `/\ude00\ud83d"}`,
+	} {
+		if code, resp := ts.fsPost(id, "remove", body); code != 400 || codeOf(resp) != api.CodeInvalidJSON {
+			t.Errorf("remove %q: %d %s, want 400 invalid_json", body, code, resp)
+		}
+	}
+	if code, resp := ts.fsPost(id, "rename", `{"from":"`+dir+`/\udcff","to":"`+dir+`/x"}`); code != 400 || codeOf(resp) != api.CodeInvalidJSON {
+		t.Errorf("rename: %d %s", code, resp)
+	}
+	if len(argvs) != 0 {
+		t.Errorf("a body that is not UTF-8 ran commands: %q", argvs)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("the file named U+FFFD was removed: %v", err)
+	}
+	// A pair of surrogates is a character, and an escaped backslash
+	// before a u is no escape: both are paths as any other.
+	for _, body := range []string{`{"path":"` + dir + `/\ud83d\ude00"}`, `{"path":"` + dir + `/\\udcff"}`} {
+		if code, resp := ts.fsPost(id, "remove", body); code != 404 || codeOf(resp) != api.CodeFileNotFound {
+			t.Errorf("remove %q: %d %s, want 404 file_not_found", body, code, resp)
+		}
+	}
+}

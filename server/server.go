@@ -412,6 +412,9 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 		}
 		return newError(http.StatusBadRequest, api.CodeInvalidJSON, "could not read body")
 	}
+	if err := jsonUTF8(body); err != nil {
+		return newError(http.StatusBadRequest, api.CodeInvalidJSON, err.Error())
+	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -407,6 +407,26 @@ func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 fun
 	}
 	in.MustCLI(in.Token, "sandbox", "fs", "rm", "-r", id+":/tmp/fsops/d")
 
+	// Busybox's ash keeps the newlines that end the last name of a chunk
+	// (stat's records pass through a command substitution), and its test
+	// knows -ef: a rename onto the same directory spelled through a link
+	// leaves it as it is.
+	if _, errOut, code := exec1("", "sh", "-c", `mkdir -p /tmp/fsops2/real/empty && ln -s real /tmp/fsops2/l && printf x > "/tmp/fsops2/zz
+"`); code != 0 {
+		t.Fatalf("making /tmp/fsops2: %d %s", code, errOut)
+	}
+	out, errOut, code := in.CLI(in.Token, "sandbox", "fs", "ls", "-o", "json", id+":/tmp/fsops2")
+	var l2 api.FileList
+	if json.Unmarshal([]byte(out), &l2); code != 0 || len(l2.Entries) != 3 || l2.Entries[2].Name != "zz\n" || l2.Entries[2].Size != 1 {
+		t.Errorf("fs ls of a name that ends in newlines: %d %s %s", code, out, errOut)
+	}
+	if _, errOut, code := in.CLI(in.Token, "sandbox", "fs", "mv", "--overwrite", id+":/tmp/fsops2/l/empty", "/tmp/fsops2/real/empty"); code != 0 {
+		t.Errorf("fs mv onto itself through a link: %d %s", code, errOut)
+	}
+	if _, _, code := exec1("", "test", "-d", "/tmp/fsops2/real/empty"); code != 0 {
+		t.Error("a rename onto itself through a link removed the directory")
+	}
+
 	// A stat the workload puts first on its PATH is not the one that
 	// runs: busybox's sh runs its own applets whatever PATH says.
 	lie := "#!/bin/sh\nprintf '81a4 1 1 planted\\n'\n"

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -11,7 +12,11 @@ import (
 	"testing"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/cluster"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
+	"github.com/hiloop/hiloop/store"
 )
 
 // TestFSRefusedAttacks: what a stranger sends to reach past the paths a
@@ -207,4 +212,43 @@ func TestFSBodyNotUTF8(t *testing.T) {
 			t.Errorf("remove %q: %d %s, want 404 file_not_found", body, code, resp)
 		}
 	}
+}
+
+// FuzzFSRequests: no query or body of a file operation, whatever the
+// sandbox prints and exits with, panics the server or gets a 5xx.
+func FuzzFSRequests(f *testing.F) {
+	for _, seed := range []string{"path=/tmp", "path=%ff", "path=/a/../b", "path=/&wake=true", `{"path":"/tmp/x","recursive":true}`,
+		`{"from":"/a","to":"/b","overwrite":true}`, `{"path":"/\udcff"}`, "\xff", `{"path":1}`} {
+		f.Add(0, seed, []byte("81a4 1 1 /tmp\n"), int8(0))
+		f.Add(2, seed, []byte("a\x00\x00"+"81a4 1 1 a\n\x00"), int8(0))
+		f.Add(4, seed, []byte(nil), int8(93))
+	}
+	var out []byte
+	var code int
+	ts := newTestServer(f, &controltest.Cluster{}, func(_ *Options, co *control.Options) {
+		co.Exec = controltest.Exec{Run: func(_ context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
+			req.Stdout.Write(out)
+			return cluster.ExitStatus{Code: code}, nil
+		}}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	ops := []string{"list", "stat", "remove", "mkdir", "rename"}
+	f.Fuzz(func(t *testing.T, op int, input string, stdout []byte, exit int8) {
+		out, code = stdout, int(exit)
+		name := ops[(op%len(ops)+len(ops))%len(ops)]
+		var req *http.Request
+		if name == "list" || name == "stat" {
+			req = httptest.NewRequest("GET", "/", nil)
+			req.URL.Path, req.URL.RawQuery = "/v1/sandboxes/"+id+"/fs/"+name, input
+		} else {
+			req = httptest.NewRequest("POST", "/v1/sandboxes/"+id+"/fs/"+name, strings.NewReader(input))
+		}
+		req.Header.Set("Authorization", "Bearer "+ts.token)
+		rec := httptest.NewRecorder()
+		ts.srv.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%s %q with %q exit %d: %d %s", name, input, stdout, exit, rec.Code, rec.Body.String())
+		}
+	})
 }

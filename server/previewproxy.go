@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -118,7 +119,7 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
 			q.Del(previewTokenParam)
 			u.RawQuery = q.Encode()
 			u.Scheme, u.Host = "", ""
-			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			http.Redirect(w, r, sameHostPath(u.RequestURI()), http.StatusSeeOther)
 			return
 		}
 	}
@@ -286,7 +287,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, v visitor, conn n
 		},
 		FlushInterval: -1,
 		ModifyResponse: func(res *http.Response) error {
-			dropPreviewCookie(res.Header)
+			appCookies(res.Header)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -298,6 +299,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, v visitor, conn n
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// sameHostPath is path as a Location that stays on the request's host: a
+// path of "//x" would be read as the host x.
+func sameHostPath(path string) string {
+	if strings.HasPrefix(path, "//") {
+		return "/." + path
+	}
+	return path
 }
 
 // stripPreviewCredentials takes hiloop's own credentials out of a request
@@ -316,6 +326,12 @@ func stripPreviewCredentials(r *http.Request) {
 			r.Header.Add("Authorization", a)
 		}
 	}
+	if ref := r.Header.Get("Referer"); strings.Contains(ref, previewTokenParam) {
+		r.Header.Set("Referer", refererWithoutToken(ref))
+		if r.Header.Get("Referer") == "" {
+			r.Header.Del("Referer")
+		}
+	}
 	lines := r.Header.Values("Cookie")
 	r.Header.Del("Cookie")
 	for _, line := range lines {
@@ -332,6 +348,24 @@ func stripPreviewCredentials(r *http.Request) {
 	}
 }
 
+// refererWithoutToken is ref, the URL of the page a request comes from,
+// without the token parameter: a page reached by a POST with the token in
+// its query keeps it in the address bar, and the browser sends that URL as
+// the Referer of the page's own requests. "" when ref is not a URL.
+func refererWithoutToken(ref string) string {
+	u, err := url.Parse(ref)
+	if err != nil {
+		return ""
+	}
+	q := u.Query()
+	q.Del(previewTokenParam)
+	u.RawQuery, u.Fragment, u.RawFragment = q.Encode(), "", ""
+	if s := u.String(); !strings.Contains(s, previewTokenParam) {
+		return s
+	}
+	return ""
+}
+
 // hiloopBearer is the bearer credential of h when it is hiloop's (an API
 // key or a preview token), else "".
 func hiloopBearer(h http.Header) string {
@@ -342,19 +376,31 @@ func hiloopBearer(h http.Header) string {
 	return ""
 }
 
-// dropPreviewCookie removes what a sandbox's app answers to set or clear
-// the preview cookie: the cookie is hiloop's.
-func dropPreviewCookie(h http.Header) {
+// appCookies keeps what a sandbox's app answers to set a cookie to the
+// app's own preview host: a Set-Cookie a browser would take as hiloop's
+// cookie (read as a browser does, whether Go parses it or not) is dropped,
+// and a Domain attribute is taken out, so no app sets a cookie that other
+// preview hosts of the domain receive (another organization's app would
+// read it, or find it shadowing its own).
+func appCookies(h http.Header) {
 	all := h.Values("Set-Cookie")
 	if len(all) == 0 {
 		return
 	}
 	h.Del("Set-Cookie")
 	for _, sc := range all {
-		c, err := http.ParseSetCookie(sc)
-		if err == nil && c.Name == previewCookie {
+		parts := strings.Split(sc, ";")
+		name, _, _ := strings.Cut(parts[0], "=")
+		if strings.EqualFold(strings.TrimSpace(name), previewCookie) {
 			continue
 		}
-		h.Add("Set-Cookie", sc)
+		kept := parts[:1]
+		for _, attr := range parts[1:] {
+			k, _, _ := strings.Cut(attr, "=")
+			if !strings.EqualFold(strings.TrimSpace(k), "domain") {
+				kept = append(kept, attr)
+			}
+		}
+		h.Add("Set-Cookie", strings.Join(kept, ";"))
 	}
 }

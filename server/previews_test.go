@@ -42,6 +42,7 @@ type seen struct {
 	Host          string `json:"host"`
 	Authorization string `json:"authorization"`
 	Cookie        string `json:"cookie"`
+	Referer       string `json:"referer,omitempty"`
 	Body          string `json:"body,omitempty"`
 }
 
@@ -63,12 +64,20 @@ func newPreviewApp(t *testing.T) *previewApp {
 				c.WriteMessage(typ, msg)
 			}
 		}
+		// /set-cookie answers with the Set-Cookie lines its sc parameters
+		// name, as a hostile app would.
+		if r.URL.Path == "/set-cookie" {
+			for _, sc := range r.URL.Query()["sc"] {
+				w.Header().Add("Set-Cookie", sc)
+			}
+			return
+		}
 		// The app tries to take the preview cookie over; hiloop drops it.
 		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: "app", Path: "/"})
 		http.SetCookie(w, &http.Cookie{Name: "app", Value: "1", Path: "/"})
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		json.NewEncoder(w).Encode(seen{Path: r.URL.Path, Query: r.URL.RawQuery, Host: r.Host,
-			Authorization: r.Header.Get("Authorization"), Cookie: strings.Join(r.Header.Values("Cookie"), "|"), Body: string(body)})
+			Authorization: r.Header.Get("Authorization"), Cookie: strings.Join(r.Header.Values("Cookie"), "|"), Referer: r.Header.Get("Referer"), Body: string(body)})
 	}))
 	t.Cleanup(a.srv.Close)
 	return a

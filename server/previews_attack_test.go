@@ -1,0 +1,89 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// TestPreviewRefererCarriesNoToken: a page reached by a POST with the token
+// in its query keeps the token in the browser's address bar, and the
+// browser sends that URL as the Referer of the page's own requests; the
+// app never sees the token there.
+func TestPreviewRefererCarriesNoToken(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	home := bare(t, p.URL)
+	for _, ref := range []string{
+		p.URL,
+		home + "page?a=1&" + previewTokenParam + "=" + p.Token + "#frag",
+		"https://elsewhere.example/?" + previewTokenParam + "=" + p.Token,
+	} {
+		res, body := e.visit(t, home+"asset", "Cookie", previewCookie+"="+p.Token, "Referer", ref)
+		var got seen
+		json.Unmarshal([]byte(body), &got)
+		if res.StatusCode != http.StatusOK || strings.Contains(got.Referer, p.Token) || strings.Contains(got.Referer, previewTokenParam) {
+			t.Errorf("Referer %q: %d, the app saw Referer %q", ref, res.StatusCode, got.Referer)
+		}
+	}
+	res, body := e.visit(t, home+"asset", "Cookie", previewCookie+"="+p.Token, "Referer", home+"page?a=1")
+	var got seen
+	json.Unmarshal([]byte(body), &got)
+	if res.StatusCode != http.StatusOK || got.Referer != home+"page?a=1" {
+		t.Errorf("a Referer without the token: %d, the app saw %q", res.StatusCode, got.Referer)
+	}
+}
+
+// TestPreviewRedirectStaysOnHost: the redirect that takes the token out of
+// the address bar goes to the same preview host whatever the path, never
+// to another host (a path of //evil.example/ is not a host).
+func TestPreviewRedirectStaysOnHost(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	home := strings.TrimSuffix(bare(t, p.URL), "/")
+	for _, path := range []string{"//evil.example/", "//evil.example", "///evil.example/x", "/%2F/evil.example", "/%5Cevil.example"} {
+		res, _ := e.visit(t, home+path+"?"+previewTokenParam+"="+p.Token)
+		loc := res.Header.Get("Location")
+		u, err := url.Parse(loc)
+		if res.StatusCode != http.StatusSeeOther || err != nil || u.Host != "" || !strings.HasPrefix(loc, "/") ||
+			strings.HasPrefix(loc, "//") || strings.HasPrefix(loc, `/\`) || strings.Contains(loc, p.Token) {
+			t.Errorf("path %s: %d Location %q, want 303 to a path of the same host", path, res.StatusCode, loc)
+		}
+		// The browser resolves it against the preview's URL: the same host.
+		base, _ := url.Parse(home + path)
+		if r := base.ResolveReference(u); r.Host != base.Host {
+			t.Errorf("path %s: Location %q resolves to host %q", path, loc, r.Host)
+		}
+	}
+}
+
+// TestPreviewAppCookiesStayOnItsHost: a sandbox's app can set cookies only
+// for its own preview host: a Domain attribute (the preview domain, or a
+// parent of it) is taken out, so one organization's app can neither read
+// another's cookies nor plant cookies in another preview; and no
+// Set-Cookie that a browser would take as hiloop's cookie passes, parsed
+// by Go or not.
+func TestPreviewAppCookiesStayOnItsHost(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	home := bare(t, p.URL)
+	for _, tc := range []struct{ sc, want string }{
+		{"sess=1; Domain=preview.test; Path=/; HttpOnly", "sess=1; Path=/; HttpOnly"},
+		{"sess=1; Path=/; domain=.PREVIEW.test", "sess=1; Path=/"},
+		{"sess=1;Domain=test;Secure", "sess=1;Secure"},
+		{"sess=1; Path=/", "sess=1; Path=/"},
+		{previewCookie + `="a"b"; Path=/`, ""},
+		{previewCookie + "; Domain=preview.test", ""},
+		{" " + previewCookie + "=x; Domain=preview.test", ""},
+		{previewCookie + " =x; Path=/", ""},
+		{previewCookie + "=x", ""},
+	} {
+		res, _ := e.visit(t, home+"set-cookie?"+url.Values{"sc": {tc.sc}}.Encode(), "Cookie", previewCookie+"="+p.Token)
+		got := strings.Join(res.Header.Values("Set-Cookie"), "|")
+		if res.StatusCode != http.StatusOK || got != tc.want {
+			t.Errorf("the app's Set-Cookie %q: %d, the visitor got %q, want %q", tc.sc, res.StatusCode, got, tc.want)
+		}
+	}
+}

@@ -128,7 +128,11 @@ func (c *Control) RevokePreview(ctx context.Context, who Caller, id, previewID s
 // token, or (a preview of key auth) the caller an API key authenticated.
 type PreviewCredential struct {
 	Token string
-	Key   *Caller
+	// Tokens are more candidate tokens, tried with Token in one lookup: a
+	// browser may send several cookies of the name, set by other preview
+	// hosts of the domain.
+	Tokens []string
+	Key    *Caller
 }
 
 // PreviewVisitor is the caller a visitor of preview previewID acts as, and
@@ -152,8 +156,8 @@ func (c *Control) PreviewVisitor(ctx context.Context, previewID string, cred Pre
 			return Caller{}, store.Preview{}, store.ErrNotFound
 		}
 		return Caller{OrgID: p.OrgID, KeyID: cred.Key.KeyID, Preview: p.ID}, p, nil
-	case cred.Token != "":
-		p, err := c.o.Store.PreviewByToken(ctx, previewID, cred.Token, now)
+	case cred.Token != "" || len(cred.Tokens) > 0:
+		p, err := c.o.Store.PreviewByTokens(ctx, previewID, append([]string{cred.Token}, cred.Tokens...), now)
 		if err != nil {
 			return Caller{}, store.Preview{}, err
 		}

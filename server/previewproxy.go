@@ -29,10 +29,6 @@ import (
 // that keeps it awake), held to the preview, so a revoke or an expiry ends
 // the connections open through it.
 
-// maxPreviewCookies bounds the preview cookies tried of one request: a
-// sandbox app on another preview host of the domain can set more.
-const maxPreviewCookies = 4
-
 // maxPreviewResponseHeaderBytes bounds the headers a sandbox's app may
 // answer with.
 const maxPreviewResponseHeaderBytes = 256 << 10
@@ -186,33 +182,35 @@ func (s *Server) previewVisitor(r *http.Request) (visitor, error) {
 		c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Key: &who})
 		return visitor{who: c, preview: p}, err
 	}
-	tries := []string{}
-	fromQuery := r.URL.Query().Get(previewTokenParam)
-	if fromQuery != "" {
-		tries = append(tries, fromQuery)
+	// The token in the query is tried on its own: when it is the one, the
+	// answer sets the cookie.
+	if q := r.URL.Query().Get(previewTokenParam); q != "" && len(q) <= maxSecretLen {
+		c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Token: q})
+		if err == nil {
+			return visitor{who: c, preview: p, token: q, fromQuery: true}, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return visitor{}, err
+		}
 	}
+	// The bearer and every cookie of the name are tried in one lookup.
+	tries := []string{}
 	if bearer != "" {
 		tries = append(tries, bearer)
 	}
 	for _, c := range r.CookiesNamed(previewCookie) {
-		if len(tries) >= maxPreviewCookies+2 {
+		if len(tries) == store.MaxPreviewTokens {
 			break
 		}
-		tries = append(tries, c.Value)
-	}
-	for _, tok := range tries {
-		if len(tok) > maxSecretLen {
-			continue
-		}
-		c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Token: tok})
-		switch {
-		case err == nil:
-			return visitor{who: c, preview: p, token: tok, fromQuery: tok == fromQuery}, nil
-		case !errors.Is(err, store.ErrNotFound):
-			return visitor{}, err
+		if len(c.Value) <= maxSecretLen && store.IsPreviewToken(c.Value) {
+			tries = append(tries, c.Value)
 		}
 	}
-	return visitor{}, store.ErrNotFound
+	if len(tries) == 0 {
+		return visitor{}, store.ErrNotFound
+	}
+	c, p, err := s.o.Control.PreviewVisitor(ctx, id, control.PreviewCredential{Tokens: tries})
+	return visitor{who: c, preview: p}, err
 }
 
 // admitPreview admits the visit as a forward session of its sandbox and

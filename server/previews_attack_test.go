@@ -87,3 +87,31 @@ func TestPreviewAppCookiesStayOnItsHost(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviewTossedCookies: another preview host's app (or its script) can
+// set cookies named as hiloop's for the whole preview domain, at deeper
+// paths, which a browser sends before the preview's own; however many
+// there are, the preview's own cookie still lets its visitor in, and a
+// stranger's pile of them lets nobody in.
+func TestPreviewTossedCookies(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	other := e.createPreview(t, e.testServer, `{"port":3001}`)
+	home := bare(t, p.URL)
+	var tossed []string
+	for i := 0; i < 40; i++ {
+		tossed = append(tossed, previewCookie+"=hlp_"+strings.Repeat(string(rune('a'+i%26)), 43))
+	}
+	tossed = append(tossed, previewCookie+"="+other.Token)
+	res, body := e.visit(t, home+"a/b/c", "Cookie", strings.Join(append(tossed, previewCookie+"="+p.Token), "; "))
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("the preview's cookie after %d tossed ones: %d %s", len(tossed), res.StatusCode, body)
+	}
+	var got seen
+	json.Unmarshal([]byte(body), &got)
+	if strings.Contains(got.Cookie, "hlp_") {
+		t.Errorf("the app saw hiloop's cookies: %q", got.Cookie)
+	}
+	res, body = e.visit(t, home, "Cookie", strings.Join(tossed, "; "))
+	wantNoPreview(t, "tossed cookies only", res, body)
+}

@@ -167,11 +167,32 @@ func (s *Store) LivePreview(ctx context.Context, orgID, id string, now time.Time
 // PreviewByToken is the token-auth preview id whose token is token, as it
 // works at now; anything else is ErrNotFound.
 func (s *Store) PreviewByToken(ctx context.Context, id, token string, now time.Time) (Preview, error) {
-	if id == "" || !IsPreviewToken(token) {
+	return s.PreviewByTokens(ctx, id, []string{token}, now)
+}
+
+// MaxPreviewTokens bounds the tokens PreviewByTokens tries at once.
+const MaxPreviewTokens = 256
+
+// PreviewByTokens is the token-auth preview id whose token is one of
+// tokens (those past MaxPreviewTokens are not tried), as it works at now;
+// anything else is ErrNotFound. It is one lookup however many tokens
+// there are, the same whether id exists or not.
+func (s *Store) PreviewByTokens(ctx context.Context, id string, tokens []string, now time.Time) (Preview, error) {
+	args := []any{id, ms(now)}
+	for _, t := range tokens {
+		if len(args)-2 == MaxPreviewTokens {
+			break
+		}
+		if IsPreviewToken(t) {
+			args = append(args, hashToken(t))
+		}
+	}
+	if id == "" || len(args) == 2 {
 		return Preview{}, ErrNotFound
 	}
-	p, err := scanPreview(s.read.QueryRowContext(ctx, `SELECT `+previewColumns+` FROM previews p WHERE p.token_hash = ? AND p.id = ? AND `+livePreview,
-		hashToken(token), id, ms(now)))
+	in := strings.TrimSuffix(strings.Repeat("?,", len(args)-2), ",")
+	p, err := scanPreview(s.read.QueryRowContext(ctx, `SELECT `+previewColumns+` FROM previews p WHERE p.id = ? AND `+livePreview+` AND p.token_hash IN (`+in+`)`,
+		args...))
 	return p, previewErr(err)
 }
 

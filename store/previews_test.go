@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -55,12 +56,23 @@ func TestPreviews(t *testing.T) {
 	if got, err := s.PreviewByToken(ctx, p.ID, token, now); err != nil || got.ID != p.ID || got.Port != 3000 {
 		t.Errorf("by token: %+v %v", got, err)
 	}
+	many := []string{"hlp_a", "hl_key", "", token + "x"}
+	if got, err := s.PreviewByTokens(ctx, p.ID, append(many, token), now); err != nil || got.ID != p.ID {
+		t.Errorf("by one of several tokens: %+v %v", got, err)
+	}
+	past := make([]string, store.MaxPreviewTokens)
+	for i := range past {
+		past[i] = "hlp_" + strconv.Itoa(i)
+	}
 	for what, try := range map[string]func() error{
-		"another preview's id": func() error { _, err := s.PreviewByToken(ctx, kp.ID, token, now); return err },
-		"a wrong token":        func() error { _, err := s.PreviewByToken(ctx, p.ID, token+"x", now); return err },
-		"expired":              func() error { _, err := s.PreviewByToken(ctx, p.ID, token, now.Add(time.Minute)); return err },
-		"another organization": func() error { _, err := s.LivePreview(ctx, other.ID, kp.ID, now); return err },
-		"no organization":      func() error { _, err := s.LivePreview(ctx, "", kp.ID, now); return err },
+		"none of several tokens": func() error { _, err := s.PreviewByTokens(ctx, p.ID, many, now); return err },
+		"a token past the bound": func() error { _, err := s.PreviewByTokens(ctx, p.ID, append(past, token), now); return err },
+		"no token":               func() error { _, err := s.PreviewByTokens(ctx, p.ID, nil, now); return err },
+		"another preview's id":   func() error { _, err := s.PreviewByToken(ctx, kp.ID, token, now); return err },
+		"a wrong token":          func() error { _, err := s.PreviewByToken(ctx, p.ID, token+"x", now); return err },
+		"expired":                func() error { _, err := s.PreviewByToken(ctx, p.ID, token, now.Add(time.Minute)); return err },
+		"another organization":   func() error { _, err := s.LivePreview(ctx, other.ID, kp.ID, now); return err },
+		"no organization":        func() error { _, err := s.LivePreview(ctx, "", kp.ID, now); return err },
 	} {
 		if err := try(); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: %v, want not found", what, err)

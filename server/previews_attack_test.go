@@ -1,11 +1,15 @@
 package server
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPreviewRefererCarriesNoToken: a page reached by a POST with the token
@@ -114,4 +118,86 @@ func TestPreviewTossedCookies(t *testing.T) {
 	}
 	res, body = e.visit(t, home, "Cookie", strings.Join(tossed, "; "))
 	wantNoPreview(t, "tossed cookies only", res, body)
+}
+
+// openStream starts a request to the app's endless /stream through the
+// preview at base and returns its body once the first line is through.
+func (e *previewEnv) openStream(t *testing.T, base string, headers ...string) io.ReadCloser {
+	t.Helper()
+	req, err := http.NewRequest("GET", strings.Replace(base, "https://", "http://", 1)+"stream", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	res, err := e.client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	if res.StatusCode != http.StatusOK || line != "tick\n" {
+		t.Fatalf("stream: %d %q %v", res.StatusCode, line, err)
+	}
+	return res.Body
+}
+
+// wantEnded waits for body to end, and fails if it is still open after a
+// minute.
+func wantEnded(t *testing.T, what string, body io.ReadCloser) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { io.Copy(io.Discard, body); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Errorf("%s: an answer in flight outlived it", what)
+		body.Close()
+	}
+}
+
+// TestPreviewEndsAnswersInFlight: an answer streaming through a preview
+// (server-sent events, a long download) ends when the preview is revoked,
+// when the key that made a token preview is revoked, and when the key of a
+// key preview's visitor is revoked; not only the next request is refused.
+func TestPreviewEndsAnswersInFlight(t *testing.T) {
+	e := newPreviewEnv(t)
+	ctx := context.Background()
+
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	body := e.openStream(t, bare(t, p.URL), "Cookie", previewCookie+"="+p.Token)
+	if rec := e.do("DELETE", "/v1/sandboxes/"+e.id+"/previews/"+p.ID, ""); rec.Code != http.StatusNoContent {
+		t.Fatalf("revoke: %d %s", rec.Code, rec.Body.String())
+	}
+	wantEnded(t, "the preview's revoke", body)
+
+	k2, secret2, err := e.db.CreateKey(ctx, e.org.ID, "maker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	maker := *e.testServer
+	maker.token = secret2
+	p2 := e.createPreview(t, &maker, `{"port":3000}`)
+	body = e.openStream(t, bare(t, p2.URL), "Authorization", "Bearer "+p2.Token)
+	if rec := e.do("DELETE", "/v1/keys/"+k2.ID, ""); rec.Code != http.StatusNoContent {
+		t.Fatalf("revoke the key: %d %s", rec.Code, rec.Body.String())
+	}
+	wantEnded(t, "the revoke of the key that made the preview", body)
+
+	kp := e.createPreview(t, e.testServer, `{"port":3000,"auth":"key"}`)
+	k3, secret3, err := e.db.CreateKey(ctx, e.org.ID, "visitor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = e.openStream(t, kp.URL, "Authorization", "Bearer "+secret3)
+	if rec := e.do("DELETE", "/v1/keys/"+k3.ID, ""); rec.Code != http.StatusNoContent {
+		t.Fatalf("revoke the visitor's key: %d %s", rec.Code, rec.Body.String())
+	}
+	wantEnded(t, "the revoke of the visitor's key", body)
+	res, b := e.visit(t, kp.URL, "Authorization", "Bearer "+secret3)
+	wantNoPreview(t, "a revoked visitor key", res, b)
+	if res, b := e.visit(t, kp.URL, "Authorization", "Bearer "+e.token); res.StatusCode != http.StatusOK {
+		t.Errorf("another live key of the organization after the revoke: %d %s", res.StatusCode, b)
+	}
 }

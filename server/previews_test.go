@@ -64,6 +64,14 @@ func newPreviewApp(t *testing.T) *previewApp {
 				c.WriteMessage(typ, msg)
 			}
 		}
+		// /stream answers a line and then holds the answer open until the
+		// request ends.
+		if r.URL.Path == "/stream" {
+			io.WriteString(w, "tick\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
 		// /set-cookie answers with the Set-Cookie lines its sc parameters
 		// name, as a hostile app would.
 		if r.URL.Path == "/set-cookie" {

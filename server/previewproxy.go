@@ -33,25 +33,26 @@ import (
 // answer with.
 const maxPreviewResponseHeaderBytes = 256 << 10
 
+// hostName is host (a request's Host, maybe with a port) as a lower-case
+// name without the port and without the trailing dot of a fully qualified
+// name, which names the same host.
+func hostName(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.TrimSuffix(strings.ToLower(host), ".")
+}
+
 // isPreviewHost reports whether host (a request's Host, maybe with a port)
 // is a host of the preview domain.
 func (s *Server) isPreviewHost(host string) bool {
 	d := s.previewDomain()
-	if d == "" {
-		return false
-	}
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	return strings.HasSuffix(strings.ToLower(host), "."+d)
+	return d != "" && strings.HasSuffix(hostName(host), "."+d)
 }
 
 // previewID is the preview id a preview host names, or "".
 func (s *Server) previewID(host string) string {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	label, ok := strings.CutSuffix(strings.ToLower(host), "."+s.previewDomain())
+	label, ok := strings.CutSuffix(hostName(host), "."+s.previewDomain())
 	if !ok {
 		return ""
 	}

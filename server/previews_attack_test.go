@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -199,5 +200,93 @@ func TestPreviewEndsAnswersInFlight(t *testing.T) {
 	wantNoPreview(t, "a revoked visitor key", res, b)
 	if res, b := e.visit(t, kp.URL, "Authorization", "Bearer "+e.token); res.StatusCode != http.StatusOK {
 		t.Errorf("another live key of the organization after the revoke: %d %s", res.StatusCode, b)
+	}
+}
+
+// raw sends req, as written, on a new connection to the server and returns
+// the answer.
+func (e *previewEnv) raw(t *testing.T, req string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+// TestPreviewHosts: only a request whose host (the Host header, or the
+// host of an absolute request URI) is a preview host of the domain reaches
+// a sandbox, whatever its case, port or trailing dot; any other host is
+// the API's, an X-Forwarded-Host notwithstanding; and no request on a
+// preview host reaches an API route, with an API key or without.
+func TestPreviewHosts(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	kp := e.createPreview(t, e.testServer, `{"port":3000,"auth":"key"}`)
+	host := strings.TrimSuffix(strings.TrimPrefix(bare(t, p.URL), "https://"), "/")
+	cookie := "Cookie: " + previewCookie + "=" + p.Token + "\r\n"
+	app := func(what string, res *http.Response, body string) {
+		t.Helper()
+		var got seen
+		if res.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &got) != nil || got.Path == "" {
+			t.Errorf("%s: %d %s, want the app's answer", what, res.StatusCode, body)
+		}
+	}
+	api := func(what string, res *http.Response, body string) {
+		t.Helper()
+		if strings.Contains(body, `"path"`) || !strings.Contains(body, `"error"`) || strings.Contains(body, "no such preview") {
+			t.Errorf("%s: %d %s, want the API's answer", what, res.StatusCode, body)
+		}
+	}
+	before := e.app.dials.Load()
+	for _, h := range []string{strings.ToUpper(host), host + ":8443", host + ".", strings.ToUpper(host) + ".:80"} {
+		res, body := e.raw(t, "GET /x HTTP/1.1\r\nHost: "+h+"\r\n"+cookie+"Connection: close\r\n\r\n")
+		app("Host "+h, res, body)
+	}
+	res, body := e.raw(t, "GET http://"+host+"/x HTTP/1.1\r\nHost: api.example\r\n"+cookie+"Connection: close\r\n\r\n")
+	app("an absolute URI of the preview host", res, body)
+	if n := e.app.dials.Load() - before; n != 5 {
+		t.Errorf("the app was dialled %d times, want 5", n)
+	}
+
+	before = e.app.dials.Load()
+	for what, req := range map[string]string{
+		"a host under the preview host's":      "GET / HTTP/1.1\r\nHost: " + host + ".evil\r\n" + cookie + "\r\n",
+		"X-Forwarded-Host":                     "GET / HTTP/1.1\r\nHost: api.example\r\nX-Forwarded-Host: " + host + "\r\n" + cookie + "\r\n",
+		"Forwarded":                            "GET / HTTP/1.1\r\nHost: api.example\r\nForwarded: host=" + host + "\r\n" + cookie + "\r\n",
+		"HTTP/1.0 without a Host":              "GET / HTTP/1.0\r\n" + cookie + "\r\n",
+		"an absolute URI of another host":      "GET http://api.example/ HTTP/1.1\r\nHost: " + host + "\r\n" + cookie + "\r\n",
+		"the preview domain itself":            "GET / HTTP/1.1\r\nHost: preview.test\r\n" + cookie + "\r\n",
+		"an API route with the preview's host": "GET /v1/sandboxes HTTP/1.1\r\nHost: api.example\r\nX-Forwarded-Host: " + host + "\r\n\r\n",
+	} {
+		res, body := e.raw(t, req)
+		api(what, res, body)
+	}
+	res, _ = e.raw(t, "GET / HTTP/1.1\r\nHost: "+host+"\r\nHost: api.example\r\n"+cookie+"\r\n")
+	if res.StatusCode != http.StatusBadRequest {
+		t.Errorf("two Host headers: %d, want 400", res.StatusCode)
+	}
+	if n := e.app.dials.Load() - before; n != 0 {
+		t.Errorf("the app was dialled %d times by requests of other hosts", n)
+	}
+
+	// An API route on a preview host is the app's path, or no preview.
+	kpHost := strings.TrimSuffix(strings.TrimPrefix(kp.URL, "https://"), "/")
+	res, body = e.raw(t, "GET /v1/sandboxes HTTP/1.1\r\nHost: "+host+"\r\nAuthorization: Bearer "+e.token+"\r\n\r\n")
+	wantNoPreview(t, "an API key on a token preview's host", res, body)
+	res, body = e.raw(t, "GET /v1/sandboxes HTTP/1.1\r\nHost: "+kpHost+"\r\nAuthorization: Bearer "+e.token+"\r\n\r\n")
+	var got seen
+	if json.Unmarshal([]byte(body), &got); res.StatusCode != 200 || got.Path != "/v1/sandboxes" || strings.Contains(body, e.id) {
+		t.Errorf("an API route on a key preview's host: %d %s, want the app's", res.StatusCode, body)
 	}
 }

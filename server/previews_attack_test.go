@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
 )
 
 // TestPreviewRefererCarriesNoToken: a page reached by a POST with the token
@@ -288,5 +291,51 @@ func TestPreviewHosts(t *testing.T) {
 	var got seen
 	if json.Unmarshal([]byte(body), &got); res.StatusCode != 200 || got.Path != "/v1/sandboxes" || strings.Contains(body, e.id) {
 		t.Errorf("an API route on a key preview's host: %d %s, want the app's", res.StatusCode, body)
+	}
+}
+
+// TestPreviewHostileApp: an app that answers with something other than
+// HTTP, with headers past the bound, with a protocol switch nobody asked
+// for, or with nothing at all is 502 preview_unreachable, naming nothing
+// of the cluster.
+func TestPreviewHostileApp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	answers := map[string]string{
+		"/garbage":      "HELLO WORLD\r\n\r\n",
+		"/bad-status":   "HTTP/1.1 2000000 OK\r\n\r\n",
+		"/huge-headers": "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", 300<<10) + "\r\n\r\n",
+		"/switch":       "HTTP/1.1 101 Switching Protocols\r\nUpgrade: evil\r\nConnection: Upgrade\r\n\r\n",
+		"/nothing":      "",
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.WriteString(c, answers[req.URL.Path])
+			}()
+		}
+	}()
+	e := newPreviewEnv(t, func(o *Options, _ *control.Options) {
+		o.Previews.Dial = func(*control.Session, int) (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) }
+	})
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	for path := range answers {
+		res, body := e.visit(t, bare(t, p.URL)+strings.TrimPrefix(path, "/"), "Cookie", previewCookie+"="+p.Token)
+		if res.StatusCode != http.StatusBadGateway || !strings.Contains(body, `"`+api.CodePreviewUnreachable+`"`) ||
+			strings.Contains(body, "127.0.0.1") || strings.Contains(body, "aaaa") {
+			t.Errorf("an app answering %s: %d %.300s, want 502 %s", path, res.StatusCode, body, api.CodePreviewUnreachable)
+		}
 	}
 }

@@ -321,7 +321,7 @@ func stripPreviewCredentials(r *http.Request) {
 	auth := r.Header.Values("Authorization")
 	r.Header.Del("Authorization")
 	for _, a := range auth {
-		if b, ok := strings.CutPrefix(a, "Bearer "); !ok || !store.IsKeySecret(b) && !store.IsPreviewToken(b) {
+		if !hiloopCredential(a) {
 			r.Header.Add("Authorization", a)
 		}
 	}
@@ -365,14 +365,27 @@ func refererWithoutToken(ref string) string {
 	return ""
 }
 
-// hiloopBearer is the bearer credential of h when it is hiloop's (an API
-// key or a preview token), else "".
-func hiloopBearer(h http.Header) string {
-	b, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	if ok && (store.IsKeySecret(b) || store.IsPreviewToken(b)) {
-		return b
+// hiloopCredential reports whether the Authorization value a holds an API
+// key or a preview token in the Bearer scheme, however spelt: the scheme's
+// case, and the blanks around the credential, do not matter.
+func hiloopCredential(a string) bool {
+	scheme, cred, _ := strings.Cut(strings.TrimSpace(a), " ")
+	if s2, c2, ok := strings.Cut(scheme, "\t"); ok {
+		scheme, cred = s2, c2+" "+cred
 	}
-	return ""
+	cred = strings.TrimSpace(cred)
+	return strings.EqualFold(scheme, "bearer") && (store.IsKeySecret(cred) || store.IsPreviewToken(cred))
+}
+
+// hiloopBearer is the bearer credential of h when it is hiloop's (an API
+// key or a preview token, hiloopCredential), else "".
+func hiloopBearer(h http.Header) string {
+	a := h.Get("Authorization")
+	if !hiloopCredential(a) {
+		return ""
+	}
+	_, cred, _ := strings.Cut(strings.Join(strings.Fields(a), " "), " ")
+	return cred
 }
 
 // appCookies keeps what a sandbox's app answers to set a cookie to the

@@ -339,3 +339,30 @@ func TestPreviewHostileApp(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviewBearerSpellings: an API key or a preview token in an
+// Authorization of any spelling of the Bearer scheme (the scheme's case
+// does not matter, nor the blanks around the credential) never reaches
+// the app, on a token preview or a key preview.
+func TestPreviewBearerSpellings(t *testing.T) {
+	e := newPreviewEnv(t)
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	kp := e.createPreview(t, e.testServer, `{"port":3000,"auth":"key"}`)
+	for _, secret := range []string{e.token, p.Token} {
+		for _, auth := range []string{"bearer " + secret, "BEARER " + secret, "Bearer  " + secret, "Bearer\t" + secret, "Bearer " + secret + " "} {
+			// An API key on a token preview's host is a key visit, refused.
+			want := http.StatusOK
+			if secret == e.token {
+				want = http.StatusNotFound
+			}
+			res, body := e.visit(t, bare(t, p.URL), "Cookie", previewCookie+"="+p.Token, "Authorization", auth)
+			if res.StatusCode != want || strings.Contains(body, secret) {
+				t.Errorf("a token visit with Authorization %q: %d, the app saw %s", auth, res.StatusCode, body)
+			}
+			res, body = e.visit(t, kp.URL, "Authorization", "Bearer "+e.token, "Authorization", auth)
+			if res.StatusCode != http.StatusOK || strings.Contains(body, secret) {
+				t.Errorf("a key visit with another Authorization %q: %d, the app saw %s", auth, res.StatusCode, body)
+			}
+		}
+	}
+}

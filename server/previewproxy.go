@@ -106,9 +106,8 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v.fromQuery {
-		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: v.token, Path: "/", HttpOnly: true,
-			Secure: s.o.Previews.Scheme == "https", SameSite: http.SameSiteLaxMode, Expires: v.preview.ExpiresAt})
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			http.SetCookie(w, s.previewCookie(v))
 			// The token leaves the address bar, the history and the
 			// Referer: the cookie carries it from now on.
 			u := *r.URL
@@ -287,6 +286,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, v visitor, conn n
 		FlushInterval: -1,
 		ModifyResponse: func(res *http.Response) error {
 			appCookies(res.Header)
+			if v.fromQuery {
+				// Set on the final answer: an informational one before it
+				// takes the writer's headers with it.
+				res.Header.Add("Set-Cookie", s.previewCookie(v).String())
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -297,8 +301,29 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, v visitor, conn n
 			s.writeError(w, r, newError(http.StatusBadGateway, api.CodePreviewUnreachable, "the sandbox's app did not answer with HTTP"))
 		},
 	}
-	rp.ServeHTTP(w, r)
+	rp.ServeHTTP(informational{w}, r)
 }
+
+// previewCookie is the cookie that carries v's token from now on.
+func (s *Server) previewCookie(v visitor) *http.Cookie {
+	return &http.Cookie{Name: previewCookie, Value: v.token, Path: "/", HttpOnly: true,
+		Secure: s.o.Previews.Scheme == "https", SameSite: http.SameSiteLaxMode, Expires: v.preview.ExpiresAt}
+}
+
+// informational passes an app's informational answers (103 Early Hints)
+// on without any Set-Cookie: the proxy copies their headers as they come,
+// past the filter of the final answer's.
+type informational struct{ http.ResponseWriter }
+
+func (w informational) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		w.Header().Del("Set-Cookie")
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the writer's flush and hijack.
+func (w informational) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // sameHostPath is path as a Location that stays on the request's host: a
 // path of "//x" would be read as the host x.

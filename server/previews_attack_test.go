@@ -7,8 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -364,5 +367,65 @@ func TestPreviewBearerSpellings(t *testing.T) {
 				t.Errorf("a key visit with another Authorization %q: %d, the app saw %s", auth, res.StatusCode, body)
 			}
 		}
+	}
+}
+
+// TestPreviewInformational: an app's informational answers (103 Early
+// Hints, 100 Continue) set no cookie, and do not cost a POST with the token
+// in its query the cookie hiloop sets on the final answer.
+func TestPreviewInformational(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nSet-Cookie: "+previewCookie+"=hlp_evil; Domain=preview.test; Path=/\r\nSet-Cookie: sess=1; Domain=preview.test\r\nLink: </a.css>; rel=preload\r\n\r\n"+
+					"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}()
+		}
+	}()
+	e := newPreviewEnv(t, func(o *Options, _ *control.Options) {
+		o.Previews.Dial = func(*control.Session, int) (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) }
+	})
+	p := e.createPreview(t, e.testServer, `{"port":3000}`)
+	var early []string
+	var mu sync.Mutex
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		mu.Lock()
+		defer mu.Unlock()
+		early = append(early, h.Values("Set-Cookie")...)
+		return nil
+	}}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "POST",
+		strings.Replace(p.URL, "https://", "http://", 1), strings.NewReader("form=data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(early) != 0 {
+		t.Errorf("an informational answer set cookies: %q", early)
+	}
+	got := res.Header.Values("Set-Cookie")
+	if res.StatusCode != http.StatusOK || len(got) != 1 || !strings.HasPrefix(got[0], previewCookie+"="+p.Token+";") {
+		t.Errorf("the final answer: %d Set-Cookie %q, want hiloop's cookie alone", res.StatusCode, got)
 	}
 }

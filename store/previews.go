@@ -127,12 +127,12 @@ func scanPreview(sc interface{ Scan(...any) error }) (Preview, error) {
 }
 
 // Previews lists the previews of one of the organization's sandboxes that
-// work at now, oldest first.
+// work at now, oldest first (in the order made, within one millisecond).
 func (s *Store) Previews(ctx context.Context, orgID, sandboxID string, now time.Time) ([]Preview, error) {
 	if orgID == "" {
 		return nil, fmt.Errorf("list previews: %w", errNoOrg)
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT `+previewColumns+` FROM previews p WHERE p.org_id = ? AND p.sandbox_id = ? AND `+livePreview+` ORDER BY p.created_at, p.id`,
+	rows, err := s.read.QueryContext(ctx, `SELECT `+previewColumns+` FROM previews p WHERE p.org_id = ? AND p.sandbox_id = ? AND `+livePreview+` ORDER BY p.created_at, p.rowid`,
 		orgID, sandboxID, ms(now))
 	if err != nil {
 		return nil, fmt.Errorf("list previews: %w", err)

@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -427,5 +430,67 @@ func TestPreviewInformational(t *testing.T) {
 	got := res.Header.Values("Set-Cookie")
 	if res.StatusCode != http.StatusOK || len(got) != 1 || !strings.HasPrefix(got[0], previewCookie+"="+p.Token+";") {
 		t.Errorf("the final answer: %d Set-Cookie %q, want hiloop's cookie alone", res.StatusCode, got)
+	}
+}
+
+// TestPreviewRefusalsAlike: an unknown preview, a wrong token, a revoked
+// preview, an expired one, a token on a key preview's host and another
+// organization's key all get the same answer, header for header, but for
+// the request id.
+func TestPreviewRefusalsAlike(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	e := newPreviewEnv(t, func(_ *Options, co *control.Options) { co.Now = func() time.Time { return time.Unix(0, now.Load()) } })
+	live := e.createPreview(t, e.testServer, `{"port":3000}`)
+	revoked := e.createPreview(t, e.testServer, `{"port":3000}`)
+	expiring := e.createPreview(t, e.testServer, `{"port":3000,"ttl":"1m"}`)
+	kp := e.createPreview(t, e.testServer, `{"port":3000,"auth":"key"}`)
+	if rec := e.do("DELETE", "/v1/sandboxes/"+e.id+"/previews/"+revoked.ID, ""); rec.Code != http.StatusNoContent {
+		t.Fatalf("revoke: %d", rec.Code)
+	}
+	now.Add(int64(time.Minute))
+	orgB, err := e.db.CreateOrg(context.Background(), "b", 10, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, secretB, err := e.db.CreateKey(context.Background(), orgB.ID, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cookie := func(tok string) []string { return []string{"Cookie", previewCookie + "=" + tok} }
+	cases := []struct {
+		what, u string
+		h       []string
+	}{
+		{"an unknown preview", strings.Replace(bare(t, live.URL), "pv-", "pv-a", 1), cookie(live.Token)},
+		{"a wrong token", bare(t, live.URL), cookie("hlp_" + strings.Repeat("x", 43))},
+		{"a revoked preview", bare(t, revoked.URL), cookie(revoked.Token)},
+		{"an expired preview", bare(t, expiring.URL), cookie(expiring.Token)},
+		{"a token on a key preview", kp.URL, []string{"Authorization", "Bearer " + live.Token}},
+		{"another organization's key", kp.URL, []string{"Authorization", "Bearer " + secretB}},
+		{"an unknown API key", kp.URL, []string{"Authorization", "Bearer hl_" + strings.Repeat("x", 43)}},
+	}
+	shape := func(res *http.Response, body string) string {
+		var b api.ErrorBody
+		json.Unmarshal([]byte(body), &b)
+		b.Error.RequestID = ""
+		var keys []string
+		for k := range res.Header {
+			if k != "Date" && k != "X-Request-Id" {
+				keys = append(keys, k+"="+strings.Join(res.Header[k], ","))
+			}
+		}
+		slices.Sort(keys)
+		return fmt.Sprintf("%d %+v %v", res.StatusCode, b, keys)
+	}
+	var first string
+	for _, c := range cases {
+		res, body := e.visit(t, c.u, c.h...)
+		wantNoPreview(t, c.what, res, body)
+		if s := shape(res, body); first == "" {
+			first = s
+		} else if s != first {
+			t.Errorf("%s: %s, unlike %s: %s", c.what, s, cases[0].what, first)
+		}
 	}
 }

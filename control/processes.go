@@ -531,7 +531,10 @@ func (o *ProcessOutput) Done(cut error) (OutputEnd, error) {
 	}
 	res := o.ended()
 	end := OutputEnd{Offset: o.offset + o.n}
-	if cut != nil || errors.Is(res.err, ErrCallerGone) {
+	// Any end but the reader's own leaves it to stop: a runtime may keep
+	// running the command of an exec its caller, a revoke, a stop or the
+	// deadline cut.
+	if cut != nil || res.err != nil {
 		o.stopReader()
 	}
 	switch {

@@ -140,3 +140,26 @@ func TestProcessOutputReaderEndsWithItsSession(t *testing.T) {
 	}
 	eventually.True(t, "the reader in the sandbox ended", func() bool { return !alive(reader) && len(readers()) == 0 })
 }
+
+// TestProcessNumbersParsedStrictly: an exit status or a byte count from a
+// sandbox is read only as the scripts write it.
+func TestProcessNumbersParsedStrictly(t *testing.T) {
+	for in, want := range map[string]int{"0": 0, "7": 7, "143": 143, "255": 255, "007": 7} {
+		if n, ok := exitStatus(in); !ok || n != want {
+			t.Errorf("exitStatus(%q) = %d, %v; want %d", in, n, ok, want)
+		}
+	}
+	for _, in := range []string{"", "256", "-1", "+7", " 7", "7 ", "0x7", "1e2", "seven", "1000", "99999999999999999999"} {
+		if n, ok := exitStatus(in); ok {
+			t.Errorf("exitStatus(%q) = %d; want refused", in, n)
+		}
+	}
+	if n, ok := byteCount("9223372036854775807"); !ok || n != 1<<63-1 {
+		t.Errorf("byteCount of the largest int64: %d %v", n, ok)
+	}
+	for _, in := range []string{"", "-5", "+5", "9223372036854775808", "1e3", "0x10", " 1"} {
+		if n, ok := byteCount(in); ok {
+			t.Errorf("byteCount(%q) = %d; want refused", in, n)
+		}
+	}
+}

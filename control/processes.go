@@ -221,7 +221,7 @@ func (s *Session) notRunning(ctx context.Context, id string, code int, out strin
 	defer cancel()
 	switch code {
 	case exitProcNotRunning:
-		if n, err := strconv.Atoi(strings.TrimSpace(out)); err == nil && n >= 0 && n <= 255 {
+		if n, ok := exitStatus(strings.TrimSpace(out)); ok {
 			s.c.o.Store.ExitProcess(wctx, id, n)
 		}
 	case exitProcMissing:
@@ -413,12 +413,12 @@ func (c *Control) refreshIn(ctx context.Context, s *Session, ps []store.Process)
 			}
 			continue
 		case f[1] != "running":
-			if n, err := strconv.Atoi(f[1]); err == nil && n >= 0 && n <= 255 {
+			if n, ok := exitStatus(f[1]); ok {
 				c.o.Store.ExitProcess(wctx, p.ID, n)
 			}
 		}
 		if len(f) == 3 {
-			if n, err := strconv.ParseInt(f[2], 10, 64); err == nil && n >= 0 {
+			if n, ok := byteCount(f[2]); ok {
 				bytes[p.ID] = n
 			}
 		}
@@ -505,7 +505,9 @@ func (s *Session) ProcessOutput(ctx context.Context, id string, offset int64, fo
 		case res.st.Code != 0:
 			return nil, procExitError(res.st.Code, o.stderr.buf)
 		}
-		return nil, fmt.Errorf("process output: unreadable answer from the sandbox")
+		// Not the script's answer (a sandbox whose sh or utilities were
+		// replaced): the sandbox's doing, not hiloop's failure.
+		return nil, &ProcessError{Kind: ErrProcessRefused, Code: res.st.Code, Stderr: "its answer to the output read was not the script's"}
 	}
 	o.out = br
 	return o, nil
@@ -531,7 +533,10 @@ func (o *ProcessOutput) Done(cut error) (OutputEnd, error) {
 	}
 	res := o.ended()
 	end := OutputEnd{Offset: o.offset + o.n}
-	if cut != nil || errors.Is(res.err, ErrCallerGone) {
+	// Any end but the reader's own leaves it to stop: a runtime may keep
+	// running the command of an exec its caller, a revoke, a stop or the
+	// deadline cut.
+	if cut != nil || res.err != nil {
 		o.stopReader()
 	}
 	switch {
@@ -553,8 +558,8 @@ func (o *ProcessOutput) Done(cut error) (OutputEnd, error) {
 		return end, fmt.Errorf("process output: unreadable end from the sandbox")
 	}
 	if f[2] != "running" {
-		n, err := strconv.Atoi(f[2])
-		if err != nil || n < 0 || n > 255 {
+		n, ok := exitStatus(f[2])
+		if !ok {
 			return end, fmt.Errorf("process output: unreadable exit status from the sandbox")
 		}
 		end.Exited, end.ExitCode, end.Complete = true, n, o.follow
@@ -586,6 +591,26 @@ func (o *ProcessOutput) Close() {
 	o.cancel()
 	o.pr.CloseWithError(errAnswered)
 	o.ended()
+}
+
+// exitStatus reads an exit status as the scripts write it: 1 to 3
+// decimal digits, at most 255, nothing else (no sign, no spaces).
+func exitStatus(s string) (int, bool) {
+	if len(s) == 0 || len(s) > 3 || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, _ := strconv.Atoi(s)
+	return n, n <= 255
+}
+
+// byteCount reads a byte count as the scripts write it: decimal digits
+// that fit an int64, nothing else.
+func byteCount(s string) (int64, bool) {
+	if len(s) == 0 || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
 }
 
 func lastLine(s string) string {

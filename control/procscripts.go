@@ -54,11 +54,23 @@ const (
 // leading zero as octal), sig sends signal $1 to process group $2 (busybox
 // and dash differ on "--"), and lost reports whether the supervisor of the
 // process in $d is gone without having written an exit status (killed by
-// something in the sandbox): such a process is never reported running.
+// something in the sandbox): such a process is never reported running,
+// and lost kills what is left of it (reap), its command's group and the
+// holder of its stdin, since nothing can signal it through hiloop once it
+// is recorded ended. reap takes a pid file's content only as a pid above
+// 1: the files are the sandbox's to write.
 const procFuncs = sizeFunc + `chunk() { printf '%s/out.%016d' "$d" "$1"; }
 num() { x=${1##*/out.}; x=${x#"${x%%[!0]*}"}; echo "${x:-0}"; }
 sig() { kill -s "$1" "-$2" 2>/dev/null || kill -s "$1" -- "-$2"; }
-lost() { [ ! -e "$d/exit" ] && sp=$(cat "$d/sup" 2>/dev/null) && ! kill -s 0 "$sp" 2>/dev/null && [ ! -e "$d/exit" ]; }
+reap() {
+  for rf in pid keeper; do
+    rx=$(cat "$d/$rf" 2>/dev/null) || continue
+    case $rx in ''|*[!0-9]*|0|1) continue;; esac
+    if [ $rf = pid ]; then sig KILL "$rx"; else kill -s KILL "$rx"; fi
+  done 2>/dev/null
+  return 0
+}
+lost() { [ ! -e "$d/exit" ] && sp=$(cat "$d/sup" 2>/dev/null) && ! kill -s 0 "$sp" 2>/dev/null && [ ! -e "$d/exit" ] && reap; }
 `
 
 // supervisorScript runs the command "$@" with its state in the directory

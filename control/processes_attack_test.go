@@ -163,3 +163,27 @@ func TestProcessNumbersParsedStrictly(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessScriptsTakeNoPidOneFromTheSandbox: a pid file the workload
+// rewrote to 1, 0 or not a number is no process to signal or close: a
+// signal to the group -1 would reach every process of the sandbox. The
+// test sends signal 0, which reaches nothing either way, and sees the
+// script refuse (exit 92) where it would have sent it.
+func TestProcessScriptsTakeNoPidOneFromTheSandbox(t *testing.T) {
+	id := "proc_pidone" + strconv.Itoa(os.Getpid())
+	d := filepath.Join(procRoot, id)
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	for _, pid := range []string{"1", "0", "-1", "1 2", ""} {
+		if err := os.WriteFile(filepath.Join(d, "pid"), []byte(pid+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := exec.Command("sh", "-c", signalScript, "sh", id, "0").Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 92 {
+			t.Errorf("signal with pid file %q: %v, want exit 92", pid, err)
+		}
+	}
+}

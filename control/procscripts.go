@@ -57,15 +57,16 @@ const (
 // something in the sandbox): such a process is never reported running,
 // and lost kills what is left of it (reap), its command's group and the
 // holder of its stdin, since nothing can signal it through hiloop once it
-// is recorded ended. reap takes a pid file's content only as a pid above
-// 1: the files are the sandbox's to write.
+// is recorded ended. pidf prints the pid in the file $1 of $d, and fails
+// unless it is a pid above 1: the files are the sandbox's to write, and a
+// signal to -1 or to group 1 would reach every process of the sandbox.
 const procFuncs = sizeFunc + `chunk() { printf '%s/out.%016d' "$d" "$1"; }
 num() { x=${1##*/out.}; x=${x#"${x%%[!0]*}"}; echo "${x:-0}"; }
 sig() { kill -s "$1" "-$2" 2>/dev/null || kill -s "$1" -- "-$2"; }
+pidf() { v=$(cat "$d/$1" 2>/dev/null) || return 1; case $v in ''|*[!0-9]*|0|1) return 1;; esac; echo "$v"; }
 reap() {
   for rf in pid keeper; do
-    rx=$(cat "$d/$rf" 2>/dev/null) || continue
-    case $rx in ''|*[!0-9]*|0|1) continue;; esac
+    rx=$(pidf $rf) || continue
     if [ $rf = pid ]; then sig KILL "$rx"; else kill -s KILL "$rx"; fi
   done 2>/dev/null
   return 0
@@ -216,7 +217,7 @@ const signalScript = procFuncs + `d=` + procRoot + `/$1
 [ -d "$d" ] || exit 92
 exited() { [ -e "$d/exit" ] && { cat "$d/exit"; exit 97; }; }
 exited
-p=$(cat "$d/pid") || exit 92
+p=$(pidf pid) || exit 92
 sig "$2" "$p" || { exited; exit 94; }`
 
 // stdinScript writes exactly $2 bytes of stdin to the stdin of process $1,
@@ -232,5 +233,5 @@ d=` + procRoot + `/$1
 exec 3<>"$d/in" || exit 94
 head -c "$2" >&3 || exit 94
 exec 3>&-
-if [ "$3" = 1 ]; then k=$(cat "$d/keeper") && kill "$k" 2>/dev/null; fi
+if [ "$3" = 1 ]; then k=$(cat "$d/keeper") && case $k in ''|*[!0-9]*|0|1) ;; *) kill "$k" 2>/dev/null;; esac; fi
 exit 0`

@@ -27,7 +27,7 @@ chart:
 	@helm=$$(testdata/cluster/build.sh | tail -n1)/helm && \
 	  $$helm template hiloop deploy/chart --include-crds > deploy/hiloop.yaml && \
 	  $$helm template hiloop deploy/chart -f deploy/chart/values-local.yaml > localcluster/assets/boundary.yaml && \
-	  $$helm template hiloop deploy/chart $(foreach t,$(BOUNDARY_TEMPLATES),--show-only templates/$(t).yaml) > k8s/chart-boundary.yaml
+	  $$helm template hiloop deploy/chart $(foreach t,$(BOUNDARY_TEMPLATES),--show-only templates/$(t).yaml) > boundary/chart-boundary.yaml
 
 # image builds the OCI image of the static binary without a container
 # daemon (deploy/image), tagged as the chart's default image, into a tarball

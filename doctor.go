@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/hiloop/hiloop/app"
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -45,10 +46,10 @@ func (d *DoctorCmd) Run(ctx context.Context, stdout io.Writer) error {
 	}
 	checks = append(checks, api)
 	bctx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
-	checks = append(checks, clients.CheckBoundary(bctx, d.BoundaryOptions())...)
+	checks = append(checks, boundary.Check(bctx, clients, d.BoundaryOptions())...)
 	cancel()
 	ectx, cancel := context.WithTimeout(ctx, d.ClusterTimeout)
-	checks = append(checks, clients.CheckEgress(ectx, d.Namespace))
+	checks = append(checks, boundary.CheckEgress(ectx, clients, d.Namespace))
 	cancel()
 	failed := 0
 	for _, c := range checks {

@@ -19,14 +19,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hiloop/hiloop/app"
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/sandbox"
 )
 
 // tuneGC: every packet of an SSH session or forward allocates in x/crypto,
 // and the default GC target spends much of a forward's CPU collecting
-// (BenchmarkForwardThroughput: about 250 MB/s at 100%, 290 at 400%).
+// (BenchmarkForwardThroughput; docs/benchmarks.md has the figures).
 // serve's live heap is small (the mirror's caches, a few KB a sandbox), so
 // it collects at 400%, under a soft memory limit of three quarters of its
 // container's memory limit when it has one. GOGC and GOMEMLIMIT in the
@@ -235,7 +235,7 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if d.BoundaryFile == "" {
 		// The local cluster installs the chart with values-local.yaml, and
 		// its self-check holds it to that rendering.
-		if d.Expected, err = k8s.ParseBoundary(localcluster.BoundaryYAML()); err != nil {
+		if d.Expected, err = boundary.Parse(localcluster.BoundaryYAML()); err != nil {
 			return err
 		}
 	}

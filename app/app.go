@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
@@ -217,7 +218,7 @@ func (a *App) buildCore(ctx context.Context) error {
 		Limits: control.Limits{PerSandbox: cfg.ExecPerSandbox, PerOrg: cfg.ExecPerOrg, APIKeysPerOrg: cfg.MaxAPIKeysPerOrg, SSHKeysPerOrg: cfg.MaxSSHKeysPerOrg,
 			WakeWaitsPerKey: cfg.MaxWaitingWakesPerKey, WakeWaitsPerOrg: cfg.MaxWaitingWakesPerOrg, PreviewsPerSandbox: cfg.MaxPreviewsPerSandbox},
 		Boundary: func(ctx context.Context) []cluster.Check {
-			return a.clients.CheckBoundary(ctx, cfg.BoundaryOptions())
+			return boundary.Check(ctx, a.clients, cfg.BoundaryOptions())
 		},
 		BoundaryInterval:   cfg.SelfCheck,
 		EventRetention:     cfg.EventRetention,
@@ -274,9 +275,7 @@ func (a *App) buildHTTP() error {
 	}
 	api, err := server.New(server.Options{
 		Control: a.core, Log: a.log, HostKey: a.hostKey, SSHPort: sshPort, Metrics: a.met,
-		// An upload may take as long as it keeps moving: its body's
-		// deadline moves ahead by the I/O timeout with each read.
-		MaxFileBytes: cfg.MaxFileSize, FileIdleTimeout: cfg.HTTPIOTimeout, Previews: previews,
+		MaxFileBytes: cfg.MaxFileSize, Previews: previews,
 		RateLimits: server.RateLimits{PerKey: rate.Limit(cfg.RateLimit), Burst: int(2 * cfg.RateLimit),
 			Creates: rate.Limit(cfg.CreateRateLimit), CreateBurst: int(5 * cfg.CreateRateLimit),
 			PerOrg: rate.Limit(cfg.OrgRateLimit), OrgBurst: max(1, int(2*cfg.OrgRateLimit)),
@@ -297,13 +296,13 @@ func (a *App) buildHTTP() error {
 	if err != nil {
 		return err
 	}
-	limits := &httpLimits{IOTimeout: cfg.HTTPIOTimeout, MaxHeaderReads: cfg.HTTPMaxHeaderReads,
+	limits := &server.ConnLimits{IOTimeout: cfg.HTTPIOTimeout, MaxHeaderReads: cfg.HTTPMaxHeaderReads,
 		MaxHeaderReadsPerSource: cfg.HTTPMaxHeaderReadsPerSource, Metrics: a.met}
-	a.api, a.ln = limits.server(api, a.ln)
+	a.api, a.ln = limits.Server(api, a.ln)
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", a.met.Handler())
-		a.metrics, a.metricsLn = limits.server(mux, a.metricsLn)
+		a.metrics, a.metricsLn = limits.Server(mux, a.metricsLn)
 	}
 	return nil
 }

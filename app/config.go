@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
@@ -43,7 +44,7 @@ type ClusterFlags struct {
 	// Expected is the boundary the self-check holds the cluster to: the
 	// one BoundaryFile holds, read by Check, or one set before New (hiloop
 	// dev's local cluster); nil for the chart's default, built in.
-	Expected *k8s.Boundary `kong:"-"`
+	Expected *boundary.Objects `kong:"-"`
 }
 
 // Check checks the flags, naming the flag that fails, and reads
@@ -71,7 +72,7 @@ func (f *ClusterFlags) Check() error {
 		if err != nil {
 			return fmt.Errorf("--boundary-file: %w", err)
 		}
-		if f.Expected, err = k8s.ParseBoundary(raw); err != nil {
+		if f.Expected, err = boundary.Parse(raw); err != nil {
 			return fmt.Errorf("--boundary-file: %s is not a rendering of the hiloop chart: %w", f.BoundaryFile, err)
 		}
 	}
@@ -79,8 +80,8 @@ func (f *ClusterFlags) Check() error {
 }
 
 // BoundaryOptions are what the isolation self-check holds the cluster to.
-func (f *ClusterFlags) BoundaryOptions() k8s.BoundaryOptions {
-	return k8s.BoundaryOptions{Namespace: f.Namespace, RuntimeClass: f.RuntimeClass, SessionPort: f.SessionPort, NoGVisor: f.NoGVisor,
+func (f *ClusterFlags) BoundaryOptions() boundary.Options {
+	return boundary.Options{Namespace: f.Namespace, RuntimeClass: f.RuntimeClass, SessionPort: f.SessionPort, NoGVisor: f.NoGVisor,
 		Expected: f.Expected}
 }
 
@@ -151,7 +152,7 @@ type Config struct {
 	// Limits of the HTTP listeners (API and metrics) on what a client can
 	// hold before a handler sees its request, or while the server waits on
 	// it (docs/api.md, "Rate limits and key limits").
-	HTTPIOTimeout               time.Duration `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may go without a byte, and take to arrive once its headers did (plus a second per 16 KiB it brings), and how long one write of an answer may wait for the client to take it; past any of them the connection is closed."`
+	HTTPIOTimeout               time.Duration `name:"http-io-timeout" default:"1m" env:"HILOOP_HTTP_IO_TIMEOUT" help:"How long a request's body may go without a byte, and take to arrive once hiloop starts reading it (plus a second per 16 KiB it brings), and how long one write of an answer may wait for the client to take it; past any of them the connection is closed."`
 	HTTPMaxHeaderReads          int           `name:"http-max-header-reads" default:"256" env:"HILOOP_HTTP_MAX_HEADER_READS" help:"Most HTTP connections reading a request's headers over more than one read at once (each may hold up to 512 KiB of them for up to 10s before any key is checked; a request whose headers come in one read holds no place); one more is closed."`
 	HTTPMaxHeaderReadsPerSource int           `name:"http-max-header-reads-per-source" default:"32" env:"HILOOP_HTTP_MAX_HEADER_READS_PER_SOURCE" help:"The same, per client address (an IPv6 /64)."`
 

@@ -23,7 +23,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/hiloop/hiloop/k8s"
+	"github.com/hiloop/hiloop/boundary"
 )
 
 // helm is the pinned helm that testdata/cluster/build.sh builds beside the
@@ -60,7 +60,7 @@ func TestRenderingsMatchChart(t *testing.T) {
 	}{
 		{"hiloop.yaml", []string{"template", "hiloop", "deploy/chart", "--include-crds"}},
 		{"../localcluster/assets/boundary.yaml", []string{"template", "hiloop", "deploy/chart", "-f", "deploy/chart/values-local.yaml"}},
-		{"../k8s/chart-boundary.yaml", []string{"template", "hiloop", "deploy/chart", "--show-only", "templates/namespaces.yaml",
+		{"../boundary/chart-boundary.yaml", []string{"template", "hiloop", "deploy/chart", "--show-only", "templates/namespaces.yaml",
 			"--show-only", "templates/runtimeclass.yaml", "--show-only", "templates/admission.yaml",
 			"--show-only", "templates/networkpolicy.yaml", "--show-only", "templates/quota.yaml"}},
 	} {
@@ -203,12 +203,12 @@ func TestDefaultRendering(t *testing.T) {
 	if rc.Handler != "runsc" || rc.Overhead == nil || rc.Overhead.PodFixed.Memory().IsZero() {
 		t.Errorf("RuntimeClass gvisor: handler %q, overhead %v", rc.Handler, rc.Overhead)
 	}
-	for _, name := range []string{k8s.PolicySandbox, k8s.PolicyPod} {
+	for _, name := range []string{boundary.PolicySandbox, boundary.PolicyPod} {
 		p := decode[admissionv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy/"+name)
 		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
 			t.Errorf("%s: failurePolicy %v", name, p.Spec.FailurePolicy)
 		}
-		for _, rule := range k8s.PolicyRules {
+		for _, rule := range boundary.PolicyRules {
 			if !slices.ContainsFunc(p.Spec.Validations, func(v admissionv1.Validation) bool { return strings.HasPrefix(v.Message, "["+rule+"]") }) {
 				t.Errorf("%s: no rule [%s]", name, rule)
 			}
@@ -225,7 +225,7 @@ func TestDefaultRendering(t *testing.T) {
 			t.Errorf("binding %s selects %v", name, sel)
 		}
 	}
-	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+k8s.NetworkPolicy)
+	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+boundary.NetworkPolicy)
 	var excepts []string
 	for _, r := range np.Spec.Egress {
 		for _, p := range r.To {
@@ -234,12 +234,12 @@ func TestDefaultRendering(t *testing.T) {
 			}
 		}
 	}
-	for _, d := range k8s.DeniedCIDRs {
+	for _, d := range boundary.DeniedCIDRs {
 		if !slices.Contains(excepts, d) {
 			t.Errorf("NetworkPolicy: egress does not except %s", d)
 		}
 	}
-	q := decode[corev1.ResourceQuota](t, objs, "ResourceQuota/"+k8s.QuotaName)
+	q := decode[corev1.ResourceQuota](t, objs, "ResourceQuota/"+boundary.QuotaName)
 	for _, r := range []corev1.ResourceName{"count/sandboxes.agents.x-k8s.io", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory",
 		"requests.storage", "persistentvolumeclaims"} {
 		if _, ok := q.Spec.Hard[r]; !ok {
@@ -294,12 +294,12 @@ func TestDefaultRendering(t *testing.T) {
 	// The ConfigMap the self-check reads holds exactly the boundary built
 	// into hiloop for the default values.
 	cm := decode[corev1.ConfigMap](t, objs, "ConfigMap/hiloop-boundary")
-	fromMap, err := k8s.ParseBoundary([]byte(cm.Data["boundary.yaml"]))
+	fromMap, err := boundary.Parse([]byte(cm.Data["boundary.yaml"]))
 	if err != nil {
 		t.Fatalf("ConfigMap hiloop-boundary: %v", err)
 	}
-	if !equality.Semantic.DeepEqual(fromMap, k8s.ChartBoundary()) {
-		t.Error("ConfigMap hiloop-boundary differs from k8s/chart-boundary.yaml")
+	if !equality.Semantic.DeepEqual(fromMap, boundary.Chart()) {
+		t.Error("ConfigMap hiloop-boundary differs from boundary/chart-boundary.yaml")
 	}
 
 	// hiloop's RBAC: named verbs only, no Secrets, no pod creation.
@@ -354,7 +354,7 @@ func TestRenderingOptions(t *testing.T) {
 	if img := ctl.Spec.Template.Spec.Containers[0].Image; img != "registry.k8s.io/agent-sandbox/agent-sandbox-controller@sha256:"+strings.Repeat("b", 64) {
 		t.Errorf("controller image %s", img)
 	}
-	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+k8s.NetworkPolicy)
+	np := decode[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy/"+boundary.NetworkPolicy)
 	v4, v6 := np.Spec.Egress[1].To[0].IPBlock, np.Spec.Egress[1].To[1].IPBlock
 	for _, c := range []struct {
 		block *networkingv1.IPBlock

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
@@ -683,11 +684,11 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 		for _, e := range escapes {
 			t.Run(e.name, func(t *testing.T) {
 				if e.spec != nil || e.sandbox != nil {
-					if err := createSandbox(e); !refusedBy(err, k8s.PolicySandbox, e.rule) {
-						t.Errorf("Sandbox create: want refused by %s [%s], got %v", k8s.PolicySandbox, e.rule, err)
+					if err := createSandbox(e); !refusedBy(err, boundary.PolicySandbox, e.rule) {
+						t.Errorf("Sandbox create: want refused by %s [%s], got %v", boundary.PolicySandbox, e.rule, err)
 					}
-					if err := updateSandbox(e); !e.createOnly && !refusedBy(err, k8s.PolicySandbox, e.rule) {
-						t.Errorf("Sandbox patch: want refused by %s [%s], got %v", k8s.PolicySandbox, e.rule, err)
+					if err := updateSandbox(e); !e.createOnly && !refusedBy(err, boundary.PolicySandbox, e.rule) {
+						t.Errorf("Sandbox patch: want refused by %s [%s], got %v", boundary.PolicySandbox, e.rule, err)
 					}
 				}
 				if e.spec == nil && e.pod == nil {
@@ -697,10 +698,10 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 				switch {
 				case e.invalid && apierrors.IsInvalid(err) && !strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
 					// Refused by the API server's validation, before admission.
-				case refusedBy(err, k8s.PolicyPod, e.rule):
+				case refusedBy(err, boundary.PolicyPod, e.rule):
 				case e.pss && !lifted && err != nil && strings.Contains(err.Error(), "violates PodSecurity"):
 				default:
-					t.Errorf("pod: want refused by %s [%s], got %v", k8s.PolicyPod, e.rule, err)
+					t.Errorf("pod: want refused by %s [%s], got %v", boundary.PolicyPod, e.rule, err)
 				}
 			})
 		}
@@ -780,7 +781,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for who, cl := range map[string]*k8s.Clients{"hiloop": hiloop, "admin": admin} {
-				if err := patchTo(cl, tc.mutate, dryPatch); !refusedBy(err, k8s.PolicySandbox, "immutable") {
+				if err := patchTo(cl, tc.mutate, dryPatch); !refusedBy(err, boundary.PolicySandbox, "immutable") {
 					t.Errorf("merge patch by %s: want refused [immutable], got %v", who, err)
 				}
 			}
@@ -792,7 +793,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 			toJSON, _ := json.Marshal(to.Spec)
 			ops, _ := json.Marshal([]map[string]any{{"op": "test", "path": "/spec", "value": json.RawMessage(fromJSON)},
 				{"op": "replace", "path": "/spec", "value": json.RawMessage(toJSON)}})
-			if _, err := sandboxes(hiloop).Patch(ctx, name, types.JSONPatchType, ops, dryPatch); !refusedBy(err, k8s.PolicySandbox, "immutable") {
+			if _, err := sandboxes(hiloop).Patch(ctx, name, types.JSONPatchType, ops, dryPatch); !refusedBy(err, boundary.PolicySandbox, "immutable") {
 				t.Errorf("JSON patch by hiloop: want refused [immutable], got %v", err)
 			}
 		})
@@ -841,7 +842,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 		"create with a field manager":      createWith(ctx, t, hiloop, ns, metav1.CreateOptions{FieldManager: "hiloop", DryRun: []string{metav1.DryRunAll}}),
 		"an apply create of a new Sandbox": applyCreate(ctx, hiloop, ns),
 	} {
-		if !refusedBy(err, k8s.PolicySandbox, "write-vocabulary") {
+		if !refusedBy(err, boundary.PolicySandbox, "write-vocabulary") {
 			t.Errorf("%s by hiloop: want refused [write-vocabulary], got %v", what, err)
 		}
 	}
@@ -858,7 +859,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 		"volumes":    `[{"op":"add","path":"/spec/podTemplate/spec/volumes/-","value":{"name":"x","nfs":{"server":"198.51.100.1","path":"/"}}}]`,
 		"privileged": `[{"op":"add","path":"/spec/podTemplate/spec/containers/0/securityContext","value":{"privileged":true}}]`,
 	} {
-		if _, err := sandboxes(hiloop).Patch(ctx, name, types.JSONPatchType, []byte(ops), dryPatch); !refusedBy(err, k8s.PolicySandbox, rule) {
+		if _, err := sandboxes(hiloop).Patch(ctx, name, types.JSONPatchType, []byte(ops), dryPatch); !refusedBy(err, boundary.PolicySandbox, rule) {
 			t.Errorf("JSON patch by hiloop: want refused [%s], got %v", rule, err)
 		}
 	}
@@ -888,7 +889,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 		"capabilities": {Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_PTRACE"}}},
 		"seccomp":      {SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}},
 	} {
-		if err := withEphemeral(sc); !refusedBy(err, k8s.PolicyPod, rule) {
+		if err := withEphemeral(sc); !refusedBy(err, boundary.PolicyPod, rule) {
 			t.Errorf("ephemeral container: want refused [%s], got %v", rule, err)
 		}
 	}
@@ -897,7 +898,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	}
 	tolerant := pod.DeepCopy()
 	tolerant.Spec.Tolerations = append(tolerant.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
-	if _, err := admin.Kube.CoreV1().Pods(ns).Update(ctx, tolerant, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, k8s.PolicyPod, "tolerations") {
+	if _, err := admin.Kube.CoreV1().Pods(ns).Update(ctx, tolerant, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, boundary.PolicyPod, "tolerations") {
 		t.Errorf("toleration added to the live pod: want refused [tolerations], got %v", err)
 	}
 	// A service account hiloop's account made with an image pull secret:
@@ -913,7 +914,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	// The key volume stays; the claim is the other pod's.
 	pulling.Spec.Volumes = slices.DeleteFunc(pulling.Spec.Volumes, func(v corev1.Volume) bool { return v.Name != k8s.GatewayKeyVolume })
 	pulling.Spec.Containers[0].VolumeMounts = nil
-	if _, err := admin.Kube.CoreV1().Pods(ns).Create(ctx, pulling, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, k8s.PolicyPod, "pod-fields") {
+	if _, err := admin.Kube.CoreV1().Pods(ns).Create(ctx, pulling, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !refusedBy(err, boundary.PolicyPod, "pod-fields") {
 		t.Errorf("a pod whose service account carries an image pull secret: want refused [pod-fields], got %v", err)
 	}
 	annotated := pod.DeepCopy()
@@ -1027,7 +1028,7 @@ func TestAdmissionValues(t *testing.T) {
 			sb.Spec.VolumeClaimTemplates[0].Spec.StorageClassName = ptr.To("slow")
 		}},
 	} {
-		if err := create(func(sb *v1beta1.Sandbox) { allowed(sb); tc.mutate(sb) }); !refusedBy(err, k8s.PolicySandbox, tc.rule) {
+		if err := create(func(sb *v1beta1.Sandbox) { allowed(sb); tc.mutate(sb) }); !refusedBy(err, boundary.PolicySandbox, tc.rule) {
 			t.Errorf("%s: want refused [%s], got %v", tc.name, tc.rule, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
@@ -121,10 +122,10 @@ func TestSelfCheck(t *testing.T) {
 	}
 
 	// The binding deleted.
-	kubectl("delete", "validatingadmissionpolicybinding", k8s.PolicySandbox)
-	refused("ValidatingAdmissionPolicyBinding " + k8s.PolicySandbox)
+	kubectl("delete", "validatingadmissionpolicybinding", boundary.PolicySandbox)
+	refused("ValidatingAdmissionPolicyBinding " + boundary.PolicySandbox)
 	out, code = doctor(t, "--kubeconfig", c.Kubeconfig)
-	if code != 1 || !strings.Contains(out, "FAIL    ValidatingAdmissionPolicyBinding "+k8s.PolicySandbox+": missing") || !strings.Contains(out, "fix: ") {
+	if code != 1 || !strings.Contains(out, "FAIL    ValidatingAdmissionPolicyBinding "+boundary.PolicySandbox+": missing") || !strings.Contains(out, "fix: ") {
 		t.Errorf("doctor without the binding: exit %d\n%s", code, out)
 	}
 	// Mirroring goes on: a stop outside hiloop is still seen.
@@ -138,9 +139,9 @@ func TestSelfCheck(t *testing.T) {
 	in.WaitState(in.Token, running.ID, "running")
 
 	// failurePolicy relaxed.
-	kubectl("patch", "validatingadmissionpolicy", k8s.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Ignore"}}`)
-	refused("ValidatingAdmissionPolicy " + k8s.PolicyPod)
-	kubectl("patch", "validatingadmissionpolicy", k8s.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Fail"}}`)
+	kubectl("patch", "validatingadmissionpolicy", boundary.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Ignore"}}`)
+	refused("ValidatingAdmissionPolicy " + boundary.PolicyPod)
+	kubectl("patch", "validatingadmissionpolicy", boundary.PolicyPod, "--type=merge", "-p", `{"spec":{"failurePolicy":"Fail"}}`)
 	lifted()
 
 	// The namespace's Pod Security weakened.
@@ -201,11 +202,11 @@ func TestBrokenBoundaryServes(t *testing.T) {
 	for range 3 {
 		sbs = append(sbs, in.Create(in.Token, "busybox", "--wait"))
 	}
-	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, k8s.QuotaName, "--type=merge",
+	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, boundary.QuotaName, "--type=merge",
 		"-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"1000000"}}}`); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	object := "ResourceQuota " + c.Namespace + "/" + k8s.QuotaName
+	object := "ResourceQuota " + c.Namespace + "/" + boundary.QuotaName
 	eventually.Within(t, "creates refused naming the quota", 15*time.Second, func() (bool, error) {
 		status, body := tryCreate(t, in)
 		return status == 503 && errorCode(t, body) == "cluster_not_hardened" && strings.Contains(body, object) &&
@@ -234,7 +235,7 @@ func TestBrokenBoundaryServes(t *testing.T) {
 		t.Errorf("/readyz after the stop and delete: %d %s", status, body)
 	}
 
-	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, k8s.QuotaName, "--type=merge",
+	if out, err := c.Kubectl(ctx, "patch", "resourcequota", "-n", c.Namespace, boundary.QuotaName, "--type=merge",
 		"-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"100000"}}}`); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -270,7 +271,7 @@ func TestInsecureNoGVisor(t *testing.T) {
 	}
 	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", `{"image":"busybox"}`)
 	if status != 422 || errorCode(t, body) != "cluster_rejected" ||
-		!strings.Contains(body, "admission policy "+k8s.PolicySandbox+" refused the sandbox: [runtime-class]") {
+		!strings.Contains(body, "admission policy "+boundary.PolicySandbox+" refused the sandbox: [runtime-class]") {
 		t.Fatalf("insecure create on a hardened cluster: %d %s", status, body)
 	}
 	if n := strings.Count(kc("get", "sandboxes", "-n", c.Namespace, "-o", "name"), "sandbox"); n != 0 {
@@ -337,9 +338,9 @@ func helmTemplate(t *testing.T, args ...string) string {
 func TestClusterQuota(t *testing.T) {
 	ns := e2e.NewNamespace(t)
 	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), ns)
-	e2e.Kubectl(t, "patch", "resourcequota", "-n", ns, k8s.QuotaName, "--type=merge", "-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"2"}}}`)
+	e2e.Kubectl(t, "patch", "resourcequota", "-n", ns, boundary.QuotaName, "--type=merge", "-p", `{"spec":{"hard":{"count/sandboxes.agents.x-k8s.io":"2"}}}`)
 	eventually.Within(t, "quota of 2 computed", 30*time.Second, func() (bool, error) {
-		q, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), k8s.QuotaName, metav1.GetOptions{})
+		q, err := e2e.SharedCluster(t).Clients.Kube.CoreV1().ResourceQuotas(ns).Get(context.Background(), boundary.QuotaName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -378,17 +379,17 @@ func TestClusterQuota(t *testing.T) {
 // in the local cluster: there is no CNI).
 func TestBoundaryReadBack(t *testing.T) {
 	c := e2e.SharedCluster(t)
-	exp, err := k8s.ParseBoundary(localcluster.BoundaryYAML())
+	exp, err := boundary.Parse(localcluster.BoundaryYAML())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ch := range c.Clients.CheckBoundary(context.Background(), k8s.BoundaryOptions{Namespace: k8s.DefaultNamespace,
+	for _, ch := range boundary.Check(context.Background(), c.Clients, boundary.Options{Namespace: k8s.DefaultNamespace,
 		RuntimeClass: k8s.DefaultRuntimeClass, SessionPort: k8s.DefaultSessionPort, Expected: exp}) {
 		if !ch.OK {
 			t.Errorf("%s: %s (%s)", ch.Object, ch.Problem, ch.Detail)
 		}
 	}
-	np, err := c.Clients.Kube.NetworkingV1().NetworkPolicies(k8s.DefaultNamespace).Get(context.Background(), k8s.NetworkPolicy, metav1.GetOptions{})
+	np, err := c.Clients.Kube.NetworkingV1().NetworkPolicies(k8s.DefaultNamespace).Get(context.Background(), boundary.NetworkPolicy, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +401,7 @@ func TestBoundaryReadBack(t *testing.T) {
 			}
 		}
 	}
-	for _, d := range k8s.DeniedCIDRs {
+	for _, d := range boundary.DeniedCIDRs {
 		if !slices.Contains(excepts, d) {
 			t.Errorf("egress does not except %s: %v", d, excepts)
 		}
@@ -480,12 +481,12 @@ current-context: c
 		{[]string{"create", "sandboxes.agents.x-k8s.io", "-n", "default"}, "no"},
 		{[]string{"list", "pods", "-n", "kube-system"}, "no"},
 		{[]string{"create", "pods", "--subresource=exec", "-n", "kube-system"}, "no"},
-		{[]string{"update", "validatingadmissionpolicies/" + k8s.PolicySandbox}, "no"},
-		{[]string{"delete", "validatingadmissionpolicybindings/" + k8s.PolicySandbox}, "no"},
+		{[]string{"update", "validatingadmissionpolicies/" + boundary.PolicySandbox}, "no"},
+		{[]string{"delete", "validatingadmissionpolicybindings/" + boundary.PolicySandbox}, "no"},
 		{[]string{"create", "validatingadmissionpolicybindings"}, "no"},
 		{[]string{"patch", "namespaces/" + k8s.DefaultNamespace}, "no"},
-		{[]string{"delete", "networkpolicies/" + k8s.NetworkPolicy, "-n", k8s.DefaultNamespace}, "no"},
-		{[]string{"update", "resourcequotas/" + k8s.QuotaName, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"delete", "networkpolicies/" + boundary.NetworkPolicy, "-n", k8s.DefaultNamespace}, "no"},
+		{[]string{"update", "resourcequotas/" + boundary.QuotaName, "-n", k8s.DefaultNamespace}, "no"},
 		{[]string{"create", "rolebindings", "-n", k8s.DefaultNamespace}, "no"},
 		{[]string{"create", "serviceaccounts", "--subresource=token", "-n", k8s.DefaultNamespace}, "no"},
 	} {
@@ -524,7 +525,7 @@ func TestInstallManifestApplies(t *testing.T) {
 	// addresses: the API server advertises the machine's own address, and
 	// unless that is in a range denied whatever the cluster, doctor's
 	// egress check fails naming it, and only that check.
-	out, code := doctor(t, "--kubeconfig", c.Kubeconfig, "--boundary-file", e2e.Path(t, "k8s/chart-boundary.yaml"))
+	out, code := doctor(t, "--kubeconfig", c.Kubeconfig, "--boundary-file", e2e.Path(t, "boundary/chart-boundary.yaml"))
 	fails := 0
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "FAIL") {

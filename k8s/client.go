@@ -1,7 +1,9 @@
 // Package k8s is hiloop's access to the cluster: client construction, the
-// self-checks serve runs before it takes traffic, rendering a sandbox into an
-// agents.x-k8s.io/v1beta1 Sandbox, and the small write vocabulary (create,
-// patch mode and expiry, annotate, delete).
+// checks that the cluster answers and serves the Sandbox API, rendering a
+// sandbox into an agents.x-k8s.io/v1beta1 Sandbox, the small write
+// vocabulary (create, patch mode and expiry, annotate, delete) and exec.
+// The isolation self-check, which reads the boundary's objects through
+// these clients, is package boundary.
 package k8s
 
 import (
@@ -111,7 +113,7 @@ func (c *Clients) CheckReachable(ctx context.Context, timeout time.Duration) err
 	if ctx.Err() != nil {
 		return fmt.Errorf("cluster at %s: no answer within %s", host, timeout)
 	}
-	return fmt.Errorf("cluster at %s: unreachable: %s", host, shortError(err))
+	return fmt.Errorf("cluster at %s: unreachable: %s", host, ShortError(err))
 }
 
 // CheckSandboxAPI reports whether the API server serves the sandboxes
@@ -134,7 +136,7 @@ func (c *Clients) CheckSandboxAPI(ctx context.Context) error {
 		return fmt.Errorf("%w: %s/%s is not served (is the agent-sandbox CRD installed?)", ErrNotReady, SandboxGroup, SandboxVersion)
 	}
 	if err != nil {
-		return fmt.Errorf("discover %s/%s: %s", SandboxGroup, SandboxVersion, shortError(err))
+		return fmt.Errorf("discover %s/%s: %s", SandboxGroup, SandboxVersion, ShortError(err))
 	}
 	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == SandboxResource }) {
 		return fmt.Errorf("%w: %s is not served at %s/%s", ErrNotReady, SandboxResource, SandboxGroup, SandboxVersion)
@@ -142,8 +144,9 @@ func (c *Clients) CheckSandboxAPI(ctx context.Context) error {
 	return nil
 }
 
-// shortError trims the repetition client-go errors carry ("Get \"https://...\": dial tcp ...").
-func shortError(err error) string {
+// ShortError is an API server error without the request client-go puts
+// before it ("Get \"https://...\": dial tcp ..."), as a check reports it.
+func ShortError(err error) string {
 	msg := err.Error()
 	if i := strings.LastIndex(msg, "\": "); i >= 0 {
 		msg = msg[i+3:]

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/k8s"
 )
 
@@ -87,7 +88,7 @@ func (c *Cluster) denyAPIServer(ctx context.Context, objs []*unstructured.Unstru
 		}
 	}
 	for _, o := range objs {
-		if o.GetKind() != "NetworkPolicy" || o.GetName() != k8s.NetworkPolicy {
+		if o.GetKind() != "NetworkPolicy" || o.GetName() != boundary.NetworkPolicy {
 			continue
 		}
 		egress, _, _ := unstructured.NestedSlice(o.Object, "spec", "egress")
@@ -188,7 +189,7 @@ func (c *Cluster) InstallBoundary(ctx context.Context) error {
 // create there ("status unknown for quota").
 func (c *Cluster) waitQuota(ctx context.Context, ns string) error {
 	for {
-		q, err := c.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(ctx, k8s.QuotaName, metav1.GetOptions{})
+		q, err := c.Clients.Kube.CoreV1().ResourceQuotas(ns).Get(ctx, boundary.QuotaName, metav1.GetOptions{})
 		if err == nil && len(q.Status.Hard) > 0 && len(q.Status.Used) == len(q.Status.Hard) {
 			return nil
 		}
@@ -240,7 +241,7 @@ func (c *Cluster) AddSandboxNamespace(ctx context.Context, name string) error {
 // plays an attacker who got past admission unbinds its namespace.
 func (c *Cluster) BindNamespace(ctx context.Context, ns string, bind bool) error {
 	bindings := c.Clients.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
-	for _, name := range []string{k8s.PolicySandbox, k8s.PolicyPod} {
+	for _, name := range []string{boundary.PolicySandbox, boundary.PolicyPod} {
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			b, err := bindings.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -286,7 +287,7 @@ func (c *Cluster) waitBound(ctx context.Context, ns string, bound bool) error {
 		held := func(err error, policy string) bool {
 			return err != nil && strings.Contains(err.Error(), "'"+policy+"'")
 		}
-		if held(serr, k8s.PolicySandbox) == bound && held(perr, k8s.PolicyPod) == bound {
+		if held(serr, boundary.PolicySandbox) == bound && held(perr, boundary.PolicyPod) == bound {
 			return nil
 		}
 		select {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
-	"time"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
@@ -83,7 +82,9 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	defer sess.End()
 
 	sum := sha256.New()
-	body := &uploadBody{r: io.TeeReader(io.LimitReader(r.Body, size), sum), rc: http.NewResponseController(w), idle: s.o.FileIdleTimeout}
+	// The body is held to the listener's one deadline policy (ConnLimits),
+	// whose clock starts at this first read, once the sandbox is ready.
+	body := io.TeeReader(io.LimitReader(r.Body, size), sum)
 	if tar {
 		err = sess.PutTar(sess.Context(), p, size, body)
 	} else {
@@ -98,25 +99,6 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusOK, api.FileInfo{Path: p, Size: size, SHA256: hex.EncodeToString(sum.Sum(nil))})
 	}
-}
-
-// uploadBody is an upload's body on its way into the sandbox. Each read
-// that brings bytes moves the connection's read deadline idle ahead, so an
-// upload may take as long as it keeps moving.
-type uploadBody struct {
-	r    io.Reader
-	rc   *http.ResponseController
-	idle time.Duration
-	// moved is when the deadline was last moved: at most once a second.
-	moved time.Time
-}
-
-func (b *uploadBody) Read(p []byte) (int, error) {
-	if now := time.Now(); b.idle > 0 && now.Sub(b.moved) >= time.Second {
-		b.rc.SetReadDeadline(now.Add(b.idle))
-		b.moved = now
-	}
-	return b.r.Read(p)
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {

@@ -53,10 +53,6 @@ type Options struct {
 	// MaxFileBytes caps one file upload or download;
 	// api.DefaultMaxFileBytes when zero.
 	MaxFileBytes int64
-	// FileIdleTimeout is how long an upload may go without a byte
-	// arriving: its read deadline moves ahead by this much with each read.
-	// Zero leaves the connection's deadlines as they are.
-	FileIdleTimeout time.Duration
 	// Previews serves preview URLs; off when its Domain is empty.
 	Previews Previews
 }

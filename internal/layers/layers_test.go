@@ -15,15 +15,17 @@ const mod = "github.com/hiloop/hiloop"
 // no longer makes, so the map is the package graph as it is. Read it from
 // the bottom up: the shared vocabulary (api, cluster, sandbox, forward)
 // imports nothing of hiloop's; the record (store) and the cluster adapter
-// (k8s) sit on it; the core (control) speaks to the cluster only in
+// (k8s) sit on it; the isolation self-check (boundary) reads the cluster
+// through the adapter; the core (control) speaks to the cluster only in
 // cluster's vocabulary; the ways in (server, sshd) call the core; only app
 // wires the parts together, for main (serve, dev) and for the end-to-end
 // harness (internal/e2e), which runs a whole hiloop in-process.
 var imports = map[string][]string{
-	"":                     {"agent", "api", "app", "cluster", "control", "k8s", "localcluster", "sandbox", "store"},
+	"":                     {"agent", "api", "app", "boundary", "cluster", "control", "k8s", "localcluster", "sandbox", "store"},
 	"agent":                {"forward"},
 	"api":                  {},
-	"app":                  {"cluster", "control", "k8s", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
+	"app":                  {"boundary", "cluster", "control", "k8s", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
+	"boundary":             {"cluster", "k8s"},
 	"cluster":              {},
 	"control":              {"api", "cluster", "metrics", "sandbox", "store"},
 	"control/controltest":  {"cluster", "k8s", "sandbox", "store"},
@@ -40,7 +42,7 @@ var imports = map[string][]string{
 	"internal/ociimage":    {},
 	"internal/tlstest":     {},
 	"k8s":                  {"cluster", "sandbox", "store"},
-	"localcluster":         {"internal/ociimage", "k8s"},
+	"localcluster":         {"boundary", "internal/ociimage", "k8s"},
 	"metrics":              {"sandbox"},
 	"migrations":           {},
 	"mirror":               {"k8s", "metrics", "sandbox", "store"},

@@ -68,7 +68,7 @@ namespaceSelector:
 {{/*
 The boundary's templates, rendered: what the self-check compares the cluster
 with. The ConfigMap hiloop-boundary holds it, and `make chart` writes the
-default values' rendering of the same templates to k8s/chart-boundary.yaml,
+default values' rendering of the same templates to boundary/chart-boundary.yaml,
 built into hiloop.
 */}}
 {{- define "hiloop.boundary" -}}

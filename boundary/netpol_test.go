@@ -1,4 +1,4 @@
-package k8s
+package boundary
 
 import (
 	"net/netip"
@@ -16,7 +16,7 @@ import (
 // chartPolicy is the chart's sandbox NetworkPolicy at the default values,
 // moved to namespace ns as the self-check sees it.
 func chartPolicy(ns string) *networkingv1.NetworkPolicy {
-	np := ChartBoundary().NetworkPolicy.DeepCopy()
+	np := Chart().NetworkPolicy.DeepCopy()
 	np.Namespace = ns
 	return np
 }

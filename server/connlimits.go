@@ -1,4 +1,4 @@
-package app
+package server
 
 import (
 	"errors"
@@ -13,24 +13,30 @@ import (
 	"github.com/hiloop/hiloop/metrics"
 )
 
-// httpLimits bound what a client can hold of an HTTP listener that no
+// ConnLimits bound what a client can hold of an HTTP listener that no
 // handler, and so no rate limit, has seen yet, or that waits on the
-// client. http.Server's ReadTimeout and WriteTimeout would count from the
-// start of a request and end long polls and one-shot commands; these count
-// only while the server waits on the client.
-type httpLimits struct {
+// client; sshd's limits are their twin for the gateway. http.Server's
+// ReadTimeout and WriteTimeout would count from the start of a request and
+// end long polls and one-shot commands; these count only while the server
+// waits on the client. Every request's body is held to the one deadline
+// policy of bodyDeadline, uploads included: no handler sets read
+// deadlines of its own.
+type ConnLimits struct {
 	// IOTimeout is how long a request's body may go without a byte, and
-	// take to arrive (longer by a second for each minBodyRate bytes it
-	// brings), and how long one write of an answer may wait for the client
-	// to take it; past either the connection is closed. Without
-	// them a client that announces a body and never sends it, or stops
-	// reading what it asked for, holds its connection forever, even on the
-	// probes, which no rate limit holds.
+	// take to arrive once its handler starts reading it (longer by a
+	// second for each minBodyRate bytes it brings), and how long one write
+	// of an answer may wait for the client to take it; past either the
+	// connection is closed. Without them a client that announces a body
+	// and never sends it, or stops reading what it asked for, holds its
+	// connection forever, even on the probes, which no rate limit holds.
 	IOTimeout time.Duration
+	// HeaderTimeout is how long a request's line and headers may take to
+	// arrive; DefaultHeaderTimeout when zero.
+	HeaderTimeout time.Duration
 	// MaxHeaderReads and MaxHeaderReadsPerSource bound the connections
 	// reading a request's headers at once, in all and from one client
 	// address (control.Source), as sshd's MaxStartups does for logins:
-	// each may hold up to maxHeaderBytes for up to the header timeout
+	// each may hold up to MaxHeaderBytes for up to the header timeout
 	// before anything checks who it is, so without a bound a stranger
 	// opening connections holds any amount of memory. A request whose
 	// line and headers come in one read (a few KiB at most, sent at once:
@@ -48,10 +54,10 @@ type httpLimits struct {
 
 // Headers the API takes: a request's line and headers may hold 512 KiB, room
 // for an exec command line of MaxArgvBytes in the URL, percent-encoded; 10s
-// to arrive.
+// to arrive unless ConnLimits say otherwise.
 const (
-	maxHeaderBytes    = 512 << 10
-	readHeaderTimeout = 10 * time.Second
+	MaxHeaderBytes       = 512 << 10
+	DefaultHeaderTimeout = 10 * time.Second
 )
 
 // Reasons a connection is closed at a limit, as the metric
@@ -64,11 +70,15 @@ const (
 // errHeaderReads closes a connection that starts a request past the caps.
 var errHeaderReads = errors.New("too many connections reading request headers")
 
-// server is an http.Server for handler whose connections, served from the
+// Server is an http.Server for handler whose connections, served from the
 // listener it returns, keep to the limits.
-func (l *httpLimits) server(handler http.Handler, ln net.Listener) (*http.Server, net.Listener) {
-	srv := &http.Server{Handler: bodyDeadline(handler, l.IOTimeout), ReadHeaderTimeout: readHeaderTimeout,
-		MaxHeaderBytes: maxHeaderBytes, IdleTimeout: 2 * time.Minute}
+func (l *ConnLimits) Server(handler http.Handler, ln net.Listener) (*http.Server, net.Listener) {
+	header := l.HeaderTimeout
+	if header <= 0 {
+		header = DefaultHeaderTimeout
+	}
+	srv := &http.Server{Handler: bodyDeadline(handler, l.IOTimeout), ReadHeaderTimeout: header,
+		MaxHeaderBytes: MaxHeaderBytes, IdleTimeout: 2 * time.Minute}
 	srv.ConnState = func(c net.Conn, st http.ConnState) {
 		if sc, ok := c.(*servedConn); ok {
 			sc.state(st)
@@ -79,7 +89,7 @@ func (l *httpLimits) server(handler http.Handler, ln net.Listener) (*http.Server
 
 // take takes a place among the connections reading headers for source;
 // false past either cap.
-func (l *httpLimits) take(source string) bool {
+func (l *ConnLimits) take(source string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	reason := ""
@@ -100,7 +110,7 @@ func (l *httpLimits) take(source string) bool {
 	return false
 }
 
-func (l *httpLimits) drop(source string) {
+func (l *ConnLimits) drop(source string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reading--
@@ -116,21 +126,23 @@ func (l *httpLimits) drop(source string) {
 // and it still closes a connection whose client dribbles its body.
 const minBodyRate = 16 << 10 // bytes per second
 
-// bodyDeadline holds a request's body to arriving: each read within
-// timeout of the last (from when the headers were read, for the first),
-// and no later than timeout after the headers plus a second for each
-// minBodyRate bytes it brought, so a body that trickles in is cut however
-// regularly it trickles. The deadline is lifted once the body was read to
-// its end, so the server's wait for the client's next bytes (which tells
-// it the client went away) has none. A handler that does not read the
-// body leaves it to the server, which reads what is left (at most
-// 256 KiB) before it answers, within the deadline as it then stands.
+// bodyDeadline holds a request's body to arriving, on one clock that
+// starts when the handler first reads it (so a handler that reads late,
+// as an upload does once the sandbox is ready to take it, is not charged
+// for its own wait): each read within timeout of the last, and no later
+// than timeout after the first plus a second for each minBodyRate bytes
+// it brought, so a body that trickles in is cut however regularly it
+// trickles. Until the handler reads, the deadline is timeout after the
+// headers. The deadline is lifted once the body was read to its end, so
+// the server's wait for the client's next bytes (which tells it the
+// client went away) has none. A handler that does not read the body
+// leaves it to the server, which reads what is left (at most 256 KiB)
+// before it answers, within the deadline as it then stands.
 func bodyDeadline(next http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 { // -1: chunked, length unknown
-			now := time.Now()
-			b := &bodyReader{ReadCloser: r.Body, rc: http.NewResponseController(w), start: now, timeout: timeout}
-			if b.rc.SetReadDeadline(b.deadline(now)) == nil {
+			b := &bodyReader{ReadCloser: r.Body, rc: http.NewResponseController(w), clock: bodyClock{timeout: timeout}}
+			if b.rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
 				r.Body = b
 			}
 		}
@@ -138,27 +150,44 @@ func bodyDeadline(next http.Handler, timeout time.Duration) http.Handler {
 	})
 }
 
-// bodyReader moves its connection's read deadline on as the body arrives,
-// and lifts it at the body's end.
-type bodyReader struct {
-	io.ReadCloser
-	rc      *http.ResponseController
-	start   time.Time
+// bodyClock is the deadline policy of a request's body.
+type bodyClock struct {
 	timeout time.Duration
-	read    int64
-	done    bool
+	start   time.Time // the handler's first read; zero before it
+	read    int64     // the bytes read since
+}
+
+// begin starts the clock at the first read, and says so.
+func (c *bodyClock) begin(now time.Time) bool {
+	if !c.start.IsZero() {
+		return false
+	}
+	c.start = now
+	return true
 }
 
 // deadline is when the next read must have brought bytes, as of now.
-func (b *bodyReader) deadline(now time.Time) time.Time {
-	next, floor := now.Add(b.timeout), b.start.Add(b.timeout+time.Duration(b.read)*time.Second/minBodyRate)
+func (c *bodyClock) deadline(now time.Time) time.Time {
+	next, floor := now.Add(c.timeout), c.start.Add(c.timeout+time.Duration(c.read)*time.Second/minBodyRate)
 	if floor.Before(next) {
 		return floor
 	}
 	return next
 }
 
+// bodyReader moves its connection's read deadline on as the body arrives,
+// and lifts it at the body's end.
+type bodyReader struct {
+	io.ReadCloser
+	rc    *http.ResponseController
+	clock bodyClock
+	done  bool
+}
+
 func (b *bodyReader) Read(p []byte) (int, error) {
+	if now := time.Now(); !b.done && b.clock.begin(now) {
+		b.rc.SetReadDeadline(b.clock.deadline(now))
+	}
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case b.done:
@@ -166,8 +195,8 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.done = true
 		b.rc.SetReadDeadline(time.Time{})
 	case n > 0:
-		b.read += int64(n)
-		b.rc.SetReadDeadline(b.deadline(time.Now()))
+		b.clock.read += int64(n)
+		b.rc.SetReadDeadline(b.clock.deadline(time.Now()))
 	}
 	return n, err
 }
@@ -175,7 +204,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // servedListener accepts servedConns.
 type servedListener struct {
 	net.Listener
-	l *httpLimits
+	l *ConnLimits
 }
 
 func (sl servedListener) Accept() (net.Conn, error) {
@@ -194,7 +223,7 @@ func (sl servedListener) Accept() (net.Conn, error) {
 // deadlines; the server clears the connection's as it hands it over).
 type servedConn struct {
 	net.Conn
-	l        *httpLimits
+	l        *ConnLimits
 	source   string
 	hijacked atomic.Bool
 

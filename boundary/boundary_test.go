@@ -1,4 +1,4 @@
-package k8s_test
+package boundary_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 
+	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -28,15 +29,15 @@ import (
 // the self-check compares; the local cluster's rendering parses too; a
 // rendering without them is refused by name.
 func TestChartBoundary(t *testing.T) {
-	b := k8s.ChartBoundary()
-	if b.Namespace.Name != k8s.DefaultNamespace || b.Quota.Namespace != k8s.DefaultNamespace || b.NetworkPolicy.Name != k8s.NetworkPolicy {
+	b := boundary.Chart()
+	if b.Namespace.Name != k8s.DefaultNamespace || b.Quota.Namespace != k8s.DefaultNamespace || b.NetworkPolicy.Name != boundary.NetworkPolicy {
 		t.Errorf("boundary: namespace %s, quota in %s, policy %s", b.Namespace.Name, b.Quota.Namespace, b.NetworkPolicy.Name)
 	}
 	local, err := os.ReadFile("../localcluster/assets/boundary.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k8s.ParseBoundary(local); err != nil {
+	if _, err := boundary.Parse(local); err != nil {
 		t.Errorf("the local cluster's rendering: %v", err)
 	}
 	for _, tc := range []struct{ raw, want string }{
@@ -44,8 +45,8 @@ func TestChartBoundary(t *testing.T) {
 		{"kind: ResourceQuota\napiVersion: v1\nmetadata: {name: hiloop-sandboxes, namespace: x}\n", "no Namespace x"},
 		{"{", ""},
 	} {
-		if _, err := k8s.ParseBoundary([]byte(tc.raw)); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("ParseBoundary(%q): %v, want %q", tc.raw, err, tc.want)
+		if _, err := boundary.Parse([]byte(tc.raw)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q): %v, want %q", tc.raw, err, tc.want)
 		}
 	}
 }
@@ -56,7 +57,7 @@ const ns = "t-boundary"
 // with f applied to its objects first.
 func fakeCluster(t *testing.T, f func(*objects)) *k8s.Clients {
 	t.Helper()
-	b := k8s.ChartBoundary()
+	b := boundary.Chart()
 	o := &objects{namespace: b.Namespace.DeepCopy(), quota: b.Quota.DeepCopy(), np: b.NetworkPolicy.DeepCopy(),
 		policies: map[string]*admissionv1.ValidatingAdmissionPolicy{}, bindings: map[string]*admissionv1.ValidatingAdmissionPolicyBinding{}}
 	o.namespace.Name, o.quota.Namespace, o.np.Namespace = ns, ns, ns
@@ -101,7 +102,7 @@ type objects struct {
 func check(t *testing.T, c *k8s.Clients, noGVisor bool) map[string]cluster.Check {
 	t.Helper()
 	out := map[string]cluster.Check{}
-	for _, ch := range c.CheckBoundary(context.Background(), k8s.BoundaryOptions{Namespace: ns, RuntimeClass: "gvisor", NoGVisor: noGVisor}) {
+	for _, ch := range boundary.Check(context.Background(), c, boundary.Options{Namespace: ns, RuntimeClass: "gvisor", NoGVisor: noGVisor}) {
 		out[ch.Object] = ch
 	}
 	return out
@@ -117,76 +118,76 @@ func TestCheckBoundary(t *testing.T) {
 			t.Fatalf("the chart's boundary: %s: %s", ch.Object, ch.Problem)
 		}
 	}
-	sandboxPolicy := "ValidatingAdmissionPolicy " + k8s.PolicySandbox
-	podPolicy := "ValidatingAdmissionPolicy " + k8s.PolicyPod
-	sandboxBinding := "ValidatingAdmissionPolicyBinding " + k8s.PolicySandbox
+	sandboxPolicy := "ValidatingAdmissionPolicy " + boundary.PolicySandbox
+	podPolicy := "ValidatingAdmissionPolicy " + boundary.PolicyPod
+	sandboxBinding := "ValidatingAdmissionPolicyBinding " + boundary.PolicySandbox
 	for _, tc := range []struct {
 		name, object, want string
 		edit               func(*objects)
 	}{
 		{"failurePolicy Ignore", podPolicy, "spec.failurePolicy is \"Ignore\", the chart's \"Fail\"", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.FailurePolicy = ptr.To(admissionv1.Ignore)
+			o.policies[boundary.PolicyPod].Spec.FailurePolicy = ptr.To(admissionv1.Ignore)
 		}},
 		{"matchConditions that skip labelled pods", podPolicy, "spec.matchConditions is", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.MatchConditions = []admissionv1.MatchCondition{{Name: "skip", Expression: "!has(object.metadata.labels.skip)"}}
+			o.policies[boundary.PolicyPod].Spec.MatchConditions = []admissionv1.MatchCondition{{Name: "skip", Expression: "!has(object.metadata.labels.skip)"}}
 		}},
 		{"a variable redefined", sandboxPolicy, "spec.variables[", func(o *objects) {
-			o.policies[k8s.PolicySandbox].Spec.Variables[0].Expression = "{}"
+			o.policies[boundary.PolicySandbox].Spec.Variables[0].Expression = "{}"
 		}},
 		{"a rule's expression rewritten under its message", sandboxPolicy, ".expression is", func(o *objects) {
-			v := o.policies[k8s.PolicySandbox].Spec.Validations
+			v := o.policies[boundary.PolicySandbox].Spec.Validations
 			v[len(v)-1].Expression = "true"
 		}},
 		{"a rule dropped", podPolicy, "spec.validations has", func(o *objects) {
-			v := o.policies[k8s.PolicyPod].Spec.Validations
-			o.policies[k8s.PolicyPod].Spec.Validations = v[:len(v)-1]
+			v := o.policies[boundary.PolicyPod].Spec.Validations
+			o.policies[boundary.PolicyPod].Spec.Validations = v[:len(v)-1]
 		}},
 		{"the runtime class rule dropped", podPolicy, "rule [runtime-class] is missing", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.Validations = slices.DeleteFunc(o.policies[k8s.PolicyPod].Spec.Validations,
+			o.policies[boundary.PolicyPod].Spec.Validations = slices.DeleteFunc(o.policies[boundary.PolicyPod].Spec.Validations,
 				func(v admissionv1.Validation) bool { return strings.HasPrefix(v.Message, "[runtime-class]") })
 		}},
 		{"an object selector on the policy", podPolicy, "spec.matchConstraints.objectSelector", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"checked": "yes"}}
+			o.policies[boundary.PolicyPod].Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"checked": "yes"}}
 		}},
 		{"excluded resources", podPolicy, "spec.matchConstraints.excludeResourceRules", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.MatchConstraints.ExcludeResourceRules = []admissionv1.NamedRuleWithOperations{{ResourceNames: []string{"x"},
+			o.policies[boundary.PolicyPod].Spec.MatchConstraints.ExcludeResourceRules = []admissionv1.NamedRuleWithOperations{{ResourceNames: []string{"x"},
 				RuleWithOperations: admissionv1.RuleWithOperations{Operations: []admissionv1.OperationType{"*"}, Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}}}
 		}},
 		{"a resource name on the rule", podPolicy, "resourceNames", func(o *objects) {
-			o.policies[k8s.PolicyPod].Spec.MatchConstraints.ResourceRules[0].ResourceNames = []string{"only-this"}
+			o.policies[boundary.PolicyPod].Spec.MatchConstraints.ResourceRules[0].ResourceNames = []string{"only-this"}
 		}},
 		{"audit instead of deny", sandboxBinding, "spec.validationActions[0] is \"Audit\"", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.ValidationActions = []admissionv1.ValidationAction{admissionv1.Audit}
+			o.bindings[boundary.PolicySandbox].Spec.ValidationActions = []admissionv1.ValidationAction{admissionv1.Audit}
 		}},
 		{"an object selector on the binding", sandboxBinding, "spec.matchResources.objectSelector", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.MatchResources.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"checked": "yes"}}
+			o.bindings[boundary.PolicySandbox].Spec.MatchResources.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"checked": "yes"}}
 		}},
 		{"a param the policy never asked for", sandboxBinding, "spec.paramRef", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.ParamRef = &admissionv1.ParamRef{Name: "x", ParameterNotFoundAction: ptr.To(admissionv1.AllowAction)}
+			o.bindings[boundary.PolicySandbox].Spec.ParamRef = &admissionv1.ParamRef{Name: "x", ParameterNotFoundAction: ptr.To(admissionv1.AllowAction)}
 		}},
 		{"namespaces by a label", sandboxBinding, "alone, so a label edit can lift it", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.MatchResources.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"sandboxes": "true"}}
+			o.bindings[boundary.PolicySandbox].Spec.MatchResources.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"sandboxes": "true"}}
 		}},
 		{"namespaces by name and a label", sandboxBinding, "alone", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchLabels = map[string]string{"sandboxes": "true"}
+			o.bindings[boundary.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchLabels = map[string]string{"sandboxes": "true"}
 		}},
 		{"another namespace", sandboxBinding, "does not select namespace " + ns, func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchExpressions[0].Values = []string{"elsewhere"}
+			o.bindings[boundary.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchExpressions[0].Values = []string{"elsewhere"}
 		}},
 		{"NotIn the namespace", sandboxBinding, "alone", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchExpressions[0].Operator = metav1.LabelSelectorOpNotIn
+			o.bindings[boundary.PolicySandbox].Spec.MatchResources.NamespaceSelector.MatchExpressions[0].Operator = metav1.LabelSelectorOpNotIn
 		}},
 		{"binding another policy", sandboxBinding, "spec.policyName", func(o *objects) {
-			o.bindings[k8s.PolicySandbox].Spec.PolicyName = k8s.PolicyPod
+			o.bindings[boundary.PolicySandbox].Spec.PolicyName = boundary.PolicyPod
 		}},
-		{"binding missing", sandboxBinding, "missing", func(o *objects) { delete(o.bindings, k8s.PolicySandbox) }},
-		{"quota raised", "ResourceQuota " + ns + "/" + k8s.QuotaName, "its requests.cpu is 1M, above the chart's 1k", func(o *objects) {
+		{"binding missing", sandboxBinding, "missing", func(o *objects) { delete(o.bindings, boundary.PolicySandbox) }},
+		{"quota raised", "ResourceQuota " + ns + "/" + boundary.QuotaName, "its requests.cpu is 1M, above the chart's 1k", func(o *objects) {
 			o.quota.Spec.Hard["requests.cpu"] = resource.MustParse("1M")
 		}},
-		{"quota without a limit", "ResourceQuota " + ns + "/" + k8s.QuotaName, "it sets no limit on persistentvolumeclaims", func(o *objects) {
+		{"quota without a limit", "ResourceQuota " + ns + "/" + boundary.QuotaName, "it sets no limit on persistentvolumeclaims", func(o *objects) {
 			delete(o.quota.Spec.Hard, "persistentvolumeclaims")
 		}},
-		{"quota scoped", "ResourceQuota " + ns + "/" + k8s.QuotaName, "scopes", func(o *objects) {
+		{"quota scoped", "ResourceQuota " + ns + "/" + boundary.QuotaName, "scopes", func(o *objects) {
 			o.quota.Spec.Scopes = []corev1.ResourceQuotaScope{corev1.ResourceQuotaScopeBestEffort}
 		}},
 		{"Pod Security pinned to an old version", "Namespace " + ns, "enforce-version is \"v1.22\", not latest", func(o *objects) {
@@ -259,10 +260,10 @@ func TestCheckBoundaryNoGVisor(t *testing.T) {
 	// Another rule dropped as well is no longer the insecure mode's gap.
 	got := check(t, fakeCluster(t, func(o *objects) {
 		drop(o)
-		v := o.policies[k8s.PolicyPod].Spec.Validations
-		o.policies[k8s.PolicyPod].Spec.Validations = v[:len(v)-1]
+		v := o.policies[boundary.PolicyPod].Spec.Validations
+		o.policies[boundary.PolicyPod].Spec.Validations = v[:len(v)-1]
 	}), true)
-	if ch := got["ValidatingAdmissionPolicy "+k8s.PolicyPod]; !ch.Failed() {
+	if ch := got["ValidatingAdmissionPolicy "+boundary.PolicyPod]; !ch.Failed() {
 		t.Errorf("two rules dropped: %+v", ch)
 	}
 }
@@ -271,13 +272,13 @@ func TestCheckBoundaryNoGVisor(t *testing.T) {
 // defaults filled in and empty fields spelled out, equals the chart's.
 func TestBoundaryIsSemantic(t *testing.T) {
 	c := fakeCluster(t, func(o *objects) {
-		p := o.policies[k8s.PolicyPod]
+		p := o.policies[boundary.PolicyPod]
 		p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{}
 		p.Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{}
 		p.Spec.MatchConstraints.MatchPolicy = ptr.To(admissionv1.Equivalent)
 		p.Spec.MatchConstraints.ResourceRules[0].Scope = ptr.To(admissionv1.AllScopes)
 		p.Spec.MatchConditions = []admissionv1.MatchCondition{}
-		b := o.bindings[k8s.PolicyPod]
+		b := o.bindings[boundary.PolicyPod]
 		b.Spec.MatchResources.ObjectSelector = &metav1.LabelSelector{}
 		b.Spec.MatchResources.MatchPolicy = ptr.To(admissionv1.Equivalent)
 	})
@@ -286,7 +287,7 @@ func TestBoundaryIsSemantic(t *testing.T) {
 			t.Errorf("%s: %s", ch.Object, ch.Problem)
 		}
 	}
-	if !equality.Semantic.DeepEqual(k8s.ChartBoundary().Policies[k8s.PolicyPod].Spec.MatchConstraints.ObjectSelector, (*metav1.LabelSelector)(nil)) {
+	if !equality.Semantic.DeepEqual(boundary.Chart().Policies[boundary.PolicyPod].Spec.MatchConstraints.ObjectSelector, (*metav1.LabelSelector)(nil)) {
 		t.Error("the test changed the built-in boundary")
 	}
 }

@@ -1,4 +1,10 @@
-package k8s
+// Package boundary is the isolation self-check: it reads the objects the
+// sandboxes' isolation rests on (the namespace's Pod Security labels, the
+// RuntimeClass, the admission policies and their bindings, the quota, the
+// NetworkPolicies) through the cluster adapter's clients and holds them to
+// the chart's rendering; hiloop doctor also checks egress to the cluster's
+// own addresses. It writes nothing.
+package boundary
 
 import (
 	"bytes"
@@ -22,6 +28,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/hiloop/hiloop/cluster"
+	"github.com/hiloop/hiloop/k8s"
 )
 
 // The objects of the isolation boundary, as the chart (deploy/chart) names
@@ -51,9 +58,12 @@ var DeniedCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100
 	"0.0.0.0/8", "198.18.0.0/15", "240.0.0.0/4", "168.63.129.16/32",
 	"fc00::/7", "fe80::/10", "::1/128", "64:ff9b::/96", "64:ff9b:1::/48"}
 
-// Boundary is the isolation boundary as the chart renders it: what the
+// auditor reads the boundary's objects from the cluster.
+type auditor struct{ *k8s.Clients }
+
+// Objects is the isolation boundary as the chart renders it: what the
 // self-check holds a cluster to.
-type Boundary struct {
+type Objects struct {
 	// Namespace is the sandbox namespace (its Pod Security labels count).
 	Namespace *corev1.Namespace
 	Policies  map[string]*admissionv1.ValidatingAdmissionPolicy
@@ -70,21 +80,21 @@ type Boundary struct {
 //go:embed chart-boundary.yaml
 var chartBoundary []byte
 
-// ChartBoundary is the boundary of the chart's default values, built in.
-var ChartBoundary = sync.OnceValue(func() *Boundary {
-	b, err := ParseBoundary(chartBoundary)
+// Chart is the boundary of the chart's default values, built in.
+var Chart = sync.OnceValue(func() *Objects {
+	b, err := Parse(chartBoundary)
 	if err != nil {
-		panic("k8s/chart-boundary.yaml: " + err.Error()) // TestChartBoundary parses it
+		panic("boundary/chart-boundary.yaml: " + err.Error()) // TestChartBoundary parses it
 	}
 	return b
 })
 
-// ParseBoundary reads a rendering of the chart (helm template's output, or
+// Parse reads a rendering of the chart (helm template's output, or
 // the ConfigMap hiloop-boundary's boundary.yaml) and picks the boundary's
 // objects out of it; other objects are ignored. The sandbox namespace is
 // the quota's.
-func ParseBoundary(raw []byte) (*Boundary, error) {
-	b := &Boundary{Policies: map[string]*admissionv1.ValidatingAdmissionPolicy{}, Bindings: map[string]*admissionv1.ValidatingAdmissionPolicyBinding{}}
+func Parse(raw []byte) (*Objects, error) {
+	b := &Objects{Policies: map[string]*admissionv1.ValidatingAdmissionPolicy{}, Bindings: map[string]*admissionv1.ValidatingAdmissionPolicyBinding{}}
 	var namespaces []*corev1.Namespace
 	var nps []*networkingv1.NetworkPolicy
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
@@ -161,7 +171,7 @@ func ParseBoundary(raw []byte) (*Boundary, error) {
 }
 
 // complete checks that both policies and their bindings are there.
-func (b *Boundary) complete() error {
+func (b *Objects) complete() error {
 	for _, name := range []string{PolicySandbox, PolicyPod} {
 		if b.Policies[name] == nil {
 			return fmt.Errorf("no ValidatingAdmissionPolicy %s", name)
@@ -173,8 +183,8 @@ func (b *Boundary) complete() error {
 	return nil
 }
 
-// BoundaryOptions say what the boundary must hold for this deployment.
-type BoundaryOptions struct {
+// Options say what the boundary must hold for this deployment.
+type Options struct {
 	Namespace    string
 	RuntimeClass string
 	SessionPort  int
@@ -182,28 +192,28 @@ type BoundaryOptions struct {
 	// class and a policy that does not require it are failures it allows.
 	NoGVisor bool
 	// Expected is the chart's rendering the cluster is held to
-	// (--boundary-file); ChartBoundary when nil. Its sandbox namespace
+	// (--boundary-file); Chart when nil. Its sandbox namespace
 	// stands for Namespace.
-	Expected *Boundary
+	Expected *Objects
 }
 
-func (o BoundaryOptions) expected() *Boundary {
+func (o Options) expected() *Objects {
 	if o.Expected != nil {
 		return o.Expected
 	}
-	return ChartBoundary()
+	return Chart()
 }
 
 const fixChart = "install or upgrade the hiloop chart (docs/install.md)"
 
-// CheckBoundary reads every object the isolation boundary depends on and
+// Check reads every object the isolation boundary depends on and
 // compares it with the chart's rendering (o.Expected): the namespace's Pod
 // Security labels, the RuntimeClass, both admission policies and their
 // bindings, the quota, and every NetworkPolicy of the namespace together.
 // It also reports Sandboxes in the namespace that hiloop did not make. An
 // object it cannot read is a failure.
-func (c *Clients) CheckBoundary(ctx context.Context, o BoundaryOptions) []cluster.Check {
-	exp := o.expected()
+func Check(ctx context.Context, clients *k8s.Clients, o Options) []cluster.Check {
+	c, exp := auditor{clients}, o.expected()
 	out := []cluster.Check{c.checkNamespace(ctx, o, exp), c.checkRuntimeClass(ctx, o)}
 	for _, name := range []string{PolicySandbox, PolicyPod} {
 		out = append(out, c.checkPolicy(ctx, o, exp, name), c.checkBinding(ctx, o, exp, name))
@@ -218,7 +228,7 @@ func readFailure(ch cluster.Check, err error) cluster.Check {
 		ch.Problem, ch.Fix = "missing", fixChart
 		return ch
 	}
-	ch.Problem, ch.Detail = "cannot read it", shortError(err)
+	ch.Problem, ch.Detail = "cannot read it", k8s.ShortError(err)
 	ch.Fix = "give hiloop's service account get on it (the chart's RBAC does), and check the cluster answers"
 	return ch
 }
@@ -226,7 +236,7 @@ func readFailure(ch cluster.Check, err error) cluster.Check {
 // Pod Security levels, weakest first.
 var psaLevels = []string{"privileged", "baseline", "restricted"}
 
-func (c *Clients) checkNamespace(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+func (c auditor) checkNamespace(ctx context.Context, o Options, exp *Objects) cluster.Check {
 	ch := cluster.Check{Name: "namespace", Object: "Namespace " + o.Namespace}
 	ns, err := c.Kube.CoreV1().Namespaces().Get(ctx, o.Namespace, metav1.GetOptions{})
 	if err != nil {
@@ -280,7 +290,7 @@ func orLatest(v string) string {
 	return v
 }
 
-func (c *Clients) checkRuntimeClass(ctx context.Context, o BoundaryOptions) cluster.Check {
+func (c auditor) checkRuntimeClass(ctx context.Context, o Options) cluster.Check {
 	ch := cluster.Check{Name: "runtime_class", Object: "RuntimeClass " + o.RuntimeClass}
 	if o.NoGVisor {
 		ch.Object, ch.Allowed = "RuntimeClass (none)", true
@@ -311,7 +321,7 @@ func isRuntimeClassRule(v admissionv1.Validation) bool {
 	return strings.HasPrefix(v.Message, "["+ruleRuntimeClass+"]")
 }
 
-func (c *Clients) checkPolicy(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) cluster.Check {
+func (c auditor) checkPolicy(ctx context.Context, o Options, exp *Objects, name string) cluster.Check {
 	ch := cluster.Check{Name: "admission_policy", Object: "ValidatingAdmissionPolicy " + name}
 	p, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -368,7 +378,7 @@ func selectedNames(s *metav1.LabelSelector) (sets.Set[string], bool) {
 	return nil, false
 }
 
-func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boundary, name string) cluster.Check {
+func (c auditor) checkBinding(ctx context.Context, o Options, exp *Objects, name string) cluster.Check {
 	ch := cluster.Check{Name: "admission_binding", Object: "ValidatingAdmissionPolicyBinding " + name}
 	b, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -404,7 +414,7 @@ func (c *Clients) checkBinding(ctx context.Context, o BoundaryOptions, exp *Boun
 	return ch
 }
 
-func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+func (c auditor) checkQuota(ctx context.Context, o Options, exp *Objects) cluster.Check {
 	ch := cluster.Check{Name: "quota", Object: "ResourceQuota " + o.Namespace + "/" + QuotaName}
 	q, err := c.Kube.CoreV1().ResourceQuotas(o.Namespace).Get(ctx, QuotaName, metav1.GetOptions{})
 	if err != nil {
@@ -440,7 +450,7 @@ func (c *Clients) checkQuota(ctx context.Context, o BoundaryOptions, exp *Bounda
 // checkNetworkPolicies evaluates every NetworkPolicy of the namespace
 // together (see netpol.go): some must isolate every pod both ways, and none
 // may allow a peer or port the chart's policy does not.
-func (c *Clients) checkNetworkPolicies(ctx context.Context, o BoundaryOptions, exp *Boundary) cluster.Check {
+func (c auditor) checkNetworkPolicies(ctx context.Context, o Options, exp *Objects) cluster.Check {
 	ch := cluster.Check{Name: "network_policy", Object: "NetworkPolicies in namespace " + o.Namespace}
 	list, err := c.Kube.NetworkingV1().NetworkPolicies(o.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -466,12 +476,12 @@ const ForeignLimit = 500
 // managed-by label, which the mirror, watching hiloop's label only, never
 // sees. The admission policies hold them like any other, so they refuse
 // nothing; they are reported.
-func (c *Clients) checkForeignSandboxes(ctx context.Context, o BoundaryOptions) cluster.Check {
+func (c auditor) checkForeignSandboxes(ctx context.Context, o Options) cluster.Check {
 	ch := cluster.Check{Name: cluster.CheckForeignSandboxes, Object: "Sandboxes in namespace " + o.Namespace + " that hiloop did not make"}
 	list, err := c.Sandbox.AgentsV1beta1().Sandboxes(o.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelManagedBy + "!=" + ManagedBy, Limit: ForeignLimit})
+		LabelSelector: k8s.LabelManagedBy + "!=" + k8s.ManagedBy, Limit: ForeignLimit})
 	if err != nil {
-		ch.Warning, ch.Problem, ch.Detail = true, "cannot list them", shortError(err)
+		ch.Warning, ch.Problem, ch.Detail = true, "cannot list them", k8s.ShortError(err)
 		ch.Fix = "give hiloop's service account list on sandboxes (the chart's RBAC does)"
 		return ch
 	}
@@ -488,7 +498,7 @@ func (c *Clients) checkForeignSandboxes(ctx context.Context, o BoundaryOptions) 
 		more = fmt.Sprintf(" (the first %d)", ForeignLimit)
 	}
 	ch.Warning, ch.Count = true, len(names)
-	ch.Problem = fmt.Sprintf("%d Sandboxes without hiloop's label %s=%s%s: %s", len(names), LabelManagedBy, ManagedBy, more, strings.Join(names, ", "))
-	ch.Fix = fmt.Sprintf("find who made them (kubectl -n %s get sandboxes -l '%s!=%s' -o yaml) and delete them: the sandbox namespace is hiloop's alone", o.Namespace, LabelManagedBy, ManagedBy)
+	ch.Problem = fmt.Sprintf("%d Sandboxes without hiloop's label %s=%s%s: %s", len(names), k8s.LabelManagedBy, k8s.ManagedBy, more, strings.Join(names, ", "))
+	ch.Fix = fmt.Sprintf("find who made them (kubectl -n %s get sandboxes -l '%s!=%s' -o yaml) and delete them: the sandbox namespace is hiloop's alone", o.Namespace, k8s.LabelManagedBy, k8s.ManagedBy)
 	return ch
 }

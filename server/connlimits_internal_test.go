@@ -1,7 +1,9 @@
-package app
+package server
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,13 +11,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hiloop/hiloop/cluster"
+	"github.com/hiloop/hiloop/control"
+	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/metrics"
+	"github.com/hiloop/hiloop/store"
 )
 
 // ioTestTimeout is the deadline the tests give the server, short so they
@@ -28,16 +36,16 @@ const (
 
 // ioServer serves h with serve's limits, the deadlines short, and reports
 // each connection the server closes.
-func ioServer(t *testing.T, h http.Handler, l *httpLimits) (addr string, closed <-chan struct{}) {
+func ioServer(t *testing.T, h http.Handler, l *ConnLimits) (addr string, closed <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l == nil {
-		l = &httpLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 256, MaxHeaderReadsPerSource: 32}
+		l = &ConnLimits{IOTimeout: ioTestTimeout, HeaderTimeout: ioTestTimeout, MaxHeaderReads: 256, MaxHeaderReadsPerSource: 32}
 	}
-	srv, served := l.server(h, ln)
+	srv, served := l.Server(h, ln)
 	hook := srv.ConnState
 	c := make(chan struct{}, 64)
 	srv.ConnState = func(nc net.Conn, st http.ConnState) {
@@ -104,10 +112,31 @@ func TestBodyNeverSent(t *testing.T) {
 	}
 }
 
+// TestHeadersDribbled: a request whose line and headers trickle in, a
+// byte at a time (slow loris), is closed once the header timeout passes,
+// however regularly the bytes come.
+func TestHeadersDribbled(t *testing.T) {
+	addr, closed := ioServer(t, answerOK, nil)
+	nc := dialRaw(t, addr, "GET / HTTP/1.1\r\nHost: x\r\n")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(ioTestTimeout / 10):
+			}
+			if _, err := nc.Write([]byte("X-Slow: a\r\n")); err != nil {
+				return
+			}
+		}
+	}()
+	waitClosed(t, closed, "a connection whose headers trickled in")
+}
+
 // TestBodyDribbled: a body that trickles in, a byte at a time, is cut once
-// the deadline passes, and so is one that stops arriving halfway; one that
-// arrives steadily above minBodyRate is read whole, however long it takes
-// past IOTimeout.
+// the deadline passes, and so is one that stops arriving halfway.
 func TestBodyDribbled(t *testing.T) {
 	addr, closed := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, err := io.Copy(io.Discard, r.Body)
@@ -129,19 +158,61 @@ func TestBodyDribbled(t *testing.T) {
 	stalled := dialRaw(t, addr, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
 	stalled.Write(make([]byte, 600000)) // enough to earn more of the rate's allowance than clientPatience
 	waitClosed(t, closed, "a connection whose body stopped arriving halfway")
+}
 
-	const size = 64 << 10
+// TestBodyKeepsMoving: a body that arrives steadily above minBodyRate is
+// read whole, however long it takes past IOTimeout. The timeout here is a
+// second, and the client never pauses longer than a thirtieth of it, so a
+// loaded machine does not make the body look stalled.
+func TestBodyKeepsMoving(t *testing.T) {
+	const timeout = time.Second
+	addr, _ := ioServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(w, "read %d\n", n)
+	}), &ConnLimits{IOTimeout: timeout, MaxHeaderReads: 256, MaxHeaderReadsPerSource: 32})
+	const size = 160 << 10
 	steady := dialRaw(t, addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size))
 	chunk := make([]byte, 2<<10)
-	for range size / len(chunk) { // 64 KiB/s, for a second: five times IOTimeout
+	for range size / len(chunk) { // 64 KiB/s, four times minBodyRate, for 2.5 s
 		if _, err := steady.Write(chunk); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second / time.Duration(size/len(chunk)))
+		time.Sleep(time.Second * time.Duration(len(chunk)) / (64 << 10))
 	}
 	if got, err := readUntil(steady, fmt.Sprintf("read %d", size)); err != nil {
 		t.Errorf("a body arriving steadily: %v after %q", err, got)
 	}
+}
+
+// TestBodyClock: the body's deadline policy. Its clock starts at the
+// handler's first read, not at the headers; each read must come within
+// the timeout of the last, and the whole body within the timeout of the
+// first read plus a second for each minBodyRate bytes read.
+func TestBodyClock(t *testing.T) {
+	const timeout = time.Minute
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	c := bodyClock{timeout: timeout}
+	if !c.begin(t0) || c.begin(t0.Add(time.Hour)) {
+		t.Fatal("the clock must start at the first read only")
+	}
+	check := func(what string, now, want time.Time) {
+		t.Helper()
+		if got := c.deadline(now); !got.Equal(want) {
+			t.Errorf("%s: deadline %v after the first read, want %v", what, got.Sub(t0), want.Sub(t0))
+		}
+	}
+	check("first read", t0, t0.Add(timeout))
+	// Fast: the next read must come within the timeout.
+	c.read = 10 * minBodyRate
+	check("a fast body", t0.Add(time.Second), t0.Add(time.Second+timeout))
+	// Slow: the bytes read earn a second each minBodyRate, no more.
+	c.read = minBodyRate
+	check("a trickle", t0.Add(50*time.Second), t0.Add(timeout+time.Second))
+	// Past the floor the deadline is already gone.
+	check("a trickle past its floor", t0.Add(2*timeout), t0.Add(timeout+time.Second))
 }
 
 // TestResponseNeverRead: a client that sends requests and never reads the
@@ -239,7 +310,7 @@ func readUntil(nc net.Conn, want string) (string, error) {
 // a place given back is taken again.
 func TestHeaderReadsCapped(t *testing.T) {
 	met := metrics.New()
-	l := &httpLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 3, MaxHeaderReadsPerSource: 2, Metrics: met}
+	l := &ConnLimits{IOTimeout: ioTestTimeout, MaxHeaderReads: 3, MaxHeaderReadsPerSource: 2, Metrics: met}
 	addr, _ := ioServer(t, answerOK, l)
 	from := func(source, request string) net.Conn {
 		t.Helper()
@@ -349,4 +420,47 @@ func counter(t *testing.T, met *metrics.Metrics, name, reason string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestUploadDeadline: an upload keeps to the listener's one deadline
+// policy, whose clock starts when the sandbox is ready to read the body:
+// an upload whose command starts long after the body arrived (a sandbox
+// waking) is written whole, and one whose body stops halfway is cut,
+// leaving no file behind.
+func TestUploadDeadline(t *testing.T) {
+	dir := t.TempDir()
+	ts := newTestServer(t, &controltest.Cluster{}, func(so *Options, co *control.Options) {
+		run := localExec(os.Getenv("PATH"), nil).Run
+		co.Exec = controltest.Exec{Run: func(ctx context.Context, req cluster.ExecRequest) (cluster.ExitStatus, error) {
+			// The command starts well past the deadline the headers set.
+			time.Sleep(3 * ioTestTimeout)
+			return run(ctx, req)
+		}}
+	})
+	id := ts.create(`{"image":"busybox"}`)
+	ts.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning})
+	addr, closed := ioServer(t, ts.srv, nil)
+	put := func(name string, size int, body []byte) net.Conn {
+		return dialRaw(t, addr, fmt.Sprintf("PUT /v1/sandboxes/%s/files?path=%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s",
+			id, filepath.Join(dir, name), ts.token, size, body))
+	}
+
+	whole := bytes.Repeat([]byte("w"), 64<<10)
+	nc := put("whole", len(whole), whole)
+	if got, err := readUntil(nc, "HTTP/1.1 200 OK"); err != nil {
+		t.Fatalf("an upload read late: %v after %q", err, got)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "whole")); err != nil || !bytes.Equal(got, whole) {
+		t.Errorf("the upload read late wrote %d bytes (%v), want %d", len(got), err, len(whole))
+	}
+
+	put("stalled", 1<<20, bytes.Repeat([]byte("s"), 64<<10))
+	waitClosed(t, closed, "an upload whose body stopped halfway")
+	eventually.True(t, "the stalled upload's temporary file removed", func() bool {
+		entries, _ := os.ReadDir(dir)
+		return len(entries) == 1
+	})
+	if _, err := os.Stat(filepath.Join(dir, "stalled")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a stalled upload left its file: %v", err)
+	}
 }

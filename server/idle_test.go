@@ -157,20 +157,23 @@ func TestStoppedByAndWake(t *testing.T) {
 		t.Errorf("a wake that does not come up: %d %s", code, body)
 	}
 
-	// Once the record shows the start, a wake goes on to run the command.
+	// Once the record shows the start, a wake goes on to run the command:
+	// the cluster's start is observed as soon as the wake asks for it.
 	again := ts.stopIdle(running())
-	done := make(chan struct{})
+	answered, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		for range 150 {
-			if slices.Contains(fc.Calls(), "mode "+again+" running") {
-				ts.db.Observe(ctx, again, store.Observation{State: store.StateRunning})
+		for !slices.Contains(fc.Calls(), "mode "+again+" running") {
+			select {
+			case <-answered:
 				return
+			case <-time.After(time.Millisecond):
 			}
-			time.Sleep(time.Millisecond)
 		}
+		ts.db.Observe(ctx, again, store.Observation{State: store.StateRunning})
 	}()
 	code, body := run(again, "?wake=true")
+	close(answered)
 	<-done
 	if code != 200 || !strings.Contains(body, `"exit_code": 3`) {
 		t.Fatalf("exec with wake=true: %d %s", code, body)

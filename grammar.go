@@ -11,10 +11,10 @@ import (
 
 // Building kong's model of the whole grammar takes longer than most
 // commands run: it reflects over every command's flags and interpolates
-// every help string (about 7 ms and 2 MB on a 2-core machine, before the
-// GC that those bytes bring on). A command run by name needs only its own
-// path, so parse first builds the grammar cut down to the commands args
-// name, and falls back to the whole grammar for help, for no command, and
+// every help string, and the garbage it makes brings on the GC
+// (docs/benchmarks.md, exec round trip). A command run by name needs only
+// its own path, so parse first builds the grammar cut down to the commands
+// args name, and falls back to the whole grammar for help, for no command, and
 // for any parse error. Users see exactly what the whole grammar would give
 // them: a cut grammar holds the one command path args select, with every
 // flag and argument of the commands on it, and only the commands off that

@@ -57,8 +57,8 @@ const (
 // The patterns are compiled on first use, not when the package is
 // initialized: the CLI is the same binary and initializes this package too
 // before every command, and their counted repetitions ({0,251}) compile to
-// large programs: half a megabyte and 3,300 allocations before main, a
-// twentieth of the CPU of `hiloop sandbox exec ID -- true`.
+// large programs, which every command would pay for before main
+// (docs/benchmarks.md, exec round trip).
 var (
 	// imageRef follows the distribution reference grammar: optional
 	// registry host (with port), lower-case path components, optional tag,

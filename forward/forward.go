@@ -12,10 +12,10 @@
 // the helper accepts it only if it names its own sandbox and the key is
 // the one its pod was given. Each stream opens with the destination (host
 // and port); the helper answers accept, or reject with an SSH reason and
-// message that the gateway passes on to its client. The SSH connection the
-// gateway held to the helper before encrypted every byte a second time in
-// x/crypto, which copies each packet and writes each packet and window
-// adjustment with its own system call; BenchmarkLeg measures the two.
+// message that the gateway passes on to its client. The leg is TLS and not
+// a second SSH connection because x/crypto's SSH copies each packet and
+// writes each packet and window adjustment with its own system call;
+// BenchmarkLeg measures the two (docs/benchmarks.md has the figures).
 package forward
 
 import (
@@ -24,12 +24,13 @@ import (
 	"sync"
 )
 
-// Ciphers the gateway offers its clients: AES-GCM only. The OpenSSH client takes the first of its own choices that the
-// server offers, and its defaults put chacha20-poly1305 first and AES-CTR
-// before AES-GCM. x/crypto's chacha20-poly1305 costs about a third of the
-// -L throughput of AES-GCM on AES-NI machines, and AES-CTR brings HMAC-SHA2
-// with it (no umac in x/crypto), which costs a quarter. Every OpenSSH since
-// 6.2 and x/crypto speak AES-GCM.
+// Ciphers the gateway offers its clients: AES-GCM only. The OpenSSH client
+// takes the first of its own choices that the server offers, and its
+// defaults put chacha20-poly1305 first and AES-CTR before AES-GCM.
+// x/crypto's chacha20-poly1305 is much slower than AES-GCM on AES-NI
+// machines, and AES-CTR brings HMAC-SHA2 with it (no umac in x/crypto),
+// which is slower too (docs/benchmarks.md, SSH). Every OpenSSH since 6.2
+// and x/crypto speak AES-GCM.
 func Ciphers() []string { return []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"} }
 
 // DirectTCPIP is the payload of a direct-tcpip channel open (RFC 4254 7.2).

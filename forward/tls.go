@@ -182,9 +182,9 @@ func oldHelper(err error) error {
 
 // Conn is a TLS connection whose every Write of up to a mux frame reaches
 // the connection under it in one write. crypto/tls writes each record,
-// 16 KiB at most, with a write of its own: a mux frame of 64 KiB was five
-// system calls, and on the gateway they were a fifth of the CPU a -L push
-// costs it.
+// 16 KiB at most, with a write of its own, so a mux frame of 64 KiB would
+// take five system calls, a large part of what a -L push costs the gateway
+// (docs/benchmarks.md, SSH).
 //
 // It keeps crypto/tls's promises for writes: a Write returns once its
 // records are written (one Write at a time, so none returns with records

@@ -195,9 +195,9 @@ func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (st
 
 // receiptCache memoizes sandbox.ParseReceipt, a pure function, for the
 // decisions of one Mirror: the receipts of thousands of sandboxes are a
-// handful of distinct strings, and parsing two on every decision was a
-// twentieth of serve's CPU while sandboxes were being created. It holds at
-// most maxReceipts, each at most maxReceiptLen long (a receipt is a few
+// handful of distinct strings, and parsing two on every decision is a
+// cost serve would pay on every watch event (docs/benchmarks.md). It holds
+// at most maxReceipts, each at most maxReceiptLen long (a receipt is a few
 // hundred bytes; a longer one is parsed every time, so an edited annotation
 // cannot fill memory), and starts over when full. Decide never changes a
 // receipt it is given. The zero value is an empty cache.

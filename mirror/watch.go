@@ -22,11 +22,11 @@ import (
 // and client-go's decoder reads every watch event four times over (the
 // kind of the event, the event, the kind of the object, the object) into a
 // whole typed Sandbox, pod template and managed fields included, only for
-// the informer's transform to keep a few fields of it. That was a quarter of
-// serve's CPU while sandboxes were being created (perf). The mirror lists
-// and watches Sandboxes itself and decodes each event in one pass, into only
-// what its view keeps (liteSandbox), then a typed Sandbox that has those
-// fields alone.
+// the informer's transform to keep a few fields of it, the largest of
+// serve's costs while sandboxes are created (docs/benchmarks.md). So the
+// mirror lists and watches Sandboxes itself and decodes each event in one
+// pass, into only what its view keeps (liteSandbox), then a typed Sandbox
+// that has those fields alone.
 
 // sandboxListWatch lists and watches the Sandboxes of namespace ns that
 // match selector, through rc, the Sandbox group's REST client.

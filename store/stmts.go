@@ -9,10 +9,10 @@ import (
 
 // stmts caches the read statements that every request and every decision of
 // the mirror runs (a sandbox by id, a page of the list, a key by its hash),
-// prepared once: SQLite's parser was about a tenth of serve's CPU while
-// sandboxes were being created. Queries built from user input (a list
-// filtered by labels) can take many shapes, so the cache holds at most
-// maxStmts and past that queries run unprepared.
+// prepared once, so SQLite parses each once and not on every call
+// (docs/benchmarks.md has what that saves). Queries built from user input
+// (a list filtered by labels) can take many shapes, so the cache holds at
+// most maxStmts and past that queries run unprepared.
 type stmts struct {
 	mu sync.Mutex
 	m  map[string]*sql.Stmt

@@ -644,12 +644,36 @@ func (c *Client) Exec(ctx context.Context, id string, o ExecOptions) (ExitStatus
 }
 
 func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (ExitFrame, error) {
-	if err := c.checkURL(); err != nil {
+	u, d, err := c.execDial(id, o)
+	if err != nil {
 		return ExitFrame{}, err
+	}
+	conn, err := c.dial(ctx, d, u)
+	if err != nil {
+		return ExitFrame{}, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	start, err := json.Marshal(StartFrame{Command: o.Command, Env: o.Env, Cwd: o.Cwd})
+	if err != nil {
+		return ExitFrame{}, err
+	}
+	if err := conn.WriteMessage(websocket.TextMessage, start); err != nil {
+		return ExitFrame{}, fmt.Errorf("exec: send command: %w", err)
+	}
+	sendInput(NewChannelConn(conn).Send, o)
+	return readExit(ctx, conn, o)
+}
+
+// execDial is the streaming endpoint's URL for o and the dialer for it.
+func (c *Client) execDial(id string, o ExecOptions) (string, websocket.Dialer, error) {
+	if err := c.checkURL(); err != nil {
+		return "", websocket.Dialer{}, err
 	}
 	u, err := url.Parse(strings.TrimRight(c.URL, "/") + sandboxPath(id, "/exec"))
 	if err != nil {
-		return ExitFrame{}, err
+		return "", websocket.Dialer{}, err
 	}
 	switch u.Scheme {
 	case "http":
@@ -684,21 +708,12 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 			d.Proxy = t.Proxy
 		}
 	}
-	conn, err := c.dial(ctx, d, u.String())
-	if err != nil {
-		return ExitFrame{}, err
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	start, err := json.Marshal(StartFrame{Command: o.Command, Env: o.Env, Cwd: o.Cwd})
-	if err != nil {
-		return ExitFrame{}, err
-	}
-	if err := conn.WriteMessage(websocket.TextMessage, start); err != nil {
-		return ExitFrame{}, fmt.Errorf("exec: send command: %w", err)
-	}
-	send := NewChannelConn(conn).Send
+	return u.String(), d, nil
+}
+
+// sendInput sends o.Stdin, then its end, and o.Resize's sizes, each from a
+// goroutine of its own that ends with its source or the connection.
+func sendInput(send func(byte, []byte) error, o ExecOptions) {
 	if o.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)
@@ -724,6 +739,11 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 			}
 		}()
 	}
+}
+
+// readExit copies the stream's output to o.Stdout and o.Stderr until its
+// exit frame, which it returns.
+func readExit(ctx context.Context, conn *websocket.Conn, o ExecOptions) (ExitFrame, error) {
 	buf := make([]byte, 256<<10)
 	for {
 		mt, r, err := conn.NextReader()
@@ -751,8 +771,9 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 			}
 			// writerOnly hides an *os.File's ReadFrom, which would leave
 			// buf unused and copy each message through a 32 KiB buffer of
-			// its own, allocated anew per message: at 256 MB of output,
-			// a quarter of the CLI's CPU went to allocating and collecting.
+			// its own, allocated anew per message, which the CLI would
+			// spend much of its CPU allocating and collecting
+			// (docs/benchmarks.md, exec throughput).
 			if _, err := io.CopyBuffer(writerOnly{w}, r, buf); err != nil {
 				return ExitFrame{}, err
 			}

@@ -81,10 +81,10 @@ func (e *Execer) Exec(ctx context.Context, sandboxID string, req cluster.ExecReq
 // built once, with a session cache, so every stream after the first
 // resumes a TLS session instead of making a whole handshake: that spares
 // the API server its signature and hiloop the certificate checks and, with
-// a client certificate, an RSA signature of its own. In a loop of execs the
-// whole handshake was a fifth of serve's CPU (half of it that signature)
-// and building the configuration anew for each stream, parsing its keys
-// and certificates, another twentieth. The CA bundle is read once, as the
+// a client certificate, an RSA signature of its own; and the keys and
+// certificates are parsed once, not for each stream. Both are large costs
+// of a loop of execs (docs/benchmarks.md, exec round trip). The CA bundle
+// is read once, as the
 // clients' own transport reads it; a client certificate that client-go
 // reloads from its files still is.
 type execDialer struct {
@@ -241,7 +241,26 @@ func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req cl
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 
-	send := channelSender(conn)
+	sendV5Input(channelSender(conn), req)
+	status, gotStatus, readErr, err := readV5(conn, req)
+	if err != nil {
+		return cluster.ExitStatus{}, err
+	}
+	if ctx.Err() != nil {
+		return cluster.ExitStatus{}, ctx.Err()
+	}
+	if !gotStatus {
+		if readErr != nil && !gwebsocket.IsCloseError(readErr, gwebsocket.CloseNormalClosure) {
+			return cluster.ExitStatus{}, fmt.Errorf("%w: %v", cluster.ErrNoStatus, readErr)
+		}
+		return cluster.ExitStatus{}, cluster.ErrNoStatus
+	}
+	return decodeStatus(status)
+}
+
+// sendV5Input sends req's stdin, then its end, and its terminal sizes, each
+// from a goroutine of its own that ends with its source or the connection.
+func sendV5Input(send func(byte, []byte) error, req cluster.ExecRequest) {
 	if req.Stdin != nil {
 		go func() {
 			buf := make([]byte, 32<<10)
@@ -270,18 +289,19 @@ func (d *execDialer) execWebSocket(ctx, cctx context.Context, u *url.URL, req cl
 			}
 		}()
 	}
+}
 
-	var status []byte
-	gotStatus := false
-	var readErr error
+// readV5 copies the stream's output to req's writers until the connection
+// ends, and returns the status the error channel brought (gotStatus says
+// whether it brought any) and the read error that ended it; err is a write
+// downstream that failed.
+func readV5(conn *gwebsocket.Conn, req cluster.ExecRequest) (status []byte, gotStatus bool, readErr, err error) {
 	// Large copies mean large messages downstream: fewer frames per byte.
 	buf := make([]byte, copyBuffer)
-read:
 	for {
 		mt, r, err := conn.NextReader()
 		if err != nil {
-			readErr = err
-			break
+			return status, gotStatus, err, nil
 		}
 		if mt != gwebsocket.BinaryMessage {
 			continue
@@ -299,44 +319,41 @@ read:
 		case remotecommand.StreamErr:
 			b, err := io.ReadAll(r)
 			if err != nil {
-				readErr = err
-				break read
+				return status, gotStatus, err, nil
 			}
 			status = append(status, b...)
 			gotStatus = true
 		}
-		if dst != nil {
-			// A TLS read yields one record (16 KiB at most), and a message
-			// is sent whole, so the rest of it is on its way: take the
-			// message whole before passing it on, for one write downstream
-			// per message, not one per record.
-			for {
-				n, err := io.ReadFull(r, buf)
-				if n > 0 {
-					if _, werr := dst.Write(buf[:n]); werr != nil {
-						return cluster.ExitStatus{}, fmt.Errorf("exec: write output: %w", werr)
-					}
-				}
-				if err == io.EOF || err == io.ErrUnexpectedEOF {
-					break
-				}
-				if err != nil {
-					readErr = err
-					break read
-				}
+		if dst == nil {
+			continue
+		}
+		if rerr, werr := copyMessage(dst, r, buf); werr != nil {
+			return nil, false, nil, fmt.Errorf("exec: write output: %w", werr)
+		} else if rerr != nil {
+			return status, gotStatus, rerr, nil
+		}
+	}
+}
+
+// copyMessage copies one message to dst. A TLS read yields one record (16
+// KiB at most), and a message is sent whole, so the rest of it is on its
+// way: it takes the message whole before passing it on, for one write
+// downstream per message, not one per record.
+func copyMessage(dst io.Writer, r io.Reader, buf []byte) (readErr, writeErr error) {
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return nil, werr
 			}
 		}
-	}
-	if ctx.Err() != nil {
-		return cluster.ExitStatus{}, ctx.Err()
-	}
-	if !gotStatus {
-		if readErr != nil && !gwebsocket.IsCloseError(readErr, gwebsocket.CloseNormalClosure) {
-			return cluster.ExitStatus{}, fmt.Errorf("%w: %v", cluster.ErrNoStatus, readErr)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil, nil
 		}
-		return cluster.ExitStatus{}, cluster.ErrNoStatus
+		if err != nil {
+			return err, nil
+		}
 	}
-	return decodeStatus(status)
 }
 
 // channelSender returns the one writer of the v5 protocol's messages on

@@ -116,47 +116,16 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 		}
 	}()
 
-	images := map[string]v1.Image{}
-	busybox, err := busyboxLayer(ctx, filepath.Join(o.BinDir, "busybox"))
+	images, err := baseImages(ctx, o.BinDir)
 	if err != nil {
 		return nil, err
 	}
-	arch := runtime.GOARCH
-	bb, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
-	if err != nil {
-		return nil, fmt.Errorf("images: busybox: %w", err)
-	}
-	pause, err := ociimage.Image(arch, ociimage.Config{Entrypoint: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
-	if err != nil {
-		return nil, fmt.Errorf("images: pause: %w", err)
-	}
-	images[BusyboxImage], images[PauseImage] = bb, pause
-	python, err := rootfsLayer(filepath.Join(o.BinDir, "python-rootfs"))
-	if err != nil {
-		return nil, err
-	}
-	py, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath, "LANG=C.UTF-8"}, WorkingDir: "/"}, busybox, python)
-	if err != nil {
-		return nil, fmt.Errorf("images: python: %w", err)
-	}
-	images[PythonImage] = py
 	if o.HiloopBinary != "" {
-		bin, err := os.ReadFile(o.HiloopBinary)
+		ref, img, err := agentImage(o.HiloopBinary)
 		if err != nil {
-			return nil, fmt.Errorf("images: the hiloop binary: %w", err)
+			return nil, err
 		}
-		// The session helper runs it in an image with nothing else in it.
-		if err := checkStatic(bin); err != nil {
-			return nil, fmt.Errorf("images: %s: %w: build hiloop with CGO_ENABLED=0 (make build does)", o.HiloopBinary, err)
-		}
-		sum := sha256.Sum256(bin)
-		tag := hex.EncodeToString(sum[:])[:12]
-		img, err := ociimage.Hiloop(bin, arch, tag)
-		if err != nil {
-			return nil, fmt.Errorf("images: hiloop: %w", err)
-		}
-		im.agent = agentRepository + ":" + tag
-		images[im.agent] = img
+		im.agent, images[ref] = ref, img
 	}
 	for i, path := range o.Archives {
 		tagged, err := readArchive(path, filepath.Join(dir, fmt.Sprintf("layout-%d", i)))
@@ -195,6 +164,53 @@ func StartImages(ctx context.Context, o ImageOptions) (_ *Images, err error) {
 	}
 	slices.Sort(im.names)
 	return im, nil
+}
+
+// baseImages are the cluster's own images, built from the busybox and
+// the Python root under binDir: busybox, pause and Python, by reference.
+func baseImages(ctx context.Context, binDir string) (map[string]v1.Image, error) {
+	busybox, err := busyboxLayer(ctx, filepath.Join(binDir, "busybox"))
+	if err != nil {
+		return nil, err
+	}
+	arch := runtime.GOARCH
+	bb, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
+	if err != nil {
+		return nil, fmt.Errorf("images: busybox: %w", err)
+	}
+	pause, err := ociimage.Image(arch, ociimage.Config{Entrypoint: sleepForever, Env: []string{busyboxPath}, WorkingDir: "/"}, busybox)
+	if err != nil {
+		return nil, fmt.Errorf("images: pause: %w", err)
+	}
+	python, err := rootfsLayer(filepath.Join(binDir, "python-rootfs"))
+	if err != nil {
+		return nil, err
+	}
+	py, err := ociimage.Image(arch, ociimage.Config{Cmd: sleepForever, Env: []string{busyboxPath, "LANG=C.UTF-8"}, WorkingDir: "/"}, busybox, python)
+	if err != nil {
+		return nil, fmt.Errorf("images: python: %w", err)
+	}
+	return map[string]v1.Image{BusyboxImage: bb, PauseImage: pause, PythonImage: py}, nil
+}
+
+// agentImage is the session helper's image of the hiloop binary at path,
+// and its reference, tagged by the binary's digest.
+func agentImage(path string) (string, v1.Image, error) {
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil, fmt.Errorf("images: the hiloop binary: %w", err)
+	}
+	// The session helper runs it in an image with nothing else in it.
+	if err := checkStatic(bin); err != nil {
+		return "", nil, fmt.Errorf("images: %s: %w: build hiloop with CGO_ENABLED=0 (make build does)", path, err)
+	}
+	sum := sha256.Sum256(bin)
+	tag := hex.EncodeToString(sum[:])[:12]
+	img, err := ociimage.Hiloop(bin, runtime.GOARCH, tag)
+	if err != nil {
+		return "", nil, fmt.Errorf("images: hiloop: %w", err)
+	}
+	return agentRepository + ":" + tag, img, nil
 }
 
 // Addr is the registry's host:port on 127.0.0.1.

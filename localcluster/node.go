@@ -145,66 +145,15 @@ func (c *Cluster) startRealNode(ctx context.Context, o Options) error {
 		os.RemoveAll(dir)
 		return err
 	}
-	for _, d := range []string{"run", "var-lib", "var-log", "cni/net.d", "cni/ipam", "runsc", "runsc-logs"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-			return err
-		}
-	}
-	// Traversable, not listable: the path to the containers' files.
-	for _, d := range []string{"", "containerd", "containerd/root", "containerd/state", "kubelet"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o711); err != nil {
-			return err
-		}
-		if err := os.Chmod(filepath.Join(dir, d), 0o711); err != nil {
-			return err
-		}
-	}
-	// What the node changes machine-wide is written down first, so that
-	// the reaper can put it back whatever happens next.
-	var saved strings.Builder
-	for _, s := range nodeSysctls {
-		v, err := os.ReadFile(filepath.Join("/proc/sys", s))
-		if err != nil {
-			continue
-		}
-		fmt.Fprintf(&saved, "%s %s\n", s, strings.TrimSpace(string(v)))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "sysctl.saved"), []byte(saved.String()), 0o600); err != nil {
+	if err := prepareNodeDir(dir); err != nil {
 		return err
 	}
-	// A bridge left by a node whose machine went down before its reaper
-	// ran (the lock is ours, so no node uses it).
-	exec.Command("ip", "link", "del", RealBridge).Run()
-	// The bridge, made before the kubelet starts: its gateway address is
-	// the node's address, which the API server reaches the kubelet at (a
-	// kubelet takes no loopback address as its node's). The CNI bridge
-	// plugin uses it as it finds it.
-	for _, args := range [][]string{
-		{"link", "add", "name", RealBridge, "type", "bridge"},
-		{"addr", "add", realNodeIP + "/24", "dev", RealBridge},
-		{"link", "set", RealBridge, "up"},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("node bridge: ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
+	if err := makeNodeBridge(); err != nil {
+		return err
 	}
-	hierarchies, err := cgroupHierarchies()
+	hierarchies, err := makeNodeCgroups()
 	if err != nil {
 		return err
-	}
-	for _, h := range hierarchies {
-		if err := os.MkdirAll(filepath.Join(h, realCgroup), 0o755); err != nil {
-			return fmt.Errorf("node cgroup: %w", err)
-		}
-		// A new cpuset cgroup has no CPUs or memory nodes, and takes no
-		// process until it has them: the machine's.
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			if v, err := os.ReadFile(filepath.Join(h, f)); err == nil {
-				if err := os.WriteFile(filepath.Join(h, realCgroup, f), v, 0o644); err != nil {
-					return fmt.Errorf("node cgroup: %s: %w", f, err)
-				}
-			}
-		}
 	}
 
 	if o.RuncHandler {
@@ -248,6 +197,79 @@ func (c *Cluster) startRealNode(ctx context.Context, o Options) error {
 	}
 	go cmd.Wait()
 	return c.waitRealNode(ctx, cmd.Process.Pid)
+}
+
+// prepareNodeDir makes the node directory's tree, and writes down first
+// what the node changes machine-wide, so that the reaper can put it back
+// whatever happens next.
+func prepareNodeDir(dir string) error {
+	for _, d := range []string{"run", "var-lib", "var-log", "cni/net.d", "cni/ipam", "runsc", "runsc-logs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	// Traversable, not listable: the path to the containers' files.
+	for _, d := range []string{"", "containerd", "containerd/root", "containerd/state", "kubelet"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o711); err != nil {
+			return err
+		}
+		if err := os.Chmod(filepath.Join(dir, d), 0o711); err != nil {
+			return err
+		}
+	}
+	var saved strings.Builder
+	for _, s := range nodeSysctls {
+		v, err := os.ReadFile(filepath.Join("/proc/sys", s))
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&saved, "%s %s\n", s, strings.TrimSpace(string(v)))
+	}
+	return os.WriteFile(filepath.Join(dir, "sysctl.saved"), []byte(saved.String()), 0o600)
+}
+
+// makeNodeBridge makes the node's bridge, before the kubelet starts: its
+// gateway address is the node's address, which the API server reaches the
+// kubelet at (a kubelet takes no loopback address as its node's). The CNI
+// bridge plugin uses it as it finds it.
+func makeNodeBridge() error {
+	// A bridge left by a node whose machine went down before its reaper
+	// ran (the lock is ours, so no node uses it).
+	exec.Command("ip", "link", "del", RealBridge).Run()
+	for _, args := range [][]string{
+		{"link", "add", "name", RealBridge, "type", "bridge"},
+		{"addr", "add", realNodeIP + "/24", "dev", RealBridge},
+		{"link", "set", RealBridge, "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("node bridge: ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// makeNodeCgroups makes realCgroup in every cgroup hierarchy, and returns
+// the hierarchies.
+func makeNodeCgroups() ([]string, error) {
+	hierarchies, err := cgroupHierarchies()
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range hierarchies {
+		if err := os.MkdirAll(filepath.Join(h, realCgroup), 0o755); err != nil {
+			return nil, fmt.Errorf("node cgroup: %w", err)
+		}
+		// A new cpuset cgroup has no CPUs or memory nodes, and takes no
+		// process until it has them: the machine's.
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(h, realCgroup, f), v, 0o644); err != nil {
+					return nil, fmt.Errorf("node cgroup: %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return hierarchies, nil
 }
 
 // waitRealNode waits until the kubelet has registered the node and it is

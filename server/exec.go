@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -308,36 +309,10 @@ var upgrader = websocket.Upgrader{
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	q := r.URL.Query()
-	if err := knownQuery(q, "command", "env", "cwd", "stdin", "tty", "timeout", "wake"); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	start, err := startQuery(q)
+	p, err := streamQuery(r.URL.Query())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
-	}
-	flags := map[string]bool{}
-	for _, f := range []string{"stdin", "tty"} {
-		var err error
-		if flags[f], err = boolQuery(q, f); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	// A terminal without input is of no use (and some runtimes fail on it).
-	if flags["tty"] && !flags["stdin"] {
-		s.writeError(w, r, fieldError("tty", "a terminal needs stdin (stdin=true)"))
-		return
-	}
-	timeout := api.MaxExecTimeout
-	if t := q.Get("timeout"); t != "" {
-		var err error
-		if timeout, err = parseTimeout(t); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 	}
 	if !websocket.IsWebSocketUpgrade(r) {
 		s.writeError(w, r, newError(http.StatusBadRequest, api.CodeWebSocketRequired, "this endpoint speaks WebSocket ("+api.ExecSubprotocol+"); use POST .../exec/run for a one-shot command"))
@@ -358,39 +333,22 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	// Output is one message per chunk and blocks on the client: a slow
 	// reader slows the command down instead of growing a buffer.
 	cc := api.NewChannelConn(conn)
-	// A session ended from outside (its key revoked, its sandbox stopped,
-	// deleted or quarantined, shutdown) ends the stream even while it waits
-	// for its first message or on a client that stopped reading: the read
-	// is cut short at once, and from then on a message the client leaves
-	// blocked for stallGrace closes the connection under it.
 	handlerDone := make(chan struct{})
 	defer close(handlerDone)
-	// The wait for the first message is bounded before the session-end
-	// cut below can run, so that the cut always comes later and wins.
-	if len(start.Command) == 0 {
-		conn.SetReadDeadline(time.Now().Add(startFrameWait))
-	}
-	stop := context.AfterFunc(sess.Context(), func() {
-		if sess.Ended() == nil {
-			return
-		}
-		conn.NetConn().SetReadDeadline(time.Now())
-		go closeWhenStalled(cc, conn, handlerDone)
-	})
-	defer stop()
+	defer cutOnSessionEnd(sess, cc, conn, len(p.start.Command) == 0, handlerDone)()
 
 	// The session's context ends on a revoke, a stop or delete of the
 	// sandbox, or shutdown; the timeout bounds the command.
-	ctx, cancel := context.WithTimeout(sess.Context(), timeout)
+	ctx, cancel := context.WithTimeout(sess.Context(), p.timeout)
 	defer cancel()
 	sendExit := func(f api.ExitFrame) {
 		b, _ := json.Marshal(f)
 		cc.Send(api.ChanExit, b)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 	}
-	if len(start.Command) == 0 {
+	if len(p.start.Command) == 0 {
 		var ferr *apiError
-		start, ferr = readStart(conn)
+		p.start, ferr = readStart(conn)
 		// From here a session's end reaches the handler through ctx, which
 		// ends the command and then the stream, whatever the read does.
 		conn.SetReadDeadline(time.Time{})
@@ -402,10 +360,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ereq := cluster.ExecRequest{Command: start.Command, Env: start.Env, Cwd: start.Cwd, TTY: flags["tty"], Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
+	ereq := cluster.ExecRequest{Command: p.start.Command, Env: p.start.Env, Cwd: p.start.Cwd, TTY: p.tty, Stdout: sess.Out(cc.Writer(api.ChanStdout)), Stderr: sess.Out(cc.Writer(api.ChanStderr))}
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
-	if flags["stdin"] {
+	if p.stdin {
 		stdinR, stdinW = io.Pipe()
 		ereq.Stdin = sess.In(stdinR)
 	}
@@ -413,48 +371,137 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 	if ereq.TTY {
 		ereq.Resize = resize
 	}
-	// frameErr is a protocol violation by the client; it ends the session.
-	var frameErr error
-	var frameMu sync.Mutex
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		defer close(resize)
-		for {
-			mt, b, err := conn.ReadMessage()
-			if err != nil {
-				// The client went away: Ctrl-C, or a lost connection.
-				cancel()
-				if stdinW != nil {
-					stdinW.CloseWithError(io.ErrUnexpectedEOF)
-				}
-				return
-			}
-			if ferr := s.handleFrame(mt, b, stdinW, resize, ereq.TTY); ferr != nil {
-				frameMu.Lock()
-				frameErr = ferr
-				frameMu.Unlock()
-				cancel()
-				return
-			}
-		}
-	}()
+	frames := &frameReader{conn: conn, stdin: stdinW, resize: resize, tty: ereq.TTY, cancel: cancel, done: make(chan struct{})}
+	go s.readFrames(frames)
 
 	st, err := sess.Exec(ctx, ereq)
 	if stdinR != nil {
 		stdinR.Close() // unblocks a stdin write nobody will read
 	}
-	frameMu.Lock()
-	ferr := frameErr
-	frameMu.Unlock()
+	if f, ok := streamExit(log, frames.err(), err, st, p.timeout); ok {
+		sendExit(f)
+	}
+	conn.Close()
+	<-frames.done
+}
+
+// streamParams are what an exec stream's query asks for.
+type streamParams struct {
+	// start is the command, its env and cwd; no command when the first
+	// message brings them.
+	start      api.StartFrame
+	stdin, tty bool
+	timeout    time.Duration
+}
+
+// streamQuery reads and checks an exec stream's query.
+func streamQuery(q url.Values) (streamParams, error) {
+	var p streamParams
+	if err := knownQuery(q, "command", "env", "cwd", "stdin", "tty", "timeout", "wake"); err != nil {
+		return p, err
+	}
+	var err error
+	if p.start, err = startQuery(q); err != nil {
+		return p, err
+	}
+	if p.stdin, err = boolQuery(q, "stdin"); err != nil {
+		return p, err
+	}
+	if p.tty, err = boolQuery(q, "tty"); err != nil {
+		return p, err
+	}
+	// A terminal without input is of no use (and some runtimes fail on it).
+	if p.tty && !p.stdin {
+		return p, fieldError("tty", "a terminal needs stdin (stdin=true)")
+	}
+	p.timeout = api.MaxExecTimeout
+	if t := q.Get("timeout"); t != "" {
+		if p.timeout, err = parseTimeout(t); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// cutOnSessionEnd makes a session ended from outside (its key revoked, its
+// sandbox stopped, deleted or quarantined, shutdown) end the stream even
+// while it waits for its first message or on a client that stopped
+// reading: the read is cut short at once, and from then on a message the
+// client leaves blocked for stallGrace closes the connection under it. It
+// returns what stops watching.
+func cutOnSessionEnd(sess *control.Session, cc *api.ChannelConn, conn *websocket.Conn, waitFirst bool, handlerDone <-chan struct{}) func() bool {
+	// The wait for the first message is bounded before the session-end
+	// cut below can run, so that the cut always comes later and wins.
+	if waitFirst {
+		conn.SetReadDeadline(time.Now().Add(startFrameWait))
+	}
+	return context.AfterFunc(sess.Context(), func() {
+		if sess.Ended() == nil {
+			return
+		}
+		conn.NetConn().SetReadDeadline(time.Now())
+		go closeWhenStalled(cc, conn, handlerDone)
+	})
+}
+
+// frameReader is the reading side of an exec stream: the client's stdin,
+// resizes and protocol violations.
+type frameReader struct {
+	conn   *websocket.Conn
+	stdin  *io.PipeWriter // nil without stdin
+	resize chan cluster.TerminalSize
+	tty    bool
+	cancel context.CancelFunc
+	done   chan struct{} // closed once the reading ends
+
+	mu sync.Mutex
+	// bad is a protocol violation by the client; it ends the session.
+	bad error
+}
+
+func (f *frameReader) err() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bad
+}
+
+// readFrames reads the client's messages until the connection ends (the
+// client went away: Ctrl-C, or a lost connection) or a message breaks the
+// protocol; either ends the command.
+func (s *Server) readFrames(f *frameReader) {
+	defer close(f.done)
+	defer close(f.resize)
+	for {
+		mt, b, err := f.conn.ReadMessage()
+		if err != nil {
+			f.cancel()
+			if f.stdin != nil {
+				f.stdin.CloseWithError(io.ErrUnexpectedEOF)
+			}
+			return
+		}
+		if ferr := s.handleFrame(mt, b, f.stdin, f.resize, f.tty); ferr != nil {
+			f.mu.Lock()
+			f.bad = ferr
+			f.mu.Unlock()
+			f.cancel()
+			return
+		}
+	}
+}
+
+// streamExit is the exit message of a stream whose command ended with st
+// and err, or whose client broke the protocol (ferr); false when the
+// client left and nobody listens for it.
+func streamExit(log *slog.Logger, ferr, err error, st cluster.ExitStatus, timeout time.Duration) (api.ExitFrame, bool) {
 	switch {
 	case ferr != nil:
 		log.Info("exec session refused a frame", "err", ferr)
-		sendExit(api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeInvalidFrame, Message: ferr.Error()}})
+		return api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeInvalidFrame, Message: ferr.Error()}}, true
 	case errors.Is(err, control.ErrExecTimeout):
-		sendExit(api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}})
+		return api.ExitFrame{Error: &api.ErrorDetail{Code: api.CodeExecTimeout, Message: "the command ran past its timeout of " + timeout.String()}}, true
 	case errors.Is(err, control.ErrCallerGone):
-		// The client left; nobody is listening for the exit.
+		return api.ExitFrame{}, false
 	case err != nil:
 		// A directory or environment the sandbox could not set up is the
 		// caller's to fix, not the stream's failure.
@@ -463,12 +510,9 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
 			log.Warn("exec ended without an exit status", "err", err)
 		}
 		d := toAPIError(execFailed(err)).detail
-		sendExit(api.ExitFrame{Error: &d})
-	default:
-		sendExit(api.ExitFrame{ExitCode: &st.Code, Signal: st.Signal})
+		return api.ExitFrame{Error: &d}, true
 	}
-	conn.Close()
-	<-readDone
+	return api.ExitFrame{ExitCode: &st.Code, Signal: st.Signal}, true
 }
 
 // closeWhenStalled closes conn once a message to it has been blocked for

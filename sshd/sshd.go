@@ -138,53 +138,8 @@ func New(o Options) (*Gateway, error) {
 	if o.Control == nil || o.HostKey == nil {
 		return nil, errors.New("sshd: control and host key are required")
 	}
-	if o.Log == nil {
-		o.Log = slog.Default()
-	}
-	if o.KeepAlive == 0 {
-		o.KeepAlive = 15 * time.Second
-	}
-	if o.KeepAliveMax == 0 {
-		o.KeepAliveMax = 3
-	}
-	if o.LoginGrace == 0 {
-		o.LoginGrace = defaultLoginGrace
-	}
-	if o.MaxStartups == (Startups{}) {
-		o.MaxStartups = defaultStartups()
-	}
-	if err := o.MaxStartups.valid(); err != nil {
-		return nil, fmt.Errorf("sshd: max startups: %w", err)
-	}
-	if o.MaxStartupsPerSource == 0 {
-		o.MaxStartupsPerSource = defaultMaxStartupsPerSource
-	}
-	if o.StartupQueue == 0 {
-		o.StartupQueue = defaultStartupQueue
-	}
-	if o.StartupWait == 0 {
-		o.StartupWait = defaultStartupWait
-	}
-	if o.Penalties == (Penalties{}) {
-		o.Penalties = defaultPenalties()
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.MaxConnsPerKey == 0 {
-		o.MaxConnsPerKey = defaultMaxConnsPerKey
-	}
-	if o.MaxConnsPerOrg == 0 {
-		o.MaxConnsPerOrg = defaultMaxConnsPerOrg
-	}
-	if o.MaxChannelsPerConn == 0 {
-		o.MaxChannelsPerConn = defaultMaxChannelsPerConn
-	}
-	if o.MaxChannelsPerOrg == 0 {
-		o.MaxChannelsPerOrg = defaultMaxChannelsPerOrg
-	}
-	if o.HelperDialTimeout == 0 {
-		o.HelperDialTimeout = defaultHelperDialTimeout
+	if err := o.setDefaults(); err != nil {
+		return nil, err
 	}
 	g := &Gateway{o: o, log: o.Log.With("component", "sshd")}
 	g.limits.met = o.Metrics
@@ -222,6 +177,59 @@ func New(o Options) (*Gateway, error) {
 		ConnectionFailedCallback: g.failed,
 	}
 	return g, nil
+}
+
+// setDefaults fills the limits Options leave zero, and checks MaxStartups.
+func (o *Options) setDefaults() error {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.KeepAlive == 0 {
+		o.KeepAlive = 15 * time.Second
+	}
+	if o.KeepAliveMax == 0 {
+		o.KeepAliveMax = 3
+	}
+	if o.LoginGrace == 0 {
+		o.LoginGrace = defaultLoginGrace
+	}
+	if o.MaxStartups == (Startups{}) {
+		o.MaxStartups = defaultStartups()
+	}
+	if err := o.MaxStartups.valid(); err != nil {
+		return fmt.Errorf("sshd: max startups: %w", err)
+	}
+	if o.MaxStartupsPerSource == 0 {
+		o.MaxStartupsPerSource = defaultMaxStartupsPerSource
+	}
+	if o.StartupQueue == 0 {
+		o.StartupQueue = defaultStartupQueue
+	}
+	if o.StartupWait == 0 {
+		o.StartupWait = defaultStartupWait
+	}
+	if o.Penalties == (Penalties{}) {
+		o.Penalties = defaultPenalties()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.MaxConnsPerKey == 0 {
+		o.MaxConnsPerKey = defaultMaxConnsPerKey
+	}
+	if o.MaxConnsPerOrg == 0 {
+		o.MaxConnsPerOrg = defaultMaxConnsPerOrg
+	}
+	if o.MaxChannelsPerConn == 0 {
+		o.MaxChannelsPerConn = defaultMaxChannelsPerConn
+	}
+	if o.MaxChannelsPerOrg == 0 {
+		o.MaxChannelsPerOrg = defaultMaxChannelsPerOrg
+	}
+	if o.HelperDialTimeout == 0 {
+		o.HelperDialTimeout = defaultHelperDialTimeout
+	}
+	return nil
 }
 
 // publicKey answers whether key may log in as the connection's user (a

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/sandbox"
 	"github.com/hiloop/hiloop/store"
 )
@@ -212,27 +213,19 @@ func TestWakeWakingHoldsNoPlace(t *testing.T) {
 	}()
 	<-entered
 	// The stuck caller's wake starts the sandbox all the same.
-	deadline := time.After(10 * time.Second)
-	for !slices.Contains(ic.fc.Calls(), "mode "+sb.ID+" running") {
+	eventually.True(t, "the stuck caller's wake to start the sandbox", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the wake returned while its Waking blocks: %v", err)
-		case <-deadline:
-			t.Fatal("a caller stuck in Waking keeps its wake from starting the sandbox")
-		case <-time.After(time.Millisecond):
+		default:
 		}
-	}
+		return slices.Contains(ic.fc.Calls(), "mode "+sb.ID+" running")
+	})
 	ic.observe(t, sb.ID, store.StateRunning)
-	for {
-		if k, o, _, _ := ic.waits.counts(ic.who.KeyID, ic.who.OrgID); k == 0 && o == 0 {
-			break
-		}
-		select {
-		case <-deadline:
-			t.Fatal("a caller stuck in Waking still holds its waiting place while the sandbox runs")
-		case <-time.After(time.Millisecond):
-		}
-	}
+	eventually.True(t, "the stuck caller's waiting place given back once the sandbox runs", func() bool {
+		k, o, _, _ := ic.waits.counts(ic.who.KeyID, ic.who.OrgID)
+		return k == 0 && o == 0
+	})
 	// And its key may wait for another wake.
 	other := ic.stoppedIdleOf(t, ic.who)
 	ic.park(t, ic.who, other.ID)

@@ -16,6 +16,7 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
+	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -217,13 +218,14 @@ func TestWakeWaitLimit(t *testing.T) {
 			ts.srv.ServeHTTP(rec, req)
 			done <- rec
 		}()
-		for ts.db.Waiting() == waiting {
+		eventually.True(t, "the wake to wait", func() bool {
 			select {
 			case rec := <-done:
 				t.Fatalf("a wake that should wait answered %d %s", rec.Code, rec.Body.String())
-			case <-time.After(time.Millisecond):
+			default:
 			}
-		}
+			return ts.db.Waiting() != waiting
+		})
 		return cancel, done
 	}
 	cancel, done := park(idle)
@@ -274,13 +276,14 @@ func TestWakeAtShutdown(t *testing.T) {
 	go func() {
 		done <- ts.do("POST", "/v1/sandboxes/"+waiting+"/exec/run?wake=true", `{"command":["true"]}`)
 	}()
-	for ts.db.Waiting() == 0 {
+	eventually.True(t, "the wake to wait", func() bool {
 		select {
 		case rec := <-done:
 			t.Fatalf("a wake that should wait answered %d %s", rec.Code, rec.Body.String())
-		case <-time.After(time.Millisecond):
+		default:
 		}
-	}
+		return ts.db.Waiting() != 0
+	})
 	if err := ts.ctl.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -322,13 +325,14 @@ func TestWakeCallerGone(t *testing.T) {
 		}()
 		// Each call wakes a sandbox of its own: the store has one more
 		// waiter once it waits.
-		for ts.db.Waiting() == waiting {
+		eventually.True(t, "the wake to wait", func() bool {
 			select {
 			case rec := <-done:
 				t.Fatalf("%s %s answered %d %s before it waited", method, path, rec.Code, rec.Body.String())
-			case <-time.After(time.Millisecond):
+			default:
 			}
-		}
+			return ts.db.Waiting() != waiting
+		})
 		cancel()
 		if rec := <-done; rec.Body.Len() != 0 {
 			t.Errorf("%s %s whose caller went away was answered %d %s", method, path, rec.Code, rec.Body.String())

@@ -117,7 +117,7 @@ type Options struct {
 	Now           func() time.Time
 	// Metrics records cluster errors; optional.
 	Metrics *metrics.Metrics
-	// Boundary is the isolation self-check (k8s.Clients.CheckBoundary).
+	// Boundary is the isolation self-check (boundary.Check).
 	// With it, creates and starts are refused until a check passes, and
 	// whenever the last one failed. Nil runs without (the core's own tests).
 	Boundary func(ctx context.Context) []cluster.Check

@@ -290,9 +290,7 @@ func (s *Server) authenticated(rt route, next http.HandlerFunc) http.HandlerFunc
 				s.rateLimited(w, r, no)
 				return
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
-			s.o.Metrics.AuthFailure("api_key_missing")
-			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer token"))
+			s.unauthorized(w, r, true)
 			return
 		}
 		if len(secret) > maxSecretLen {
@@ -302,9 +300,7 @@ func (s *Server) authenticated(rt route, next http.HandlerFunc) http.HandlerFunc
 				s.rateLimited(w, r, no)
 				return
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
-			s.o.Metrics.AuthFailure("api_key_invalid")
-			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "invalid or revoked key"))
+			s.unauthorized(w, r, false)
 			return
 		}
 		sum := sha256.Sum256([]byte(secret))
@@ -339,9 +335,7 @@ func (s *Server) authenticated(rt route, next http.HandlerFunc) http.HandlerFunc
 				s.limiters.forget(keyHash)
 				s.limiters.chargeAddress(lim, addr)
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
-			s.o.Metrics.AuthFailure("api_key_invalid")
-			s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "invalid or revoked key"))
+			s.unauthorized(w, r, false)
 			return
 		}
 		if !found {
@@ -360,6 +354,20 @@ func (s *Server) authenticated(rt route, next http.HandlerFunc) http.HandlerFunc
 		info(r).org = who.OrgID
 		next(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, who)))
 	}
+}
+
+// unauthorized answers 401 to a request without a bearer token (missing),
+// or with one that is no live key.
+func (s *Server) unauthorized(w http.ResponseWriter, r *http.Request, missing bool) {
+	if missing {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop"`)
+		s.o.Metrics.AuthFailure("api_key_missing")
+		s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer token"))
+		return
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="hiloop", error="invalid_token"`)
+	s.o.Metrics.AuthFailure("api_key_invalid")
+	s.writeError(w, r, newError(http.StatusUnauthorized, api.CodeUnauthorized, "invalid or revoked key"))
 }
 
 // slots takes what a request of the key holds while it runs: a long poll

@@ -81,8 +81,8 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.Hijack()
 }
 
-// Unwrap lets http.ResponseController reach the connection (an upload
-// moves its read deadline as its bytes arrive).
+// Unwrap lets http.ResponseController reach the connection under the
+// access log's writer (a process's output is flushed as it comes).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Flush() {

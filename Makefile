@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 45m
 .PHONY: run test cluster build bench bench-spread vet fuzz fuzz-short soak chart image
 
 # FUZZ lists the fuzz targets as package:target.
-FUZZ := ./api:FuzzExtractTar ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./server:FuzzPreviewVisit ./sandbox:FuzzParseReceipt ./control:FuzzParseListing
+FUZZ := ./api:FuzzExtractTar ./server:FuzzBodies ./server:FuzzQuery ./server:FuzzFrames ./server:FuzzSSHKey ./server:FuzzPreviewVisit ./receipt:FuzzParseReceipt ./control:FuzzParseListing
 
 # cluster builds the pinned control-plane binaries into the cache (only the
 # missing ones) and prints their directory.

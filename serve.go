@@ -21,7 +21,7 @@ import (
 	"github.com/hiloop/hiloop/app"
 	"github.com/hiloop/hiloop/boundary"
 	"github.com/hiloop/hiloop/localcluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // tuneGC: every packet of an SSH session or forward allocates in x/crypto,
@@ -242,8 +242,8 @@ func (d *DevCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if len(d.StorageClasses) == 0 {
 		d.StorageClasses = []string{"kwok-volume"}
 	}
-	if !slices.Contains(d.Transports, sandbox.TransportForward) {
-		d.Transports = append(d.Transports, sandbox.TransportForward)
+	if !slices.Contains(d.Transports, receipt.TransportForward) {
+		d.Transports = append(d.Transports, receipt.TransportForward)
 	}
 	// On the realNode node the session helper runs in each pod, from the image
 	// of this very binary; on the simulated one, as local processes of it.

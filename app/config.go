@@ -18,7 +18,7 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -111,7 +111,7 @@ type Config struct {
 	DB                 string              `default:"hiloop.db" env:"HILOOP_DB" help:"Path of the SQLite product record."`
 	BootstrapKey       string              `name:"bootstrap-key-file" default:"" env:"HILOOP_BOOTSTRAP_KEY_FILE" help:"File the admin organization's first API key is written to on first start, mode 0600 (default: the --db path with .admin-key appended). The key is printed too only when stdout is a terminal."`
 	StorageClasses     []string            `default:"" env:"HILOOP_STORAGE_CLASSES" help:"Storage classes volumes may name (the cluster default is always allowed)."`
-	Transports         []sandbox.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
+	Transports         []receipt.Transport `default:"exec,ssh" env:"HILOOP_TRANSPORTS" help:"Transports this deployment backs: exec (the API's exec), ssh (shells and commands through the gateway), forward (ssh -L, through a session helper in each pod that asks for it)."`
 	AgentImage         string              `default:"" env:"HILOOP_AGENT_IMAGE" help:"Image of the session helper (hiloop agent, the binary at /hiloop); required with the forward transport."`
 	RateLimit          float64             `default:"100" env:"HILOOP_RATE_LIMIT" help:"Requests per second one API key may make (burst twice that); 0 turns it off."`
 	CreateRateLimit    float64             `default:"20" env:"HILOOP_CREATE_RATE_LIMIT" help:"Sandbox creates per second one API key may make (burst five times that); 0 turns it off."`
@@ -220,10 +220,10 @@ func (s *Config) Check() error {
 			return fmt.Errorf("--transports: unknown transport %q (known: exec, ssh, forward)", t)
 		}
 	}
-	if slices.Contains(s.Transports, sandbox.TransportForward) && s.AgentImage == "" && !s.LocalHelpers {
+	if slices.Contains(s.Transports, receipt.TransportForward) && s.AgentImage == "" && !s.LocalHelpers {
 		return errors.New("--agent-image: the forward transport needs the session helper's image")
 	}
-	if slices.Contains(s.Transports, sandbox.TransportSSH) && s.SSHListen == "" {
+	if slices.Contains(s.Transports, receipt.TransportSSH) && s.SSHListen == "" {
 		return errors.New("--transports: ssh needs the gateway (--ssh-listen)")
 	}
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
@@ -341,7 +341,7 @@ func (s *Config) checkPreviews() error {
 			return fmt.Errorf("--preview-domain: %q is not a lower-case domain name, host[:port]", s.PreviewDomain)
 		}
 	}
-	if !slices.Contains(s.Transports, sandbox.TransportForward) {
+	if !slices.Contains(s.Transports, receipt.TransportForward) {
 		return errors.New("--preview-domain: previews reach sandboxes over the forward transport (--transports ...,forward)")
 	}
 	return nil

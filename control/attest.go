@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // Runtime attestation: the receipt says a sandbox's pod was promised gVisor;
@@ -129,8 +129,8 @@ func (c *Control) attest(id, pod string) {
 	if err != nil || rec.PodUID != pod || rec.RuntimePod == pod {
 		return
 	}
-	receipt := sandbox.RecordReceipt(rec.Receipt)
-	if receipt.Insecure != "" {
+	promise := receipt.Record(rec.Receipt)
+	if promise.Insecure != "" {
 		return // nothing was promised
 	}
 	// The probe runs in the pod of the sandbox's name. The pod was the
@@ -145,7 +145,7 @@ func (c *Control) attest(id, pod string) {
 		}
 		return
 	}
-	seen, release, reached := c.probeRuntime(ctx, id, receipt)
+	seen, release, reached := c.probeRuntime(ctx, id, promise)
 	if !reached {
 		// No probe got as far as the pod (the API server or the node did
 		// not answer): that says nothing of the pod, so nothing is
@@ -163,7 +163,7 @@ func (c *Control) attest(id, pod string) {
 		return
 	}
 	c.o.Metrics.Attestation(seen)
-	if seen == sandbox.RuntimeNotGVisor {
+	if seen == receipt.RuntimeNotGVisor {
 		c.log.Warn("sandbox pod seen running outside gVisor; it is quarantined", "sandbox", id, "kernel_release", release)
 	} else {
 		c.log.Info("runtime attested", "sandbox", id, "runtime_observed", seen, "kernel_release", release)
@@ -190,9 +190,9 @@ func (c *Control) retryAttest(id string, err error) {
 // (it shares the helper's network and pod), so the workload's line is
 // believed only when it says the pod runs outside gVisor, never to vouch
 // for gVisor: that is unknown.
-func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.Receipt) (seen sandbox.Runtime, release string, reached bool) {
+func (c *Control) probeRuntime(ctx context.Context, id string, promise receipt.Receipt) (seen receipt.Runtime, release string, reached bool) {
 	probes := workloadProbes
-	helper := receipt.SessionPort != 0
+	helper := promise.SessionPort != 0
 	if helper {
 		probes = append([]probe{helperProbe}, probes...)
 	}
@@ -200,9 +200,9 @@ func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.R
 		answer, ok, r := c.runProbe(ctx, id, p)
 		reached = reached || r
 		if ok {
-			if seen, release := sandbox.ClassifyKernel(answer); seen != sandbox.RuntimeUnknown {
-				if seen == sandbox.RuntimeGVisor && helper && !p.helper {
-					return sandbox.RuntimeUnknown, "", true
+			if seen, release := receipt.ClassifyKernel(answer); seen != receipt.RuntimeUnknown {
+				if seen == receipt.RuntimeGVisor && helper && !p.helper {
+					return receipt.RuntimeUnknown, "", true
 				}
 				return seen, release, true
 			}
@@ -211,7 +211,7 @@ func (c *Control) probeRuntime(ctx context.Context, id string, receipt sandbox.R
 			break
 		}
 	}
-	return sandbox.RuntimeUnknown, "", reached
+	return receipt.RuntimeUnknown, "", reached
 }
 
 // runProbe runs one probe and returns what it printed when it exited 0

@@ -16,7 +16,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -81,7 +81,7 @@ func attestCore(t *testing.T, helper bool, answers map[string]answer) (*Control,
 	}}
 	fc := &controltest.Cluster{}
 	if helper {
-		fc.Transports = []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}
+		fc.Transports = []receipt.Transport{receipt.TransportExec, receipt.TransportForward}
 	}
 	c, err := New(Options{Store: db, Cluster: fc, Exec: exec, ClusterTimeout: time.Second, RuntimeAttestation: true,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -121,7 +121,7 @@ func attestCore(t *testing.T, helper bool, answers map[string]answer) (*Control,
 // runtime is unknown.
 func TestAttestProbes(t *testing.T) {
 	type seen struct {
-		Runtime sandbox.Runtime
+		Runtime receipt.Runtime
 		Release string
 		Probes  []string
 	}
@@ -133,27 +133,27 @@ func TestAttestProbes(t *testing.T) {
 		want    seen
 	}{
 		{"the helper reads gVisor's line", true, map[string]answer{"helper /hiloop": {out: gvisorLine}, "workload cat": {out: hostLine}},
-			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"helper /hiloop"}}},
+			seen{receipt.RuntimeGVisor, "4.19.0-gvisor", []string{"helper /hiloop"}}},
 		{"a helper that cannot run leaves it to cat, which cannot vouch for gVisor", true, map[string]answer{"workload cat": {out: gvisorLine}},
-			seen{sandbox.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
+			seen{receipt.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
 		{"a helper that cannot run leaves it to cat, which can show the host", true, map[string]answer{"workload cat": {out: hostLine}},
-			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"helper /hiloop", "workload cat"}}},
+			seen{receipt.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"helper /hiloop", "workload cat"}}},
 		{"a helper that exits non-zero leaves it to cat, which cannot vouch for gVisor", true, map[string]answer{"helper /hiloop": {code: 137}, "workload cat": {out: gvisorLine}, "workload sh": {out: gvisorLine}},
-			seen{sandbox.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
+			seen{receipt.RuntimeUnknown, "", []string{"helper /hiloop", "workload cat"}}},
 		{"cat reads the host's line", false, map[string]answer{"workload cat": {out: hostLine}},
-			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat"}}},
+			seen{receipt.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat"}}},
 		{"no cat: the shell reads it", false, map[string]answer{"workload sh": {out: gvisorLine}},
-			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
 		{"cat exits non-zero", false, map[string]answer{"workload cat": {out: hostLine, code: 1}, "workload sh": {out: gvisorLine}},
-			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
 		{"cat prints garbage", false, map[string]answer{"workload cat": {out: "garbage\n"}, "workload sh": {out: hostLine}},
-			seen{sandbox.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeNotGVisor, "6.1.0-28-amd64", []string{"workload cat", "workload sh"}}},
 		{"the stream breaks", false, map[string]answer{"workload cat": {out: hostLine, err: errors.New("stream reset")}},
-			seen{sandbox.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
 		{"no shell, no cat, no helper", false, nil,
-			seen{sandbox.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeUnknown, "", []string{"workload cat", "workload sh"}}},
 		{"output past the cap is no answer", false, map[string]answer{"workload cat": {out: endless}, "workload sh": {out: gvisorLine}},
-			seen{sandbox.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
+			seen{receipt.RuntimeGVisor, "4.19.0-gvisor", []string{"workload cat", "workload sh"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,7 +187,7 @@ func TestAttestEndlessOutput(t *testing.T) {
 	})
 	c.attest(id, controltest.PodUID(id))
 	rec, err := db.SandboxAnyOrg(context.Background(), id)
-	if err != nil || rec.RuntimeObserved != sandbox.RuntimeNotGVisor {
+	if err != nil || rec.RuntimeObserved != receipt.RuntimeNotGVisor {
 		t.Fatalf("runtime observed %q %v, want not-gvisor from sh", rec.RuntimeObserved, err)
 	}
 	if diff := cmp.Diff([]string{"workload cat", "workload sh"}, probes()); diff != "" {
@@ -240,7 +240,7 @@ func TestAttestOnlyTheObservedPod(t *testing.T) {
 		t.Fatal("the attestation never told the mirror")
 	}
 	rec, err := db.SandboxAnyOrg(ctx, id)
-	if err != nil || rec.RuntimeObserved != sandbox.RuntimeNotGVisor {
+	if err != nil || rec.RuntimeObserved != receipt.RuntimeNotGVisor {
 		t.Fatalf("runtime observed %q %v, want not-gvisor", rec.RuntimeObserved, err)
 	}
 	c.attest(id, controltest.PodUID(id))

@@ -25,7 +25,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/metrics"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -34,7 +34,7 @@ import (
 type Cluster interface {
 	// Receipt is what a sandbox of the organization with this spec is
 	// promised; it is stored in the record and annotated on the object.
-	Receipt(orgID string, spec store.Spec) sandbox.Receipt
+	Receipt(orgID string, spec store.Spec) receipt.Receipt
 	// Create makes the object of a record. gatewayKey is the gateway's
 	// public key (authorized_keys form) for a receipt with a session
 	// helper, else empty.
@@ -65,7 +65,7 @@ type Capabilities struct {
 	// cluster's default class, which is always backed.
 	StorageClasses []string
 	// Transports a sandbox may ask for.
-	Transports []sandbox.Transport
+	Transports []receipt.Transport
 }
 
 // Limits bound concurrent sessions (exec streams, one-shot execs, shells)
@@ -366,9 +366,9 @@ func (c *Control) SandboxesByState(ctx context.Context) (map[string]int, int, er
 }
 
 // SessionsByTransport counts live sessions by transport, for the metrics.
-func (c *Control) SessionsByTransport() map[sandbox.Transport]int {
-	out := map[sandbox.Transport]int{}
-	for _, t := range sandbox.Transports() {
+func (c *Control) SessionsByTransport() map[receipt.Transport]int {
+	out := map[receipt.Transport]int{}
+	for _, t := range receipt.Transports() {
 		out[t] = 0
 	}
 	for _, s := range c.sessions.list() {

@@ -18,7 +18,7 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -31,7 +31,7 @@ func newControl(t *testing.T, fc *controltest.Cluster) (*Control, *store.Store, 
 	t.Cleanup(func() { db.Close() })
 	c, err := New(Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, ClusterTimeout: time.Second,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Limits: Limits{PerSandbox: 2, PerOrg: 3},
-		Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}})
+		Caps: Capabilities{Transports: []receipt.Transport{receipt.TransportExec}}})
 	if err != nil {
 		t.Fatal(err)
 	}

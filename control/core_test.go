@@ -14,7 +14,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 	gossh "golang.org/x/crypto/ssh"
 )
@@ -93,7 +93,7 @@ func TestExecOutcome(t *testing.T) {
 			defer db.Close()
 			c, err := New(Options{Store: db, Cluster: &controltest.Cluster{}, Exec: controltest.Exec{Run: tc.run, Hang: tc.hang},
 				Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-				Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}})
+				Caps: Capabilities{Transports: []receipt.Transport{receipt.TransportExec}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +101,7 @@ func TestExecOutcome(t *testing.T) {
 			org, _ := db.CreateOrg(context.Background(), "o", 10, 10)
 			who := liveCaller(t, db, org.ID)
 			sb := runningSandbox(t, c, db, who)
-			sess, err := c.Admit(context.Background(), who, sb.ID, sandbox.TransportExec)
+			sess, err := c.Admit(context.Background(), who, sb.ID, receipt.TransportExec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,12 +166,12 @@ func TestCreateExpiryByCoreClock(t *testing.T) {
 func TestHelperKeyOnlyForHelpers(t *testing.T) {
 	c, db, _ := newControl(t, &controltest.Cluster{})
 	ctx := context.Background()
-	plain := store.Sandbox{Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}}.Encode()}
+	plain := store.Sandbox{Receipt: receipt.Receipt{Version: 1, RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec}}.Encode()}
 	if key, err := c.helperKey(ctx, plain); err != nil || key != "" {
 		t.Errorf("a sandbox without a helper got key %q (%v)", key, err)
 	}
-	helped := store.Sandbox{ID: "sbx_h", Receipt: sandbox.Receipt{Version: 1, RuntimeClass: "gvisor", SessionPort: 2223,
-		Transports: []sandbox.Transport{sandbox.TransportForward}}.Encode()}
+	helped := store.Sandbox{ID: "sbx_h", Receipt: receipt.Receipt{Version: 1, RuntimeClass: "gvisor", SessionPort: 2223,
+		Transports: []receipt.Transport{receipt.TransportForward}}.Encode()}
 	key, err := c.helperKey(ctx, helped)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -177,10 +177,10 @@ func (e *WaitLimitError) limit() string {
 
 // TransportError: the sandbox was not created with the transport a way in
 // needs (its receipt does not list it).
-type TransportError struct{ Transport sandbox.Transport }
+type TransportError struct{ Transport receipt.Transport }
 
 func (e *TransportError) Error() string {
-	if e.Transport == sandbox.TransportForward {
+	if e.Transport == receipt.TransportForward {
 		return "the sandbox has no session helper: port forwarding needs the forward transport, asked for at create (--transport forward) and backed by the deployment"
 	}
 	return fmt.Sprintf("the sandbox was not created with the %s transport", e.Transport)

@@ -12,7 +12,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -85,7 +85,7 @@ func (c *Control) GatewayKeys(ctx context.Context, s *Session) ([]ed25519.Privat
 // Reading it at every such create means a rotation reaches new sandboxes at
 // once.
 func (c *Control) helperKey(ctx context.Context, rec store.Sandbox) (string, error) {
-	if sandbox.RecordReceipt(rec.Receipt).SessionPort == 0 {
+	if receipt.Record(rec.Receipt).SessionPort == 0 {
 		return "", nil
 	}
 	key, err := c.o.Store.PrivateKey(ctx, store.KeyGateway)

@@ -13,7 +13,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -96,10 +96,10 @@ func TestHelperLoginKeyPerSandbox(t *testing.T) {
 func TestHelperAddrOnlyObservedPod(t *testing.T) {
 	fc := &controltest.Cluster{SessionPort: 2299}
 	c, db, org := newControl(t, fc)
-	c.o.Caps.Transports = sandbox.Transports()
+	c.o.Caps.Transports = receipt.Transports()
 	ctx := context.Background()
 	sb, _, err := c.Create(ctx, liveCaller(t, db, org.ID), CreateRequest{Spec: store.Spec{Image: "busybox",
-		Transports: []sandbox.Transport{sandbox.TransportForward}}})
+		Transports: []receipt.Transport{receipt.TransportForward}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -73,7 +73,7 @@ func (ic *idleCore) newCore(t *testing.T, opts func(*Options)) *Control {
 	t.Helper()
 	o := Options{Store: ic.db, Cluster: ic.fc, Exec: controltest.Exec{}, ClusterTimeout: time.Second, Now: ic.clk.Now,
 		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Caps: Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}}, ActivityFlush: 30 * time.Second}
+		Caps: Capabilities{Transports: []receipt.Transport{receipt.TransportExec}}, ActivityFlush: 30 * time.Second}
 	if opts != nil {
 		opts(&o)
 	}
@@ -188,7 +188,7 @@ func TestOpenUseKeepsAwake(t *testing.T) {
 	ic := newIdleCore(t, nil)
 	ctx := context.Background()
 	sb := ic.running(t, time.Minute)
-	sess, err := ic.Admit(ctx, ic.who, sb.ID, sandbox.TransportExec)
+	sess, err := ic.Admit(ctx, ic.who, sb.ID, receipt.TransportExec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,9 +221,9 @@ func TestOpenUseKeepsAwake(t *testing.T) {
 // left of the sandbox's sessions with ErrIdleStopped and leaves its
 // connections open, so their next session can wake it.
 func TestIdleStopEndsSessionsKeepsConnections(t *testing.T) {
-	ic := newIdleCore(t, func(o *Options) { o.Caps.Transports = append(o.Caps.Transports, sandbox.TransportForward) })
+	ic := newIdleCore(t, func(o *Options) { o.Caps.Transports = append(o.Caps.Transports, receipt.TransportForward) })
 	ic.fc.Set(func(f *controltest.Cluster) {
-		f.Transports = []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}
+		f.Transports = []receipt.Transport{receipt.TransportExec, receipt.TransportForward}
 	})
 	ctx := context.Background()
 	sb := ic.running(t, time.Minute)
@@ -234,7 +234,7 @@ func TestIdleStopEndsSessionsKeepsConnections(t *testing.T) {
 	}
 	defer conn.Release()
 	// A forward session alone is no use: only its channels are.
-	fwd, err := ic.Admit(ctx, ic.who, sb.ID, sandbox.TransportForward)
+	fwd, err := ic.Admit(ctx, ic.who, sb.ID, receipt.TransportForward)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +304,7 @@ func TestActivityWrittenCoarsely(t *testing.T) {
 	sb := ic.running(t, time.Hour)
 	start := ic.clk.Now()
 	for range 5 {
-		s, err := ic.Admit(ctx, ic.who, sb.ID, sandbox.TransportExec)
+		s, err := ic.Admit(ctx, ic.who, sb.ID, receipt.TransportExec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,7 +354,7 @@ func TestRestartKeepsClock(t *testing.T) {
 	ctx := context.Background()
 	idle := ic.running(t, time.Minute)
 	busy := ic.running(t, time.Minute)
-	sess, err := ic.Admit(ctx, ic.who, busy.ID, sandbox.TransportExec)
+	sess, err := ic.Admit(ctx, ic.who, busy.ID, receipt.TransportExec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,13 +395,13 @@ func TestUseRacingIdleStop(t *testing.T) {
 	if !ic.activity.claim(ic.get(t, sb.ID), ic.clk.Now()) {
 		t.Fatal("no claim on an idle sandbox")
 	}
-	_, err := ic.Admit(ctx, ic.who, sb.ID, sandbox.TransportExec)
+	_, err := ic.Admit(ctx, ic.who, sb.ID, receipt.TransportExec)
 	var se *StateError
 	if !errors.As(err, &se) || !se.Idle() {
 		t.Fatalf("admit during an idle stop: %v, want an idle StateError", err)
 	}
 	ic.activity.unclaim(sb.ID)
-	sess, err := ic.Admit(ctx, ic.who, sb.ID, sandbox.TransportExec)
+	sess, err := ic.Admit(ctx, ic.who, sb.ID, receipt.TransportExec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +471,7 @@ func TestConcurrentWakes(t *testing.T) {
 			// Spread over the start, some of them while the record shows
 			// the stale observation.
 			time.Sleep(time.Duration(i) * 3 * time.Millisecond)
-			s, err := ic.AdmitWaking(context.Background(), ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec,
+			s, err := ic.AdmitWaking(context.Background(), ic.who, sb.ID, WakeOptions{Transport: receipt.TransportExec,
 				Waking: func() { waiting.Add(1) }})
 			if err == nil {
 				s.End()
@@ -509,7 +509,7 @@ func TestConcurrentWakes(t *testing.T) {
 // nothing; a wake that does not see the sandbox run in time says so, with
 // its state.
 func TestWakeRefusals(t *testing.T) {
-	exec := WakeOptions{Transport: sandbox.TransportExec}
+	exec := WakeOptions{Transport: receipt.TransportExec}
 	noStart := func(t *testing.T, ic *idleCore, id string) {
 		t.Helper()
 		if slices.Contains(ic.fc.Calls(), "mode "+id+" running") {
@@ -574,7 +574,7 @@ func TestWakeRefusals(t *testing.T) {
 		ic := newIdleCore(t, nil)
 		sb := ic.stoppedIdle(t)
 		var te *TransportError
-		if err := ic.Wake(context.Background(), ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportForward}); !errors.As(err, &te) {
+		if err := ic.Wake(context.Background(), ic.who, sb.ID, WakeOptions{Transport: receipt.TransportForward}); !errors.As(err, &te) {
 			t.Fatalf("a wake for a transport the sandbox lacks: %v, want a TransportError", err)
 		}
 		noStart(t, ic, sb.ID)

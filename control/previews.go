@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -84,8 +84,8 @@ func (c *Control) CreatePreview(ctx context.Context, who Caller, id string, req 
 	if err != nil {
 		return store.Preview{}, "", err
 	}
-	if !sandbox.RecordReceipt(sb.Receipt).Has(sandbox.TransportForward) {
-		return store.Preview{}, "", &TransportError{Transport: sandbox.TransportForward}
+	if !receipt.Record(sb.Receipt).Has(receipt.TransportForward) {
+		return store.Preview{}, "", &TransportError{Transport: receipt.TransportForward}
 	}
 	p, token := store.NewPreview(who.OrgID, id, who.KeyID, req.Port, auth, c.o.Now(), ttl)
 	if err := c.o.Store.CreatePreview(ctx, p, token, c.o.Limits.PreviewsPerSandbox); err != nil {

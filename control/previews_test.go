@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -29,7 +29,7 @@ func TestPreviewSessionsEnd(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
-	fwd := []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}
+	fwd := []receipt.Transport{receipt.TransportExec, receipt.TransportForward}
 	c, err := New(Options{Store: db, Cluster: &controltest.Cluster{Transports: fwd, SessionPort: 2223}, Exec: controltest.Exec{},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Caps: Capabilities{Transports: fwd},
 		Now: func() time.Time { return time.Unix(0, now.Load()) }})
@@ -55,7 +55,7 @@ func TestPreviewSessionsEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := c.Admit(ctx, who, sb.ID, sandbox.TransportForward)
+		s, err := c.Admit(ctx, who, sb.ID, receipt.TransportForward)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestPreviewSessionsEnd(t *testing.T) {
 	if !errors.Is(context.Cause(sRevoked.Context()), ErrPreviewRevoked) {
 		t.Errorf("the revoked preview's session: %v", context.Cause(sRevoked.Context()))
 	}
-	if _, err := c.Admit(ctx, whoRevoked, sb.ID, sandbox.TransportForward); !errors.Is(err, ErrUnauthenticated) {
+	if _, err := c.Admit(ctx, whoRevoked, sb.ID, receipt.TransportForward); !errors.Is(err, ErrUnauthenticated) {
 		t.Errorf("an admission for the revoked preview: %v", err)
 	}
 

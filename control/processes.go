@@ -13,7 +13,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -356,7 +356,7 @@ func (c *Control) refresh(ctx context.Context, who Caller, sandboxID string, ps 
 	if !anyRunning(ps) {
 		return nil
 	}
-	s, err := c.admitSession(ctx, who, sandboxID, sandbox.TransportExec, false)
+	s, err := c.admitSession(ctx, who, sandboxID, receipt.TransportExec, false)
 	if err != nil {
 		return nil
 	}

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -28,7 +28,7 @@ type Session struct {
 	// Preview is the preview the session came through, if any.
 	Preview string
 	// Transport is the way in.
-	Transport sandbox.Transport
+	Transport receipt.Transport
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -95,14 +95,14 @@ func (s *Session) End() {
 // an exec or ssh session counts as use of the sandbox, which keeps it from
 // being stopped for idleness; it is refused with a *StateError while such a
 // stop is under way.
-func (c *Control) Admit(ctx context.Context, who Caller, id string, transport sandbox.Transport) (*Session, error) {
-	return c.admitSession(ctx, who, id, transport, transport != sandbox.TransportForward)
+func (c *Control) Admit(ctx context.Context, who Caller, id string, transport receipt.Transport) (*Session, error) {
+	return c.admitSession(ctx, who, id, transport, transport != receipt.TransportForward)
 }
 
 // admitSession is Admit, with use saying whether the session counts as use of
 // the sandbox: a look at its processes' state does not (see processes.go).
-func (c *Control) admitSession(ctx context.Context, who Caller, id string, transport sandbox.Transport, use bool) (*Session, error) {
-	if c.o.Exec == nil && transport != sandbox.TransportForward {
+func (c *Control) admitSession(ctx context.Context, who Caller, id string, transport receipt.Transport, use bool) (*Session, error) {
+	if c.o.Exec == nil && transport != receipt.TransportForward {
 		return nil, ErrNoExec
 	}
 	ends := c.ends.Load()
@@ -147,7 +147,7 @@ func (c *Control) admitSession(ctx context.Context, who Caller, id string, trans
 // transport, as Admit checks it, without taking a session slot:
 // store.ErrNotFound, ErrQuarantined, a *StateError, a *TransportError, or
 // nil.
-func (c *Control) Reachable(ctx context.Context, who Caller, id string, transport sandbox.Transport) error {
+func (c *Control) Reachable(ctx context.Context, who Caller, id string, transport receipt.Transport) error {
 	// The key first: a connection outlives the moment it authenticated,
 	// so every session and channel it opens asks again.
 	if err := c.keyLive(ctx, who); err != nil {
@@ -160,7 +160,7 @@ func (c *Control) Reachable(ctx context.Context, who Caller, id string, transpor
 	if err := reachable(sb); err != nil {
 		return err
 	}
-	if !sandbox.RecordReceipt(sb.Receipt).Has(transport) {
+	if !receipt.Record(sb.Receipt).Has(transport) {
 		return &TransportError{Transport: transport}
 	}
 	return nil
@@ -175,9 +175,9 @@ func (c *Control) HelperAddr(ctx context.Context, s *Session) (addr, podUID stri
 	if err != nil {
 		return "", "", err
 	}
-	port := sandbox.RecordReceipt(sb.Receipt).SessionPort
+	port := receipt.Record(sb.Receipt).SessionPort
 	if port == 0 {
-		return "", "", &TransportError{Transport: sandbox.TransportForward}
+		return "", "", &TransportError{Transport: receipt.TransportForward}
 	}
 	cctx, cancel := c.clusterCtx()
 	defer cancel()

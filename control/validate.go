@@ -17,7 +17,7 @@ import (
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -183,8 +183,8 @@ func validateSpec(req api.CreateSandboxRequest) (store.Spec, error) {
 		if !transportName().MatchString(t) {
 			return spec, invalid(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", Truncate(t)))
 		}
-		if !slices.Contains(spec.Transports, sandbox.Transport(t)) {
-			spec.Transports = append(spec.Transports, sandbox.Transport(t))
+		if !slices.Contains(spec.Transports, receipt.Transport(t)) {
+			spec.Transports = append(spec.Transports, receipt.Transport(t))
 		}
 	}
 	if err := ValidateLabels("labels", req.Labels); err != nil {

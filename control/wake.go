@@ -6,14 +6,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
 // WakeOptions say how a caller reaches into a sandbox it may wake.
 type WakeOptions struct {
 	// Transport is the way in; a sandbox without it is not woken.
-	Transport sandbox.Transport
+	Transport receipt.Transport
 	// Trigger names the way in for the metrics (ssh, forward, exec,
 	// files); the transport's name when empty.
 	Trigger string
@@ -53,7 +53,7 @@ func (c *Control) Wake(ctx context.Context, who Caller, id string, o WakeOptions
 	if err != nil {
 		return err
 	}
-	if !sandbox.RecordReceipt(sb.Receipt).Has(o.Transport) {
+	if !receipt.Record(sb.Receipt).Has(o.Transport) {
 		return &TransportError{Transport: o.Transport}
 	}
 	joins := wakeable(sb) || wasWaking || c.wakingNow(id)

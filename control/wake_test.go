@@ -9,7 +9,7 @@ import (
 
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -26,7 +26,7 @@ func (ic *idleCore) wakeIn(who Caller, id string) *waiter {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &waiter{parked: make(chan struct{}), done: make(chan error, 1), cancel: cancel}
 	go func() {
-		w.done <- ic.Wake(ctx, who, id, WakeOptions{Transport: sandbox.TransportExec, Waking: func() { close(w.parked) }})
+		w.done <- ic.Wake(ctx, who, id, WakeOptions{Transport: receipt.TransportExec, Waking: func() { close(w.parked) }})
 	}()
 	return w
 }
@@ -125,14 +125,14 @@ func TestWakeWaitBound(t *testing.T) {
 	w1, w2 := ic.park(t, a1, sbA.ID), ic.park(t, a1, sbA.ID)
 	ic.checkWaits(t, a1, 2, 2, 1, 1)
 	ic.refused(t, a1, sbA.ID, false)
-	if _, err := ic.AdmitWaking(ctx, a1, sbA.ID, WakeOptions{Transport: sandbox.TransportExec}); !errors.Is(err, ErrTooManyWaits) {
+	if _, err := ic.AdmitWaking(ctx, a1, sbA.ID, WakeOptions{Transport: receipt.TransportExec}); !errors.Is(err, ErrTooManyWaits) {
 		t.Fatalf("AdmitWaking past the key's bound: %v, want ErrTooManyWaits", err)
 	}
 	// A running sandbox costs no place, at the bound too.
-	if err := ic.Wake(ctx, a1, up.ID, WakeOptions{Transport: sandbox.TransportExec}); err != nil {
+	if err := ic.Wake(ctx, a1, up.ID, WakeOptions{Transport: receipt.TransportExec}); err != nil {
 		t.Fatalf("a wake of a running sandbox at the key's bound: %v", err)
 	}
-	s, err := ic.AdmitWaking(ctx, a1, up.ID, WakeOptions{Transport: sandbox.TransportExec})
+	s, err := ic.AdmitWaking(ctx, a1, up.ID, WakeOptions{Transport: receipt.TransportExec})
 	if err != nil {
 		t.Fatalf("AdmitWaking of a running sandbox at the key's bound: %v", err)
 	}
@@ -186,7 +186,7 @@ func TestWakeWaitBound(t *testing.T) {
 	short.observe(t, sb.ID, store.StateStarting)
 	for range 2 {
 		waited := false
-		err := short.Wake(ctx, short.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec, Waking: func() { waited = true }})
+		err := short.Wake(ctx, short.who, sb.ID, WakeOptions{Transport: receipt.TransportExec, Waking: func() { waited = true }})
 		if we := new(WakeTimeoutError); !errors.As(err, &we) || we.State != store.StateStarting || !waited {
 			t.Fatalf("a wake the sandbox never answers: %v (waited %v), want a WakeTimeoutError in state starting after waiting", err, waited)
 		}
@@ -206,7 +206,7 @@ func TestWakeWakingHoldsNoPlace(t *testing.T) {
 	t.Cleanup(func() { close(unblock) })
 	done := make(chan error, 1)
 	go func() {
-		done <- ic.Wake(ctx, ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec, Waking: func() {
+		done <- ic.Wake(ctx, ic.who, sb.ID, WakeOptions{Transport: receipt.TransportExec, Waking: func() {
 			close(entered)
 			<-unblock
 		}})
@@ -268,7 +268,7 @@ func TestModeWritingCoversTheClusterWrite(t *testing.T) {
 	}
 
 	stop := ic.mirrorStarts(t, sb.ID)
-	err := ic.Wake(context.Background(), ic.who, sb.ID, WakeOptions{Transport: sandbox.TransportExec})
+	err := ic.Wake(context.Background(), ic.who, sb.ID, WakeOptions{Transport: receipt.TransportExec})
 	stop()
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +298,7 @@ func TestUseWakingBounded(t *testing.T) {
 	ctx := context.Background()
 	who := liveCaller(t, db, org.ID)
 	sb := runningSandbox(t, c, db, who)
-	o := WakeOptions{Transport: sandbox.TransportExec}
+	o := WakeOptions{Transport: receipt.TransportExec}
 	raced := errors.New("raced")
 	calls := 0
 	err := c.UseWaking(ctx, who, sb.ID, o, func() (bool, error) { calls++; return true, raced })

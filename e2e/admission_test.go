@@ -27,7 +27,7 @@ import (
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -533,17 +533,17 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass,
-		Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, AgentImage: "hiloop/hiloop:test"}
+		Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, AgentImage: "hiloop/hiloop:test"}
 	gatewayKey := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"
 	// Every conforming shape has an environment, as a sandbox created
 	// with env renders it: plain values, one of them escaped for the
 	// kubelet's $(...) expansion.
-	record := func(id string, transports []sandbox.Transport, volumes ...store.Volume) store.Sandbox {
+	record := func(id string, transports []receipt.Transport, volumes ...store.Volume) store.Sandbox {
 		return store.Sandbox{ID: id, OrgID: "org_admission", DesiredMode: store.ModeRunning,
 			Spec: store.Spec{Image: "busybox", Transports: transports, Volumes: volumes, ShutdownPolicy: "retain",
 				Env: map[string]string{"PLAIN": "value", "REF": "$(PLAIN)", "EMPTY": ""}}}
 	}
-	withHelper := []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}
+	withHelper := []receipt.Transport{receipt.TransportExec, receipt.TransportForward}
 	data := store.Volume{Name: "data", Size: "1Gi", MountPath: "/data"}
 	render := func(sb store.Sandbox) *v1beta1.Sandbox {
 		o := opts
@@ -563,7 +563,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := record("sbx_admission", withHelper, data, store.Volume{Name: "cache", Size: "2Gi", MountPath: "/cache", StorageClass: "kwok-volume"})
-	for _, sb := range []store.Sandbox{target, record("sbx_admissionbare", []sandbox.Transport{sandbox.TransportExec}),
+	for _, sb := range []store.Sandbox{target, record("sbx_admissionbare", []receipt.Transport{receipt.TransportExec}),
 		record("sbx_admissionhelper", withHelper)} {
 		if err := w.Create(ctx, sb, gatewayKey); err != nil {
 			t.Fatalf("a conforming Sandbox (%s) is refused: %v", sb.ID, err)
@@ -668,7 +668,7 @@ func TestAdmissionDeniesEscapes(t *testing.T) {
 		err  error
 	}{
 		{"Sandbox without the helper", func() error {
-			_, err := hiloop.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, render(record("sbx_admissionx", []sandbox.Transport{sandbox.TransportExec})), dryCreate)
+			_, err := hiloop.Sandbox.AgentsV1beta1().Sandboxes(ns).Create(ctx, render(record("sbx_admissionx", []receipt.Transport{receipt.TransportExec})), dryCreate)
 			return err
 		}()},
 		{"Sandbox with the helper and a volume", createSandbox(conforming)},
@@ -723,14 +723,14 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 	hiloop := asHiloop(t)
 	dryPatch := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
 	opts := k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass,
-		Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, AgentImage: "hiloop/hiloop:test"}
+		Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, AgentImage: "hiloop/hiloop:test"}
 	w, err := k8s.NewWriter(hiloop, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const id, name = "sbx_pinned", "sbx-pinned"
 	rec := store.Sandbox{ID: id, OrgID: "org_pinned", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox",
-		Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, ShutdownPolicy: "retain",
+		Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, ShutdownPolicy: "retain",
 		Volumes: []store.Volume{{Name: "data", Size: "1Gi", MountPath: "/data"}}}}
 	if err := w.Create(ctx, rec, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== gateway"); err != nil {
 		t.Fatal(err)
@@ -927,7 +927,7 @@ func TestAdmissionPinsTheTemplate(t *testing.T) {
 // createWith creates a conforming Sandbox as cl with o.
 func createWith(ctx context.Context, t *testing.T, cl *k8s.Clients, ns string, o metav1.CreateOptions) error {
 	obj, err := k8s.Render(store.Sandbox{ID: "sbx_created", OrgID: "org_pinned", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-		k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}})
+		k8s.RenderOptions{Namespace: ns, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []receipt.Transport{receipt.TransportExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -974,7 +974,7 @@ func TestAdmissionValues(t *testing.T) {
 	create := func(mutate func(*v1beta1.Sandbox)) error {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_values", OrgID: "org_values", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox",
 			Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data", StorageClass: "fast"}}}},
-			k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}})
+			k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: k8s.DefaultRuntimeClass, Transports: []receipt.Transport{receipt.TransportExec}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -32,7 +32,7 @@ import (
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -78,7 +78,7 @@ func floorCreateToReady(b *testing.B, ns string, n int, ready *readyWatch) (podR
 			defer wg.Done()
 			id := fmt.Sprintf("sbx_floor%05d", floorSeq.Add(1))
 			sb, err := k8s.Render(store.Sandbox{ID: id, OrgID: "org_floor", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-				k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}})
+				k8s.RenderOptions{Namespace: ns, RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec}})
 			if err != nil {
 				b.Error(err)
 				return

@@ -21,7 +21,7 @@ import (
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/localcluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -289,7 +289,7 @@ func TestInsecureNoGVisor(t *testing.T) {
 	// Admission picks up the changed policies a moment later.
 	eventually.Within(t, "a Sandbox without a runtime class admitted", 30*time.Second, func() (bool, error) {
 		obj, err := k8s.Render(store.Sandbox{ID: "sbx_probe", OrgID: "org_probe", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []sandbox.Transport{sandbox.TransportExec}})
+			k8s.RenderOptions{Namespace: c.Namespace, NoGVisor: true, Transports: []receipt.Transport{receipt.TransportExec}})
 		if err != nil {
 			return false, err
 		}

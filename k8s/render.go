@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -74,7 +74,7 @@ type RenderOptions struct {
 	// their receipts (serve --insecure-no-gvisor).
 	NoGVisor bool
 	// Transports are the ways in that this deployment backs.
-	Transports []sandbox.Transport
+	Transports []receipt.Transport
 	// AgentImage runs the session helper of sandboxes that have the forward
 	// transport; the binary is /hiloop in it.
 	AgentImage string
@@ -129,16 +129,16 @@ func ServiceAccountName(orgID string) string { return "hiloop-" + strings.Replac
 // promised under the options: the runtime class, the org's service account,
 // its volumes with their storage classes, and the transports it asked for
 // (every backed one when it asked for none).
-func NewReceipt(orgID string, spec store.Spec, o RenderOptions) sandbox.Receipt {
-	r := sandbox.Receipt{Version: sandbox.ReceiptVersion, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
-		Storage: []string{}, Transports: append([]sandbox.Transport{}, o.Transports...)}
+func NewReceipt(orgID string, spec store.Spec, o RenderOptions) receipt.Receipt {
+	r := receipt.Receipt{Version: receipt.Version, RuntimeClass: o.RuntimeClass, ServiceAccount: ServiceAccountName(orgID),
+		Storage: []string{}, Transports: append([]receipt.Transport{}, o.Transports...)}
 	if o.NoGVisor {
-		r.RuntimeClass, r.Insecure = "", sandbox.InsecureNoGVisor
+		r.RuntimeClass, r.Insecure = "", receipt.InsecureNoGVisor
 	}
 	if len(spec.Transports) > 0 {
-		r.Transports = append([]sandbox.Transport{}, spec.Transports...)
+		r.Transports = append([]receipt.Transport{}, spec.Transports...)
 	}
-	if r.Has(sandbox.TransportForward) {
+	if r.Has(receipt.TransportForward) {
 		r.SessionPort = o.sessionPort()
 	}
 	for _, v := range spec.Volumes {
@@ -157,12 +157,12 @@ func NewReceipt(orgID string, spec store.Spec, o RenderOptions) sandbox.Receipt 
 // stored receipts gets one made from the options.
 func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	labels := map[string]string{LabelOrg: sb.OrgID, LabelSandbox: sb.ID, LabelManagedBy: ManagedBy}
-	receipt := NewReceipt(sb.OrgID, sb.Spec, o)
-	rj := receipt.Encode()
+	promise := NewReceipt(sb.OrgID, sb.Spec, o)
+	rj := promise.Encode()
 	if sb.Receipt != "" {
 		var err error
 		rj = sb.Receipt
-		if receipt, err = sandbox.ParseReceipt(sb.Receipt); err != nil {
+		if promise, err = receipt.Parse(sb.Receipt); err != nil {
 			return nil, err
 		}
 	}
@@ -194,12 +194,12 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	annotations := map[string]string{AnnotationReceipt: rj}
 	containers := []corev1.Container{container}
 	var volumes []corev1.Volume
-	if receipt.SessionPort > 0 {
+	if promise.SessionPort > 0 {
 		if o.AgentImage == "" || o.GatewayKey == "" {
 			return nil, fmt.Errorf("render: the forward transport needs an agent image and the gateway's key")
 		}
 		annotations[AnnotationGatewayKey] = o.GatewayKey
-		containers = append(containers, Helper(o.AgentImage, receipt.SessionPort))
+		containers = append(containers, Helper(o.AgentImage, promise.SessionPort))
 		volumes = append(volumes, corev1.Volume{Name: GatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
 			Items: []corev1.DownwardAPIVolumeFile{{Path: gatewayKeyFile, FieldRef: &corev1.ObjectFieldSelector{FieldPath: gatewayKeyField}}}}}})
 	}
@@ -218,7 +218,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 						// Service links would inject environment variables into
 						// the workload; its environment is the image's alone.
 						EnableServiceLinks: ptr.To(false),
-						RuntimeClassName:   runtimeClassName(receipt),
+						RuntimeClassName:   runtimeClassName(promise),
 						ServiceAccountName: ServiceAccountName(sb.OrgID),
 					},
 				},
@@ -256,7 +256,7 @@ func renderEnv(env map[string]string) []corev1.EnvVar {
 
 // runtimeClassName is the receipt's runtime class; none when the receipt
 // says the sandbox runs without gVisor.
-func runtimeClassName(r sandbox.Receipt) *string {
+func runtimeClassName(r receipt.Receipt) *string {
 	if r.RuntimeClass == "" {
 		return nil
 	}

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -21,23 +21,23 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // TestRenderGolden pins the exact Sandbox hiloop writes.
 func TestRenderGolden(t *testing.T) {
 	expires := time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC)
-	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: sandbox.Transports(),
+	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: receipt.Transports(),
 		AgentImage: "ghcr.io/hiloop/hiloop:dev", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGatewayKeyForTheGoldenFileOnly0000000000 hiloop-gateway"}
 	for name, sb := range map[string]store.Sandbox{
 		"minimal": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportExec}}},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []receipt.Transport{receipt.TransportExec}}},
 		"forward": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportSSH, sandbox.TransportForward}}},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []receipt.Transport{receipt.TransportSSH, receipt.TransportForward}}},
 		"full": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning, ExpiresAt: &expires,
 			Spec: store.Spec{Image: "ghcr.io/acme/tool:1.2@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 				CPURequest: "500m", CPULimit: "2", MemoryRequest: "256Mi", MemoryLimit: "1Gi", TTLSeconds: 3600, ShutdownPolicy: "delete",
 				Volumes: []store.Volume{{Name: "data", Size: "10Gi", MountPath: "/data"}, {Name: "cache", Size: "1Gi", MountPath: "/cache", StorageClass: "fast"}},
 				Labels:  map[string]string{"team": "ml"}}},
 		"env": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportExec},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []receipt.Transport{receipt.TransportExec},
 				Env: map[string]string{"TOKEN": "s3cret", "QUOTED": `a "b" 'c'`, "REF": "$(TOKEN) $$ $HOME", "EMPTY": "", "LINES": "one\ntwo"}}},
 		"stopped": {ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeStopped,
-			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []sandbox.Transport{sandbox.TransportExec}}},
+			Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []receipt.Transport{receipt.TransportExec}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj, err := k8s.Render(sb, opts)
@@ -81,7 +81,7 @@ func TestRenderGolden(t *testing.T) {
 				ps.RuntimeClassName == nil || *ps.RuntimeClassName != "gvisor" || obj.Spec.Service == nil || *obj.Spec.Service {
 				t.Error("pod template breaks a rendering invariant")
 			}
-			r, err := sandbox.ParseReceipt(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
+			r, err := receipt.Parse(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
 			if err != nil || r.RuntimeClass != "gvisor" {
 				t.Errorf("receipt %+v %v", r, err)
 			}
@@ -107,15 +107,15 @@ func TestRenderGolden(t *testing.T) {
 // receipt says why, and reads back.
 func TestRenderInsecure(t *testing.T) {
 	obj, err := k8s.Render(store.Sandbox{ID: "sbx_x", OrgID: "org_x", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}},
-		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", NoGVisor: true, Transports: []sandbox.Transport{sandbox.TransportExec}})
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", NoGVisor: true, Transports: []receipt.Transport{receipt.TransportExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rc := obj.Spec.PodTemplate.Spec.RuntimeClassName; rc != nil {
 		t.Errorf("runtime class %q", *rc)
 	}
-	r, err := sandbox.ParseReceipt(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
-	if err != nil || r.RuntimeClass != "" || r.Insecure != sandbox.InsecureNoGVisor || r.Isolation() != "insecure-no-gvisor" {
+	r, err := receipt.Parse(obj.Spec.PodTemplate.ObjectMeta.Annotations[k8s.AnnotationReceipt])
+	if err != nil || r.RuntimeClass != "" || r.Insecure != receipt.InsecureNoGVisor || r.Isolation() != "insecure-no-gvisor" {
 		t.Errorf("receipt %+v, %v", r, err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/cluster"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -136,7 +136,7 @@ func (w *Writer) post(ctx context.Context, obj *v1beta1.Sandbox) error {
 // Receipt is what a sandbox of the organization with this spec is promised
 // under this deployment's options; the control plane stores it in the
 // record at create time.
-func (w *Writer) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
+func (w *Writer) Receipt(orgID string, spec store.Spec) receipt.Receipt {
 	return NewReceipt(orgID, spec, w.opts)
 }
 

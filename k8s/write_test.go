@@ -18,7 +18,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -28,7 +28,7 @@ import (
 func TestServiceAccountOncePerBurst(t *testing.T) {
 	kube := kubefake.NewClientset()
 	sb := sandboxfake.NewSimpleClientset()
-	w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sb}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}})
+	w, err := k8s.NewWriter(&k8s.Clients{Kube: kube, Sandbox: sb}, k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestServiceAccountOncePerBurst(t *testing.T) {
 func TestGatewayKeyOnlyForHelpers(t *testing.T) {
 	sb := sandboxfake.NewSimpleClientset()
 	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb},
-		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, AgentImage: "agent"})
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, AgentImage: "agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestGatewayKeyOnlyForHelpers(t *testing.T) {
 		return v, ok
 	}
 	plain := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning,
-		Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportExec}}}
+		Spec: store.Spec{Image: "busybox", Transports: []receipt.Transport{receipt.TransportExec}}}
 	if err := w.Create(ctx, plain, "ssh-ed25519 AAAAkey"); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestPodAddr(t *testing.T) {
 func TestRotateGatewayKeyPerSandbox(t *testing.T) {
 	sb := sandboxfake.NewSimpleClientset()
 	w, err := k8s.NewWriter(&k8s.Clients{Kube: kubefake.NewClientset(), Sandbox: sb},
-		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}, AgentImage: "agent"})
+		k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec}, AgentImage: "agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestRotateGatewayKeyPerSandbox(t *testing.T) {
 		rec := store.Sandbox{ID: store.NewID("sbx"), OrgID: "org_a", DesiredMode: store.ModeRunning, Spec: store.Spec{Image: "busybox"}}
 		key := ""
 		if i < 2 {
-			rec.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
+			rec.Spec.Transports = []receipt.Transport{receipt.TransportForward}
 			key = "old-" + rec.ID
 			helped = append(helped, rec.ID)
 		}

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -48,7 +48,7 @@ type Source interface {
 	// SandboxesByState counts sandboxes by state, and organizations.
 	SandboxesByState(ctx context.Context) (map[string]int, int, error)
 	// Sessions counts live sessions by transport.
-	SessionsByTransport() map[sandbox.Transport]int
+	SessionsByTransport() map[receipt.Transport]int
 	// SessionsBusiest counts the live sessions of the sandbox and of the
 	// organization that have the most; SessionLimits are the limits they
 	// count against.
@@ -288,8 +288,8 @@ func (m *Metrics) IdleStop() {
 	m.idleStops.Inc()
 }
 
-// Attestation records a runtime attestation's result (sandbox.Runtime).
-func (m *Metrics) Attestation(result sandbox.Runtime) {
+// Attestation records a runtime attestation's result (receipt.Runtime).
+func (m *Metrics) Attestation(result receipt.Runtime) {
 	if m == nil {
 		return
 	}

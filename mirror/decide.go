@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -75,10 +75,10 @@ var orgIDPattern = regexp.MustCompile(`^org_[A-Za-z0-9]+$`)
 
 // Decide maps what the cluster shows for one sandbox to the state the record
 // should hold. obj is nil when no Sandbox object is observed; pods are the
-// live pods that belong to it; parse reads a receipt (sandbox.ParseReceipt, or
+// live pods that belong to it; parse reads a receipt (receipt.Parse, or
 // the mirror's memo of it, receiptCache). With a pure parse it is a pure
 // function of its arguments. It implements the state table of docs/states.md.
-func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now time.Time, parse func(string) (sandbox.Receipt, error)) store.Observation {
+func Decide(obj *v1beta1.Sandbox, pods []*corev1.Pod, rec store.Sandbox, now time.Time, parse func(string) (receipt.Receipt, error)) store.Observation {
 	if obj == nil {
 		switch {
 		case rec.DesiredMode == store.ModeDeleted:
@@ -193,7 +193,7 @@ func checkIdentity(what string, labels map[string]string, rec store.Sandbox) (st
 	}
 }
 
-// receiptCache memoizes sandbox.ParseReceipt, a pure function, for the
+// receiptCache memoizes receipt.Parse, a pure function, for the
 // decisions of one Mirror: the receipts of thousands of sandboxes are a
 // handful of distinct strings, and parsing two on every decision is a
 // cost serve would pay on every watch event (docs/benchmarks.md). It holds
@@ -207,7 +207,7 @@ type receiptCache struct {
 }
 
 type parsedReceipt struct {
-	r   sandbox.Receipt
+	r   receipt.Receipt
 	err error
 }
 
@@ -216,10 +216,10 @@ const (
 	maxReceiptLen = 4096
 )
 
-// parse is sandbox.ParseReceipt through the cache.
-func (c *receiptCache) parse(raw string) (sandbox.Receipt, error) {
+// parse is receipt.Parse through the cache.
+func (c *receiptCache) parse(raw string) (receipt.Receipt, error) {
 	if len(raw) > maxReceiptLen {
-		return sandbox.ParseReceipt(raw)
+		return receipt.Parse(raw)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -229,7 +229,7 @@ func (c *receiptCache) parse(raw string) (sandbox.Receipt, error) {
 	if len(c.m) >= maxReceipts || c.m == nil {
 		c.m = map[string]parsedReceipt{}
 	}
-	r, err := sandbox.ParseReceipt(raw)
+	r, err := receipt.Parse(raw)
 	c.m[raw] = parsedReceipt{r, err}
 	return r, err
 }
@@ -253,7 +253,7 @@ func livePods(pods []*corev1.Pod) []*corev1.Pod {
 // says was promised. The pod's receipt annotation must be there, readable,
 // and the same promise: someone who edits both the runtime class and the
 // annotation does not escape quarantine.
-func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Receipt, error)) (store.Observation, bool) {
+func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (receipt.Receipt, error)) (store.Observation, bool) {
 	if o, bad := checkIdentity("pod ", p.Labels, rec); bad {
 		return o, true
 	}
@@ -276,7 +276,7 @@ func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Rece
 			reasons = append(reasons, "the pod's receipt annotation differs from the promise on record")
 		}
 	}
-	if rec.RuntimePod != "" && rec.RuntimePod == string(p.UID) && rec.RuntimeObserved == sandbox.RuntimeNotGVisor && promised.Insecure == "" {
+	if rec.RuntimePod != "" && rec.RuntimePod == string(p.UID) && rec.RuntimeObserved == receipt.RuntimeNotGVisor && promised.Insecure == "" {
 		contradictions = append(contradictions, ContradictionRuntime)
 		reasons = append(reasons, fmt.Sprintf("the pod was seen running outside gVisor (kernel %q)", rec.RuntimeRelease))
 	}
@@ -317,7 +317,7 @@ func checkPod(p *corev1.Pod, rec store.Sandbox, parse func(string) (sandbox.Rece
 
 // helperMismatch is the pod's promised session helper and how its hardening
 // breaks the promise, "" when it keeps it; no helper when none was promised.
-func helperMismatch(p *corev1.Pod, promised sandbox.Receipt) (*corev1.Container, string) {
+func helperMismatch(p *corev1.Pod, promised receipt.Receipt) (*corev1.Container, string) {
 	if promised.SessionPort == 0 {
 		return nil, ""
 	}
@@ -333,7 +333,7 @@ func helperMismatch(p *corev1.Pod, promised sandbox.Receipt) (*corev1.Container,
 // the promised storage ("name:class" entries), or "" when they match. The
 // controller mounts claim template NAME of Sandbox S as volume NAME backed by
 // claim NAME-S; the class is the claim's, which the pod does not show.
-func storageMismatch(p *corev1.Pod, promised sandbox.Receipt) string {
+func storageMismatch(p *corev1.Pod, promised receipt.Receipt) string {
 	want := map[string]bool{}
 	for _, s := range promised.Storage {
 		name, _, _ := strings.Cut(s, ":")

@@ -15,17 +15,17 @@ import (
 	"sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
 var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []sandbox.Transport{sandbox.TransportExec}}
+var renderOpts = k8s.RenderOptions{Namespace: "ns", RuntimeClass: "gvisor", Transports: []receipt.Transport{receipt.TransportExec}}
 
 // withHelper is a record that has the forward transport, and so a helper.
 func withHelper(s *store.Sandbox) {
-	s.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
+	s.Spec.Transports = []receipt.Transport{receipt.TransportForward}
 	b, _ := json.Marshal(k8s.NewReceipt("org_a", s.Spec, renderOpts))
 	s.Receipt = string(b)
 }
@@ -63,7 +63,7 @@ func keyVolume(p *corev1.Pod) *corev1.Volume {
 // tenantKeyVolume is a record with a helper whose own volume took the
 // gateway key volume's name, as one could before such names were refused.
 func tenantKeyVolume(s *store.Sandbox) {
-	s.Spec.Transports = []sandbox.Transport{sandbox.TransportForward}
+	s.Spec.Transports = []receipt.Transport{receipt.TransportForward}
 	s.Spec.Volumes = []store.Volume{{Name: k8s.GatewayKeyVolume, Size: "1Gi", MountPath: "/data"}}
 	s.Receipt = promise(s.Spec)
 }
@@ -197,7 +197,7 @@ func TestDecide(t *testing.T) {
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionServiceAccount, Reason: `service account "default", receipt promised "hiloop-org-a"`}},
 		{"receipt and runtime class edited together", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.RuntimeClassName = ptr.To("runc")
-			r := k8s.NewReceipt("org_a", store.Spec{}, k8s.RenderOptions{RuntimeClass: "runc", Transports: []sandbox.Transport{sandbox.TransportExec}})
+			r := k8s.NewReceipt("org_a", store.Spec{}, k8s.RenderOptions{RuntimeClass: "runc", Transports: []receipt.Transport{receipt.TransportExec}})
 			b, _ := json.Marshal(r)
 			p.Annotations = map[string]string{k8s.AnnotationReceipt: string(b)}
 		})}, record(), store.Observation{State: store.StateQuarantined, Anomaly: ContradictionReceipt + "," + ContradictionRuntimeClass,
@@ -263,21 +263,21 @@ func TestDecide(t *testing.T) {
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionTokenMounted, Reason: "a service-account token is mounted"}},
 		{"pod seen outside gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
 			record(func(s *store.Sandbox) {
-				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeNotGVisor, "6.1.0-28-amd64"
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", receipt.RuntimeNotGVisor, "6.1.0-28-amd64"
 			}),
 			store.Observation{State: store.StateQuarantined, Anomaly: ContradictionRuntime, Reason: `the pod was seen running outside gVisor (kernel "6.1.0-28-amd64")`}},
 		{"an earlier pod seen outside gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u2" })},
 			record(func(s *store.Sandbox) {
-				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeNotGVisor, "6.1.0-28-amd64"
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", receipt.RuntimeNotGVisor, "6.1.0-28-amd64"
 			}),
 			store.Observation{State: store.StateRunning, PodUID: "u2"}},
 		{"pod seen under gVisor", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
 			record(func(s *store.Sandbox) {
-				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", sandbox.RuntimeGVisor, "4.19.0-gvisor"
+				s.RuntimePod, s.RuntimeObserved, s.RuntimeRelease = "u1", receipt.RuntimeGVisor, "4.19.0-gvisor"
 			}),
 			store.Observation{State: store.StateRunning, PodUID: "u1"}},
 		{"pod whose runtime is unknown", object(), []*corev1.Pod{pod(func(p *corev1.Pod) { p.UID = "u1" })},
-			record(func(s *store.Sandbox) { s.RuntimePod, s.RuntimeObserved = "u1", sandbox.RuntimeUnknown }),
+			record(func(s *store.Sandbox) { s.RuntimePod, s.RuntimeObserved = "u1", receipt.RuntimeUnknown }),
 			store.Observation{State: store.StateRunning, PodUID: "u1"}},
 		{"quarantine outranks running", object(), []*corev1.Pod{pod(func(p *corev1.Pod) {
 			p.Spec.RuntimeClassName = nil
@@ -468,7 +468,7 @@ func TestReceiptCache(t *testing.T) {
 	raws := []string{record().Receipt, record(withHelper).Receipt, `{"v":99}`, "not json",
 		strings.Repeat(" ", maxReceiptLen) + record().Receipt}
 	for _, raw := range raws {
-		want, wantErr := sandbox.ParseReceipt(raw)
+		want, wantErr := receipt.Parse(raw)
 		for range 2 { // parsed, then remembered
 			got, err := c.parse(raw)
 			if diff := cmp.Diff(want, got); diff != "" || fmt.Sprint(err) != fmt.Sprint(wantErr) {

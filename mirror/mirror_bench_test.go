@@ -20,7 +20,7 @@ import (
 	"github.com/hiloop/hiloop/k8s"
 	"github.com/hiloop/hiloop/localcluster"
 	"github.com/hiloop/hiloop/mirror"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -48,7 +48,7 @@ func BenchmarkMirrorScale(b *testing.B) {
 	}
 	defer db.Close()
 	org, _ := db.CreateOrg(ctx, "scale", 20000, 20000)
-	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []sandbox.Transport{sandbox.TransportExec}})
+	w, err := k8s.NewWriter(c.Clients, k8s.RenderOptions{Namespace: c.Namespace, RuntimeClass: localcluster.RuntimeClass, Transports: []receipt.Transport{receipt.TransportExec}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -92,13 +92,13 @@ func routeRequest(t *testing.T, p string, ids map[string]string) *http.Request {
 // tests may run one.
 func accessServer(t *testing.T) (ts *testServer, ids map[string]string, otherSecret string, ran *atomic.Int64) {
 	ran = &atomic.Int64{}
-	fc := &controltest.Cluster{Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, SessionPort: 2223}
+	fc := &controltest.Cluster{Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, SessionPort: 2223}
 	ts = newTestServer(t, fc, func(o *Options, co *control.Options) {
 		co.Exec = controltest.Exec{Run: func(context.Context, cluster.ExecRequest) (cluster.ExitStatus, error) {
 			ran.Add(1)
 			return cluster.ExitStatus{}, nil
 		}}
-		co.Caps.Transports = append(co.Caps.Transports, sandbox.TransportForward)
+		co.Caps.Transports = append(co.Caps.Transports, receipt.TransportForward)
 		o.Previews = Previews{Domain: "preview.test", Scheme: "https", Dial: func(*control.Session, int) (net.Conn, error) {
 			ran.Add(1)
 			return nil, errors.New("no sandbox app in this test")

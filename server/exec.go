@@ -20,7 +20,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // stallGrace is how long a message to the client of a stream whose
@@ -282,9 +282,9 @@ func (s *Server) admitExec(w http.ResponseWriter, r *http.Request, id, trigger s
 	}
 	var sess *control.Session
 	if wake {
-		sess, err = s.o.Control.AdmitWaking(r.Context(), caller(r), id, control.WakeOptions{Transport: sandbox.TransportExec, Trigger: trigger})
+		sess, err = s.o.Control.AdmitWaking(r.Context(), caller(r), id, control.WakeOptions{Transport: receipt.TransportExec, Trigger: trigger})
 	} else {
-		sess, err = s.o.Control.Admit(r.Context(), caller(r), id, sandbox.TransportExec)
+		sess, err = s.o.Control.Admit(r.Context(), caller(r), id, receipt.TransportExec)
 	}
 	switch {
 	case err != nil && r.Context().Err() != nil:

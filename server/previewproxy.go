@@ -15,7 +15,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/forward"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -217,11 +217,11 @@ func (s *Server) previewVisitor(r *http.Request) (visitor, error) {
 // counts it as one use until done, waking a sandbox stopped for idleness
 // as ssh -L does (control.UseWaking).
 func (s *Server) admitPreview(ctx context.Context, v visitor) (*control.Session, func(), error) {
-	wo := control.WakeOptions{Transport: sandbox.TransportForward, Trigger: "preview"}
+	wo := control.WakeOptions{Transport: receipt.TransportForward, Trigger: "preview"}
 	var sess *control.Session
 	var done func()
 	err := s.o.Control.UseWaking(ctx, v.who, v.preview.SandboxID, wo, func() (bool, error) {
-		ss, err := s.o.Control.Admit(ctx, v.who, v.preview.SandboxID, sandbox.TransportForward)
+		ss, err := s.o.Control.Admit(ctx, v.who, v.preview.SandboxID, receipt.TransportForward)
 		if err != nil {
 			var se *control.StateError
 			return errors.As(err, &se), err

@@ -20,7 +20,7 @@ import (
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -110,9 +110,9 @@ type previewEnv struct {
 
 func newPreviewEnv(t *testing.T, opts ...func(*Options, *control.Options)) *previewEnv {
 	app := newPreviewApp(t)
-	fc := &controltest.Cluster{Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, SessionPort: 2223}
+	fc := &controltest.Cluster{Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, SessionPort: 2223}
 	opts = append([]func(*Options, *control.Options){func(o *Options, co *control.Options) {
-		co.Caps.Transports = append(co.Caps.Transports, sandbox.TransportForward)
+		co.Caps.Transports = append(co.Caps.Transports, receipt.TransportForward)
 		o.Previews = Previews{Domain: "preview.test", Scheme: "https", Dial: app.dial}
 	}}, opts...)
 	ts := newTestServer(t, fc, opts...)
@@ -546,9 +546,9 @@ func FuzzPreviewVisit(f *testing.F) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app") }))
 	f.Cleanup(app.Close)
 	var dials atomic.Int64
-	fc := &controltest.Cluster{Transports: []sandbox.Transport{sandbox.TransportExec, sandbox.TransportForward}, SessionPort: 2223}
+	fc := &controltest.Cluster{Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward}, SessionPort: 2223}
 	ts := newTestServer(f, fc, func(o *Options, co *control.Options) {
-		co.Caps.Transports = append(co.Caps.Transports, sandbox.TransportForward)
+		co.Caps.Transports = append(co.Caps.Transports, receipt.TransportForward)
 		o.Previews = Previews{Domain: "preview.test", Scheme: "https", Dial: func(*control.Session, int) (net.Conn, error) {
 			dials.Add(1)
 			return net.Dial("tcp", app.Listener.Addr().String())

@@ -30,7 +30,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -59,7 +59,7 @@ func newTestServer(t testing.TB, fc *controltest.Cluster, opts ...func(*Options,
 	t.Cleanup(func() { db.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	co := control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{}, Log: log, ClusterTimeout: time.Second,
-		Caps: control.Capabilities{Transports: []sandbox.Transport{sandbox.TransportExec}, StorageClasses: []string{"fast"}}}
+		Caps: control.Capabilities{Transports: []receipt.Transport{receipt.TransportExec}, StorageClasses: []string{"fast"}}}
 	so := Options{Log: log}
 	for _, o := range opts {
 		o(&so, &co)
@@ -1027,7 +1027,7 @@ func TestOrgShowsSessions(t *testing.T) {
 	}
 	who := control.Caller{OrgID: ts.org.ID, KeyID: ts.keyID}
 	for _, id := range []string{ids[0], ids[0], ids[1]} {
-		s, err := ts.ctl.Admit(ctx, who, id, sandbox.TransportExec)
+		s, err := ts.ctl.Admit(ctx, who, id, receipt.TransportExec)
 		if err != nil {
 			t.Fatal(err)
 		}

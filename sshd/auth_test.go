@@ -11,7 +11,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // TestKeysRefused: only a key registered to the organization that has the
@@ -23,7 +23,7 @@ import (
 func TestKeysRefused(t *testing.T) {
 	g := start(t, setup{})
 	orgA, orgB := g.org("a"), g.org("b")
-	id := g.sandbox(orgA, sandbox.TransportSSH)
+	id := g.sandbox(orgA, receipt.TransportSSH)
 	keyA, _ := g.key(orgA)
 	keyB, _ := g.key(orgB)
 	stranger := newSigner(t)
@@ -92,7 +92,7 @@ func inTurn(methods ...gossh.AuthMethod) gossh.ClientConfig {
 func TestKeyThatSignedIsAuthorized(t *testing.T) {
 	g := start(t, setup{})
 	orgA, orgB := g.org("a"), g.org("b")
-	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	idA, idB := g.sandbox(orgA, receipt.TransportSSH), g.sandbox(orgB, receipt.TransportSSH)
 	victim, _ := g.key(orgA)
 	attacker, _ := g.key(orgB)
 	stranger := newSigner(t)
@@ -175,7 +175,7 @@ func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
 	g := start(t, setup{})
 	ctx := context.Background()
 	orgA, orgB := g.org("a"), g.org("b")
-	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	idA, idB := g.sandbox(orgA, receipt.TransportSSH), g.sandbox(orgB, receipt.TransportSSH)
 	shared, _ := g.key(orgA)
 	onlyA, _ := g.key(orgA)
 	onlyB, _ := g.key(orgB)
@@ -223,7 +223,7 @@ func TestKeyRegisteredByAnotherOrganization(t *testing.T) {
 func TestUserNameVariantsRefused(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	key, _ := g.key(org)
 	if _, err := g.dial(id, gossh.PublicKeys(key)); err != nil {
 		t.Fatalf("the id itself: %v", err)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/forward"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // upstream is the one connection to a sandbox's session helper that a
@@ -106,7 +106,7 @@ func (g *Gateway) directTCPIP(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.Ne
 // from again (control.UseWaking). It rejects nc and reports false when it
 // cannot.
 func (g *Gateway) upstreamInUse(ctx ssh.Context, nc gossh.NewChannel, conn *gossh.ServerConn, who control.Caller, log *slog.Logger) (*upstream, func(), bool) {
-	wo := control.WakeOptions{Transport: sandbox.TransportForward}
+	wo := control.WakeOptions{Transport: receipt.TransportForward}
 	if err := g.o.Control.Wake(ctx, who, conn.User(), wo); err != nil {
 		rejectWake(nc, conn, err)
 		return nil, nil, false
@@ -183,7 +183,7 @@ func (g *Gateway) upstream(ctx ssh.Context, conn *gossh.ServerConn, who control.
 // upstream end together, with the client connection or when control ends
 // the session.
 func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who control.Caller, log *slog.Logger, up *upstream) (*forward.Mux, *control.Session, error) {
-	sess, err := g.o.Control.Admit(ctx, who, conn.User(), sandbox.TransportForward)
+	sess, err := g.o.Control.Admit(ctx, who, conn.User(), receipt.TransportForward)
 	if err != nil {
 		return nil, nil, errors.New(refusal(conn.User(), err))
 	}

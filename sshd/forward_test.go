@@ -20,7 +20,7 @@ import (
 	"github.com/hiloop/hiloop/agent"
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // directTCPIP is the payload of a direct-tcpip channel open (RFC 4254 7.2).
@@ -49,8 +49,8 @@ func TestForwardRefused(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	withHelper := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	without := g.sandbox(org, sandbox.TransportSSH)
+	withHelper := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
+	without := g.sandbox(org, receipt.TransportSSH)
 	for _, tc := range []struct {
 		id, host string
 		port     uint32
@@ -162,7 +162,7 @@ func TestForwardThroughHelper(t *testing.T) {
 	g := start(t, setup{sessionPort: ln.Addr().(*net.TCPAddr).Port})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	a := helper(t, ln, g.fc, id)
 	port := echoServer(t)
 	c := g.login(id, key)
@@ -190,7 +190,7 @@ func TestForwardThroughHelper(t *testing.T) {
 	if !slices.Contains(g.fc.Calls(), "podaddr "+id) {
 		t.Errorf("the helper's address was not asked of the cluster: %v", g.fc.Calls())
 	}
-	if got := g.core.SessionsByTransport()[sandbox.TransportForward]; got != 1 {
+	if got := g.core.SessionsByTransport()[receipt.TransportForward]; got != 1 {
 		t.Errorf("%d forward sessions live, want 1", got)
 	}
 	// Where nothing listens (a closed port; ::1, which the policy allows

@@ -11,7 +11,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -29,8 +29,8 @@ func TestForwardRefusedByAnotherSandboxsHelper(t *testing.T) {
 	g := start(t, setup{sessionPort: ln.Addr().(*net.TCPAddr).Port})
 	org, other := g.org("a"), g.org("b")
 	key, _ := g.key(org)
-	mine := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	theirs := g.sandbox(other, sandbox.TransportSSH, sandbox.TransportForward)
+	mine := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
+	theirs := g.sandbox(other, receipt.TransportSSH, receipt.TransportForward)
 	foreign := helper(t, ln, g.fc, theirs)
 	port := echoServer(t)
 
@@ -62,7 +62,7 @@ func TestForwardRefusedForPodNotObserved(t *testing.T) {
 	g := start(t, setup{sessionPort: ln.Addr().(*net.TCPAddr).Port})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	a := helper(t, ln, g.fc, id)
 	if _, err := g.db.Observe(context.Background(), id, store.Observation{State: store.StateRunning, PodUID: "uid-of-a-dead-pod"}); err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestForwardOldHelper(t *testing.T) {
 	g := start(t, setup{sessionPort: ln.Addr().(*net.TCPAddr).Port})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	_, err = forward(c, "127.0.0.1", echoServer(t))
 	var oce *gossh.OpenChannelError

@@ -19,7 +19,7 @@ import (
 
 	fwd "github.com/hiloop/hiloop/forward"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
@@ -180,7 +180,7 @@ func TestForwardHelperNeverAnswersOpen(t *testing.T) {
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	defer c.Close()
 	_, err := openWithin(t, c, 20*time.Second)
@@ -225,7 +225,7 @@ func TestForwardHostileHelperFrames(t *testing.T) {
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	defer c.Close()
 	for i := range hostile {
@@ -273,7 +273,7 @@ func TestForwardHelperNeverReads(t *testing.T) {
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 
 	stuck := g.login(id, key)
 	ch, err := openWithin(t, stuck, 20*time.Second)
@@ -326,7 +326,7 @@ func TestForwardHelperKeyChange(t *testing.T) {
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 5 * time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 
 	c := g.login(id, key)
 	ch, err := openWithin(t, c, 20*time.Second)
@@ -375,8 +375,8 @@ func TestForwardHelperKeyChangeStallsOnlyItsDial(t *testing.T) {
 	g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = 30 * time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	changed := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
-	other := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	changed := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
+	other := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	pinFirstKey(t, g, changed, key)
 	swap()
 
@@ -457,7 +457,7 @@ func TestForwardHelperStopsReading(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	defer c.Close()
 	ended := make(chan struct{}, channels)
@@ -533,7 +533,7 @@ func TestForwardEndEndsUpstream(t *testing.T) {
 			g := start(t, setup{sessionPort: port})
 			org := g.org("a")
 			key, sshKey := g.key(org)
-			id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+			id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 			c := g.login(id, key)
 			defer c.Close()
 			ch, err := openWithin(t, c, 20*time.Second)
@@ -571,7 +571,7 @@ func TestForwardConcurrentChannelsOneUpstream(t *testing.T) {
 	g := start(t, setup{sessionPort: port})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	defer c.Close()
 	const n = 8

@@ -16,7 +16,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // TestKeepAlive: once a connection has a channel, the gateway asks it
@@ -27,7 +27,7 @@ func TestKeepAlive(t *testing.T) {
 	g := start(t, setup{keepAlive: 300 * time.Millisecond, keepAliveMax: asks})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 
 	// open connects and opens an idle session channel, which starts the
 	// keepalives.
@@ -98,7 +98,7 @@ func TestShutdownEndsSessions(t *testing.T) {
 	g := start(t, setup{keepAlive: time.Second})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := g.login(id, key)
 	e := startEcho(t, c)
 
@@ -132,7 +132,7 @@ func TestShutdownDuringLogins(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	stop := make(chan struct{})
 	var clients sync.WaitGroup
 	var in atomic.Int64
@@ -170,7 +170,7 @@ func TestShutdownClosesWhatIsLeft(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	startEcho(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -191,7 +191,7 @@ func TestRevokedKey(t *testing.T) {
 	org := g.org("a")
 	revoked, revokedKey := g.key(org)
 	kept, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	gone := startEcho(t, g.login(id, revoked))
 	stays := startEcho(t, g.login(id, kept))
 
@@ -214,7 +214,7 @@ func TestRevokedKeyConnectionOpensNoSession(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, sshKey := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := g.login(id, key)
 	e := startEcho(t, c)
 	if err := g.core.DeleteSSHKey(context.Background(), g.admin(org), sshKey.ID); err != nil {

@@ -24,7 +24,7 @@ import (
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/internal/eventually"
 	"github.com/hiloop/hiloop/metrics"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -180,7 +180,7 @@ func TestSilentConnections(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 
 	before := runtime.NumGoroutine()
 	conns := make([]net.Conn, 0, silents)
@@ -323,7 +323,7 @@ func TestStartupsCaps(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	waiting := func(n int) {
 		t.Helper()
 		eventually.True(t, fmt.Sprintf("%d waiting", n), func() bool { return counter(t, met, `hiloop_ssh_startups{state="waiting"}`) == n })
@@ -431,7 +431,7 @@ func TestWaiterTakesSilentPlace(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	quiet := []net.Conn{silent(t, g.addr, "127.0.0.1"), silent(t, g.addr, "127.0.0.1")}
 	for _, nc := range quiet {
 		if !held(t, nc) {
@@ -466,7 +466,7 @@ func TestBurstFromOneAddress(t *testing.T) {
 	g, met := limited(t, setup{limits: control.Limits{PerSandbox: burst, PerOrg: burst}}, func(o *sshd.Options) { o.MaxConnsPerKey = burst })
 	org := g.org("a")
 	key, _ := g.key(org)
-	ids := []string{g.sandbox(org, sandbox.TransportSSH), g.sandbox(org, sandbox.TransportSSH)}
+	ids := []string{g.sandbox(org, receipt.TransportSSH), g.sandbox(org, receipt.TransportSSH)}
 	errs := make(chan error, burst)
 	var wg sync.WaitGroup
 	for i := range burst {
@@ -518,7 +518,7 @@ func TestPenalties(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	_, stranger, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +586,7 @@ func TestConnsPerKeyCap(t *testing.T) {
 	org := g.org("a")
 	key, _ := g.key(org)
 	other, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 
 	first := g.login(id, key)
 	g.login(id, key)
@@ -624,7 +624,7 @@ func TestConnsPerOrgCap(t *testing.T) {
 	second, _ := g.key(orgA)
 	third, _ := g.key(orgA)
 	keyB, _ := g.key(orgB)
-	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	idA, idB := g.sandbox(orgA, receipt.TransportSSH), g.sandbox(orgB, receipt.TransportSSH)
 
 	c := g.login(idA, first)
 	g.login(idA, second)
@@ -653,7 +653,7 @@ func TestKeepAliveWithoutChannel(t *testing.T) {
 	g := start(t, setup{keepAlive: 200 * time.Millisecond, keepAliveMax: 2})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	conn, chans, reqs, err := g.raw(id, gossh.PublicKeys(key))
 	if err != nil {
 		t.Fatal(err)
@@ -716,7 +716,7 @@ func TestHelperDialDeadline(t *testing.T) {
 	g, met := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Second })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 
 	errs := make(chan error, 2)
@@ -773,7 +773,7 @@ func TestHelperDialAbandoned(t *testing.T) {
 			g, _ := limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = time.Hour })
 			org := g.org("a")
 			key, _ := g.key(org)
-			id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+			id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 			c := g.login(id, key)
 
 			errs := make(chan error, 2)
@@ -818,7 +818,7 @@ func TestChannelsPerConnCap(t *testing.T) {
 	g, met := limited(t, setup{sessionPort: 2223}, func(o *sshd.Options) { o.MaxChannelsPerConn = 3 })
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id := g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	c := g.login(id, key)
 	var open []gossh.Channel
 	for range 3 {
@@ -869,7 +869,7 @@ func TestChannelsPerOrgCap(t *testing.T) {
 	keyA, _ := g.key(orgA)
 	otherA, _ := g.key(orgA)
 	keyB, _ := g.key(orgB)
-	idA, idB := g.sandbox(orgA, sandbox.TransportSSH), g.sandbox(orgB, sandbox.TransportSSH)
+	idA, idB := g.sandbox(orgA, receipt.TransportSSH), g.sandbox(orgB, receipt.TransportSSH)
 	first, second := g.login(idA, keyA), g.login(idA, otherA)
 	var open []gossh.Channel
 	for _, c := range []*gossh.Client{first, first, second} {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/hiloop/hiloop/control/controltest"
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
@@ -105,7 +105,7 @@ func forwardSandbox(t *testing.T, dialTimeout time.Duration) (g *gateway, key go
 	g, _ = limited(t, setup{sessionPort: port}, func(o *sshd.Options) { o.HelperDialTimeout = dialTimeout })
 	org := g.org("a")
 	key, _ = g.key(org)
-	id = g.sandbox(org, sandbox.TransportSSH, sandbox.TransportForward)
+	id = g.sandbox(org, receipt.TransportSSH, receipt.TransportForward)
 	return g, key, id, swap
 }
 

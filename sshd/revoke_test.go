@@ -13,7 +13,7 @@ import (
 
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
@@ -37,7 +37,7 @@ func sweptGateway(t *testing.T) *gateway {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	fc := &controltest.Cluster{}
 	core, err := control.New(control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{Run: workload},
-		Caps: control.Capabilities{Transports: sandbox.Transports()}, SweepInterval: sweepEvery, Log: log})
+		Caps: control.Capabilities{Transports: receipt.Transports()}, SweepInterval: sweepEvery, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestDeletedKeyClosesConnection(t *testing.T) {
 	org := g.org("a")
 	key, sshKey := g.key(org)
 	other, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := idleLogin(t, g, id, key)
 	stays := idleLogin(t, g, id, other)
 
@@ -140,7 +140,7 @@ func TestOfflineRevokeClosesConnection(t *testing.T) {
 	g := sweptGateway(t)
 	org := g.org("a")
 	key, sshKey := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := idleLogin(t, g, id, key)
 	e := startEcho(t, c)
 
@@ -161,7 +161,7 @@ func TestStoppedSandboxClosesConnection(t *testing.T) {
 	org := g.org("a")
 	key, _ := g.key(org)
 	who := g.admin(org)
-	stopped, deleted := g.sandbox(org, sandbox.TransportSSH), g.sandbox(org, sandbox.TransportSSH)
+	stopped, deleted := g.sandbox(org, receipt.TransportSSH), g.sandbox(org, receipt.TransportSSH)
 	c := idleLogin(t, g, stopped, key)
 	e := startEcho(t, c)
 	idle := idleLogin(t, g, deleted, key)
@@ -185,7 +185,7 @@ func TestQuarantineClosesConnection(t *testing.T) {
 	g := sweptGateway(t)
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := idleLogin(t, g, id, key)
 	if _, err := g.db.Observe(context.Background(), id, store.Observation{State: store.StateQuarantined, Anomaly: "host_namespaces"}); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -175,7 +175,7 @@ func (s *session) start(ctx context.Context, log *slog.Logger, cmd *string) func
 // exit-signal was sent instead. A sandbox stopped for idleness is woken
 // first: one line on stderr says so, and the session waits for it.
 func (s *session) run(ctx context.Context, log *slog.Logger, cmd *string, tty bool, term string) int {
-	sess, err := s.g.o.Control.AdmitWaking(ctx, s.who, s.id, control.WakeOptions{Transport: sandbox.TransportSSH,
+	sess, err := s.g.o.Control.AdmitWaking(ctx, s.who, s.id, control.WakeOptions{Transport: receipt.TransportSSH,
 		Waking: func() { fmt.Fprintf(s.ch.Stderr(), "waking %s\r\n", s.id) }})
 	if err != nil {
 		fmt.Fprintf(s.ch.Stderr(), "hiloop: %s\r\n", refusal(s.id, err))

@@ -11,7 +11,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -26,7 +26,7 @@ func TestSessionRequestsRefused(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	c := g.login(id, key)
 	ch, reqs, err := c.OpenChannel("session", nil)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestSessionStartsOnce(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	e := startEcho(t, c)
 	for _, req := range []struct {
 		typ     string
@@ -99,7 +99,7 @@ func TestGlobalRequestsAndChannelsRefused(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	for _, req := range []struct {
 		typ     string
 		payload []byte
@@ -147,7 +147,7 @@ func TestCommandExitStatus(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	for _, tc := range []struct {
 		cmd  string
 		want result
@@ -189,7 +189,7 @@ func TestCommandLineLimits(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	for _, tc := range []struct{ name, cmd, stderr string }{
 		{"nul", "exit 0\x00", "refused: command arguments cannot contain NUL bytes"},
 		{"long", "exit 0;" + strings.Repeat(" ", api.MaxArgvBytes), fmt.Sprintf("refused: command exceeds %d bytes", api.MaxArgvBytes)},
@@ -209,7 +209,7 @@ func TestTerminal(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	c := g.login(g.sandbox(org, sandbox.TransportSSH), key)
+	c := g.login(g.sandbox(org, receipt.TransportSSH), key)
 	sess, err := c.NewSession()
 	if err != nil {
 		t.Fatal(err)
@@ -255,14 +255,14 @@ func TestSessionRefused(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	stopped := g.sandbox(org, sandbox.TransportSSH)
+	stopped := g.sandbox(org, receipt.TransportSSH)
 	g.observe(stopped, store.StateStopped)
-	quarantined := g.sandbox(org, sandbox.TransportSSH)
+	quarantined := g.sandbox(org, receipt.TransportSSH)
 	g.observe(quarantined, store.StateQuarantined)
 	for _, tc := range []struct {
 		name, id, stderr string
 	}{
-		{"without the ssh transport", g.sandbox(org, sandbox.TransportExec), "not created with the ssh transport"},
+		{"without the ssh transport", g.sandbox(org, receipt.TransportExec), "not created with the ssh transport"},
 		{"stopped", stopped, "start it with: hiloop sandbox start " + stopped},
 		{"quarantined", quarantined, "quarantined"},
 	} {
@@ -287,8 +287,8 @@ func TestExecAnsweredBeforeClose(t *testing.T) {
 	g := start(t, setup{})
 	org := g.org("a")
 	key, _ := g.key(org)
-	running := g.login(g.sandbox(org, sandbox.TransportSSH), key)
-	stopped := g.sandbox(org, sandbox.TransportSSH)
+	running := g.login(g.sandbox(org, receipt.TransportSSH), key)
+	stopped := g.sandbox(org, receipt.TransportSSH)
 	g.observe(stopped, store.StateStopped)
 	refused := g.login(stopped, key)
 	for i := range 50 {

@@ -13,7 +13,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/internal/eventually"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 )
 
@@ -127,7 +127,7 @@ func TestDrainWhileLoggingIn(t *testing.T) {
 	})
 	org := g.org("a")
 	key, _ := g.key(org)
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	stop := make(chan struct{})
 	var clients sync.WaitGroup
 	var mu sync.Mutex

@@ -23,7 +23,7 @@ import (
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/control/controltest"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
@@ -78,7 +78,7 @@ func start(t *testing.T, s setup) *gateway {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	fc := &controltest.Cluster{SessionPort: s.sessionPort}
 	core, err := control.New(control.Options{Store: db, Cluster: fc, Exec: controltest.Exec{Run: workload},
-		Caps: control.Capabilities{Transports: sandbox.Transports()}, ClusterTimeout: 10 * time.Second, Log: log, Limits: s.limits})
+		Caps: control.Capabilities{Transports: receipt.Transports()}, ClusterTimeout: 10 * time.Second, Log: log, Limits: s.limits})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func (g *gateway) admin(o store.Org) control.Caller {
 // sandbox creates a sandbox of the organization with these transports
 // through the core, and records it running, as the mirror would once its
 // pod is up.
-func (g *gateway) sandbox(o store.Org, transports ...sandbox.Transport) string {
+func (g *gateway) sandbox(o store.Org, transports ...receipt.Transport) string {
 	g.t.Helper()
 	ctx := context.Background()
 	sb, _, err := g.core.Create(ctx, g.admin(o),

@@ -17,7 +17,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/sshd"
 	"github.com/hiloop/hiloop/store"
 )
@@ -92,7 +92,7 @@ func TestStockClientBurstWaits(t *testing.T) {
 	login := stockKey(t, g, org, false)
 	ids := make([]string, sandboxes)
 	for i := range ids {
-		ids[i] = g.sandbox(org, sandbox.TransportSSH)
+		ids[i] = g.sandbox(org, receipt.TransportSSH)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -125,7 +125,7 @@ func TestStockClientBurstWaits(t *testing.T) {
 func TestStockClientToldWhy(t *testing.T) {
 	g, _ := limited(t, setup{}, func(*sshd.Options) {})
 	org := g.org("a")
-	id := g.sandbox(org, sandbox.TransportSSH)
+	id := g.sandbox(org, receipt.TransportSSH)
 	good, bad := stockKey(t, g, org, false), stockKey(t, g, org, true)
 	var errOut string
 	for range 10 {

@@ -10,7 +10,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/control"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -24,7 +24,7 @@ func TestWakeWaitRefused(t *testing.T) {
 	org := g.org("a")
 	key, _ := g.key(org)
 	sb, _, err := g.core.Create(context.Background(), g.admin(org),
-		control.CreateRequest{Spec: store.Spec{Image: "busybox", Transports: []sandbox.Transport{sandbox.TransportSSH, sandbox.TransportForward}}})
+		control.CreateRequest{Spec: store.Spec{Image: "busybox", Transports: []receipt.Transport{receipt.TransportSSH, receipt.TransportForward}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/hiloop/hiloop/api"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // The records map themselves to the API's types here, and only here, field
@@ -79,7 +79,7 @@ func (sb Sandbox) API() api.Sandbox {
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		RuntimeObserved: string(sb.RuntimeObserved), KernelRelease: sb.RuntimeRelease,
 	}
-	if r, err := sandbox.ParseReceipt(sb.Receipt); err == nil {
+	if r, err := receipt.Parse(sb.Receipt); err == nil {
 		out.Isolation = r.Isolation()
 	}
 	if sb.Spec.TTLSeconds > 0 {
@@ -98,7 +98,7 @@ func (sb Sandbox) API() api.Sandbox {
 }
 
 // transportNames are the transports as the API names them.
-func transportNames(ts []sandbox.Transport) []string {
+func transportNames(ts []receipt.Transport) []string {
 	out := make([]string, len(ts))
 	for i, t := range ts {
 		out[i] = string(t)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // The observed side of the record: the sandboxes the status mirror must
@@ -164,15 +164,15 @@ func (s *Store) PinHelperKey(ctx context.Context, id, podUID, fp string) (string
 
 // RecordRuntime records what a runtime attestation of sandbox id's pod
 // podUID saw: the runtime and the kernel release (capped at
-// sandbox.MaxKernelRelease). Each pod is recorded once: a second record of
+// receipt.MaxKernelRelease). Each pod is recorded once: a second record of
 // the same pod writes nothing. Only the record's observed pod is recorded:
 // for any other (a pod replaced while it was probed) it writes nothing and
 // returns ErrStalePod. It reports whether it wrote.
-func (s *Store) RecordRuntime(ctx context.Context, id, podUID string, seen sandbox.Runtime, release string) (bool, error) {
+func (s *Store) RecordRuntime(ctx context.Context, id, podUID string, seen receipt.Runtime, release string) (bool, error) {
 	if !seen.Known() {
 		return false, fmt.Errorf("record runtime: unknown observation %q", seen)
 	}
-	release = release[:min(len(release), sandbox.MaxKernelRelease)]
+	release = release[:min(len(release), receipt.MaxKernelRelease)]
 	wrote := false
 	err := s.inBatch(ctx, func(ctx context.Context, tx *txn) error {
 		var current, attested string

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 // State is a sandbox's observed state. Only the status mirror (and the
@@ -80,7 +80,7 @@ type Spec struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	// Transports are the ways in the sandbox asked for; empty means every
 	// transport the deployment backed at create time.
-	Transports []sandbox.Transport `json:"transports,omitempty"`
+	Transports []receipt.Transport `json:"transports,omitempty"`
 	// Env is the workload's environment beside the image's. It is stored
 	// in a column of its own (env), never in the spec's JSON.
 	Env map[string]string `json:"-"`
@@ -108,7 +108,7 @@ type Sandbox struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	// Receipt is what the control plane promised at create time (JSON, see
-	// sandbox.Receipt); "" for records older than the column.
+	// receipt.Receipt); "" for records older than the column.
 	Receipt string
 	// ModeOutside reports that the sandbox is observed stopped or stopping
 	// while the API last asked it to run.
@@ -122,7 +122,7 @@ type Sandbox struct {
 	// it (runtime attestation), RuntimeObserved what was seen there and
 	// RuntimeRelease the kernel release read; all "" before the first.
 	RuntimePod      string
-	RuntimeObserved sandbox.Runtime
+	RuntimeObserved receipt.Runtime
 	RuntimeRelease  string
 	// IdleTimeout stops the sandbox once it ran this long without use
 	// through hiloop; 0 never does.

@@ -20,7 +20,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/hiloop/hiloop/migrations"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -1297,9 +1297,9 @@ func TestRecordRuntime(t *testing.T) {
 	}
 	type seen struct {
 		Pod, Release string
-		Runtime      sandbox.Runtime
+		Runtime      receipt.Runtime
 	}
-	record := func(pod string, r sandbox.Runtime, release string, wantWrote bool, wantErr error) {
+	record := func(pod string, r receipt.Runtime, release string, wantWrote bool, wantErr error) {
 		t.Helper()
 		wrote, err := s.RecordRuntime(ctx, sb.ID, pod, r, release)
 		if !errors.Is(err, wantErr) || wrote != wantWrote {
@@ -1322,23 +1322,23 @@ func TestRecordRuntime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // no pod observed yet
+	record("u1", receipt.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // no pod observed yet
 	check(seen{})
 	observe("u1")
-	record("u1", sandbox.RuntimeNotGVisor, strings.Repeat("6", 1000), true, nil)
-	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
-	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, nil) // once per pod
-	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
+	record("u1", receipt.RuntimeNotGVisor, strings.Repeat("6", 1000), true, nil)
+	check(seen{"u1", strings.Repeat("6", receipt.MaxKernelRelease), receipt.RuntimeNotGVisor})
+	record("u1", receipt.RuntimeGVisor, "4.4.0", false, nil) // once per pod
+	check(seen{"u1", strings.Repeat("6", receipt.MaxKernelRelease), receipt.RuntimeNotGVisor})
 
 	observe("u2")
-	record("u1", sandbox.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // a late probe of the pod before
-	check(seen{"u1", strings.Repeat("6", sandbox.MaxKernelRelease), sandbox.RuntimeNotGVisor})
-	record("u2", sandbox.RuntimeGVisor, "4.19.0-gvisor", true, nil)
-	check(seen{"u2", "4.19.0-gvisor", sandbox.RuntimeGVisor})
+	record("u1", receipt.RuntimeGVisor, "4.4.0", false, store.ErrStalePod) // a late probe of the pod before
+	check(seen{"u1", strings.Repeat("6", receipt.MaxKernelRelease), receipt.RuntimeNotGVisor})
+	record("u2", receipt.RuntimeGVisor, "4.19.0-gvisor", true, nil)
+	check(seen{"u2", "4.19.0-gvisor", receipt.RuntimeGVisor})
 	if _, err := s.RecordRuntime(ctx, sb.ID, "u2", "linux", ""); err == nil {
 		t.Fatal("an unknown observation was recorded")
 	}
-	if _, err := s.RecordRuntime(ctx, "sbx_nosuch", "u1", sandbox.RuntimeUnknown, ""); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.RecordRuntime(ctx, "sbx_nosuch", "u1", receipt.RuntimeUnknown, ""); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("record of an unknown sandbox: %v, want not found", err)
 	}
 }

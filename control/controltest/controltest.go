@@ -10,7 +10,7 @@ import (
 
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/k8s"
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 	"github.com/hiloop/hiloop/store"
 )
 
@@ -40,7 +40,7 @@ type Cluster struct {
 	SessionPort int
 	// Transports are the deployment's transports that receipts are made
 	// for; exec alone when nil.
-	Transports []sandbox.Transport
+	Transports []receipt.Transport
 	// OnMode, when set, is called (without the fake's lock) by SetMode
 	// and Delete (with store.ModeDeleted) before they answer: the moment
 	// the API server has the write and hiloop has not its answer, when
@@ -100,12 +100,12 @@ func (f *Cluster) Has(id string) bool {
 
 // Receipt makes the receipt of a gvisor deployment backing Transports,
 // with the helper on SessionPort.
-func (f *Cluster) Receipt(orgID string, spec store.Spec) sandbox.Receipt {
+func (f *Cluster) Receipt(orgID string, spec store.Spec) receipt.Receipt {
 	f.mu.Lock()
 	port, transports := f.SessionPort, f.Transports
 	f.mu.Unlock()
 	if transports == nil {
-		transports = []sandbox.Transport{sandbox.TransportExec}
+		transports = []receipt.Transport{receipt.TransportExec}
 	}
 	return k8s.NewReceipt(orgID, spec, k8s.RenderOptions{RuntimeClass: k8s.DefaultRuntimeClass, Transports: transports, SessionPort: port})
 }

@@ -13,7 +13,7 @@ const mod = "github.com/hiloop/hiloop"
 // package main), exactly the hiloop packages its non-test code imports.
 // An import missing here fails, and so does one listed here that the code
 // no longer makes, so the map is the package graph as it is. Read it from
-// the bottom up: the shared vocabulary (api, cluster, sandbox, forward)
+// the bottom up: the shared vocabulary (api, cluster, receipt, forward)
 // imports nothing of hiloop's; the record (store) and the cluster adapter
 // (k8s) sit on it; the isolation self-check (boundary) reads the cluster
 // through the adapter; the core (control) speaks to the cluster only in
@@ -21,14 +21,14 @@ const mod = "github.com/hiloop/hiloop"
 // wires the parts together, for main (serve, dev) and for the end-to-end
 // harness (internal/e2e), which runs a whole hiloop in-process.
 var imports = map[string][]string{
-	"":                     {"agent", "api", "app", "boundary", "cluster", "control", "k8s", "localcluster", "sandbox", "store"},
+	"":                     {"agent", "api", "app", "boundary", "cluster", "control", "k8s", "localcluster", "receipt", "store"},
 	"agent":                {"forward"},
 	"api":                  {},
-	"app":                  {"boundary", "cluster", "control", "k8s", "metrics", "mirror", "sandbox", "server", "sshd", "store"},
+	"app":                  {"boundary", "cluster", "control", "k8s", "metrics", "mirror", "receipt", "server", "sshd", "store"},
 	"boundary":             {"cluster", "k8s"},
 	"cluster":              {},
-	"control":              {"api", "cluster", "metrics", "sandbox", "store"},
-	"control/controltest":  {"cluster", "k8s", "sandbox", "store"},
+	"control":              {"api", "cluster", "metrics", "receipt", "store"},
+	"control/controltest":  {"cluster", "k8s", "receipt", "store"},
 	"deploy":               {},
 	"deploy/image":         {"internal/ociimage"},
 	"e2e":                  {},
@@ -41,15 +41,15 @@ var imports = map[string][]string{
 	"internal/layers":      {},
 	"internal/ociimage":    {},
 	"internal/tlstest":     {},
-	"k8s":                  {"cluster", "sandbox", "store"},
+	"k8s":                  {"cluster", "receipt", "store"},
 	"localcluster":         {"boundary", "internal/ociimage", "k8s"},
-	"metrics":              {"sandbox"},
+	"metrics":              {"receipt"},
 	"migrations":           {},
-	"mirror":               {"k8s", "metrics", "sandbox", "store"},
-	"sandbox":              {},
-	"server":               {"api", "cluster", "control", "forward", "metrics", "sandbox", "store"},
-	"sshd":                 {"cluster", "control", "forward", "metrics", "sandbox", "store"},
-	"store":                {"api", "migrations", "sandbox"},
+	"mirror":               {"k8s", "metrics", "receipt", "store"},
+	"receipt":              {},
+	"server":               {"api", "cluster", "control", "forward", "metrics", "receipt", "store"},
+	"sshd":                 {"cluster", "control", "forward", "metrics", "receipt", "store"},
+	"store":                {"api", "migrations", "receipt"},
 }
 
 // hidden names packages that must not reach the cluster adapter, directly

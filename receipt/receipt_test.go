@@ -1,18 +1,18 @@
-package sandbox_test
+package receipt_test
 
 import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/hiloop/hiloop/sandbox"
+	"github.com/hiloop/hiloop/receipt"
 )
 
 func TestParseReceiptRefusesUnknown(t *testing.T) {
 	for _, s := range []string{"", "{", `{"v":2,"runtime_class":"gvisor"}`, `{"v":1}`, `{"v":1,"runtime_class":"gvisor","extra":1}`,
 		`{"v":1,"runtime_class":"gvisor","insecure":"no-gvisor"}`, `{"v":1,"insecure":"other"}`, `{"v":1,"runtime_class":"gvisor","insecure":"other"}`} {
-		if _, err := sandbox.ParseReceipt(s); err == nil {
-			t.Errorf("ParseReceipt(%q) accepted", s)
+		if _, err := receipt.Parse(s); err == nil {
+			t.Errorf("Parse(%q) accepted", s)
 		}
 	}
 }
@@ -25,11 +25,11 @@ func FuzzParseReceipt(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		r, err := sandbox.ParseReceipt(s)
+		r, err := receipt.Parse(s)
 		if err != nil {
 			return
 		}
-		again, err := sandbox.ParseReceipt(r.Encode())
+		again, err := receipt.Parse(r.Encode())
 		if err != nil || !cmp.Equal(r, again) {
 			t.Fatalf("receipt %q does not survive a round trip: %v", s, err)
 		}
@@ -40,14 +40,14 @@ func FuzzParseReceipt(f *testing.F) {
 // promised exec alone, never more.
 func TestRecordReceipt(t *testing.T) {
 	for _, raw := range []string{"", "{", `{"v":2,"runtime_class":"gvisor","transports":["exec","ssh","forward"]}`} {
-		r := sandbox.RecordReceipt(raw)
-		if len(r.Transports) != 1 || !r.Has(sandbox.TransportExec) {
-			t.Errorf("RecordReceipt(%q) = %+v, want exec alone", raw, r)
+		r := receipt.Record(raw)
+		if len(r.Transports) != 1 || !r.Has(receipt.TransportExec) {
+			t.Errorf("Record(%q) = %+v, want exec alone", raw, r)
 		}
 	}
-	full := sandbox.Receipt{Version: sandbox.ReceiptVersion, RuntimeClass: "gvisor", Storage: []string{},
-		Transports: []sandbox.Transport{sandbox.TransportSSH, sandbox.TransportForward}, SessionPort: 2223}
-	if r := sandbox.RecordReceipt(full.Encode()); !r.Has(sandbox.TransportForward) || r.Has(sandbox.TransportExec) || r.SessionPort != 2223 {
-		t.Errorf("RecordReceipt of an encoded receipt = %+v", r)
+	full := receipt.Receipt{Version: receipt.Version, RuntimeClass: "gvisor", Storage: []string{},
+		Transports: []receipt.Transport{receipt.TransportSSH, receipt.TransportForward}, SessionPort: 2223}
+	if r := receipt.Record(full.Encode()); !r.Has(receipt.TransportForward) || r.Has(receipt.TransportExec) || r.SessionPort != 2223 {
+		t.Errorf("Record of an encoded receipt = %+v", r)
 	}
 }

@@ -1,9 +1,9 @@
-// Package sandbox holds the vocabulary every layer of hiloop shares about a
-// sandbox and nothing else: the transports a sandbox can be reached by, and
-// the runtime receipt, the promise the control plane makes for one sandbox
-// and the mirror holds its pod to. It imports nothing of hiloop's, so the
+// Package receipt holds the runtime receipt, the promise the control plane
+// makes for one sandbox and the mirror holds its pod to, and what it is
+// made of: the transports a sandbox can be reached by and, beside it, the
+// runtime its pod was seen to run. It imports nothing of hiloop's, so the
 // store, the cluster adapter, the core and the ways in can all speak it.
-package sandbox
+package receipt
 
 import (
 	"encoding/json"
@@ -55,8 +55,8 @@ type Receipt struct {
 // (serve --insecure-no-gvisor, for clusters like kind).
 const InsecureNoGVisor = "no-gvisor"
 
-// ReceiptVersion is the receipt format this binary writes and reads.
-const ReceiptVersion = 1
+// Version is the receipt format this binary writes and reads.
+const Version = 1
 
 // Isolation says how the sandbox is isolated, as the API shows it: the
 // runtime class, or "insecure-no-gvisor".
@@ -79,28 +79,28 @@ func (r Receipt) Encode() string {
 	return string(b)
 }
 
-// ParseReceipt reads a receipt, refusing anything it does not fully
+// Parse reads a receipt, refusing anything it does not fully
 // understand.
-func ParseReceipt(s string) (Receipt, error) {
+func Parse(s string) (Receipt, error) {
 	var r Receipt
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return Receipt{}, fmt.Errorf("receipt: %w", err)
 	}
-	if r.Version != ReceiptVersion || (r.RuntimeClass == "") != (r.Insecure == InsecureNoGVisor) ||
+	if r.Version != Version || (r.RuntimeClass == "") != (r.Insecure == InsecureNoGVisor) ||
 		(r.Insecure != "" && r.Insecure != InsecureNoGVisor) {
 		return Receipt{}, fmt.Errorf("receipt: version %d, runtime class %q, insecure %q", r.Version, r.RuntimeClass, r.Insecure)
 	}
 	return r, nil
 }
 
-// RecordReceipt is the promise a record holds, for deciding what may reach
+// Record is the promise a record holds, for deciding what may reach
 // into it. A record older than stored receipts, or one whose receipt does
 // not parse, was made when exec was the only transport, and is promised
 // exactly that: never more.
-func RecordReceipt(raw string) Receipt {
-	r, err := ParseReceipt(raw)
+func Record(raw string) Receipt {
+	r, err := Parse(raw)
 	if err != nil {
 		return Receipt{Transports: []Transport{TransportExec}}
 	}

@@ -15,98 +15,67 @@ import (
 
 func (s *Server) fsList(w http.ResponseWriter, r *http.Request) {
 	p, err := fileQuery(r, "path", "wake")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
-	if !ok {
-		return
-	}
-	defer sess.End()
-	l, err := sess.List(sess.Context(), p)
-	if err != nil {
-		s.writeError(w, r, fsFailed(err))
-		return
-	}
-	out := api.FileList{Path: p, Entries: make([]api.FileEntry, 0, len(l.Entries)), Truncated: l.Truncated}
-	for _, e := range l.Entries {
-		out.Entries = append(out.Entries, fileEntry(e, ""))
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.fsRun(w, r, err, func(sess *control.Session) (any, error) {
+		l, err := sess.List(sess.Context(), p)
+		if err != nil {
+			return nil, err
+		}
+		out := api.FileList{Path: p, Entries: make([]api.FileEntry, 0, len(l.Entries)), Truncated: l.Truncated}
+		for _, e := range l.Entries {
+			out.Entries = append(out.Entries, fileEntry(e, ""))
+		}
+		return out, nil
+	})
 }
 
 func (s *Server) fsStat(w http.ResponseWriter, r *http.Request) {
 	p, err := fileQuery(r, "path", "wake")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
-	if !ok {
-		return
-	}
-	defer sess.End()
-	e, err := sess.Stat(sess.Context(), p)
-	if err != nil {
-		s.writeError(w, r, fsFailed(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, fileEntry(e, p))
+	s.fsRun(w, r, err, func(sess *control.Session) (any, error) {
+		e, err := sess.Stat(sess.Context(), p)
+		return fileEntry(e, p), err
+	})
 }
 
 func (s *Server) fsRemove(w http.ResponseWriter, r *http.Request) {
 	var req api.RemoveRequest
-	if err := fsBody(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
+	err := fsBody(w, r, &req)
+	if err == nil {
+		err = control.CheckRemove(req.Path)
 	}
-	if err := control.CheckRemove(req.Path); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
-	if !ok {
-		return
-	}
-	defer sess.End()
-	if err := sess.Remove(sess.Context(), req.Path, req.Recursive); err != nil {
-		s.writeError(w, r, fsFailed(err))
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	s.fsRun(w, r, err, func(sess *control.Session) (any, error) {
+		return nil, sess.Remove(sess.Context(), req.Path, req.Recursive)
+	})
 }
 
 func (s *Server) fsMkdir(w http.ResponseWriter, r *http.Request) {
 	var req api.MkdirRequest
-	if err := fsBody(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
+	err := fsBody(w, r, &req)
+	if err == nil {
+		err = control.ValidatePath("path", req.Path)
 	}
-	if err := control.ValidatePath("path", req.Path); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, ok := s.admitExec(w, r, r.PathValue("id"), "files")
-	if !ok {
-		return
-	}
-	defer sess.End()
-	e, err := sess.Mkdir(sess.Context(), req.Path)
-	if err != nil {
-		s.writeError(w, r, fsFailed(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, fileEntry(e, req.Path))
+	s.fsRun(w, r, err, func(sess *control.Session) (any, error) {
+		e, err := sess.Mkdir(sess.Context(), req.Path)
+		return fileEntry(e, req.Path), err
+	})
 }
 
 func (s *Server) fsRename(w http.ResponseWriter, r *http.Request) {
 	var req api.RenameRequest
-	if err := fsBody(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
+	err := fsBody(w, r, &req)
+	if err == nil {
+		err = control.CheckRename(req.From, req.To)
 	}
-	if err := control.CheckRename(req.From, req.To); err != nil {
+	s.fsRun(w, r, err, func(sess *control.Session) (any, error) {
+		e, err := sess.Rename(sess.Context(), req.From, req.To, req.Overwrite)
+		return fileEntry(e, req.To), err
+	})
+}
+
+// fsRun answers a file operation whose input was read and checked with
+// the error err: a refusal of it, or else op's answer in an exec session
+// admitted as a file transfer's (nil is 204 No Content).
+func (s *Server) fsRun(w http.ResponseWriter, r *http.Request, err error, op func(*control.Session) (any, error)) {
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -115,12 +84,15 @@ func (s *Server) fsRename(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sess.End()
-	e, err := sess.Rename(sess.Context(), req.From, req.To, req.Overwrite)
-	if err != nil {
+	out, err := op(sess)
+	switch {
+	case err != nil:
 		s.writeError(w, r, fsFailed(err))
-		return
+	case out == nil:
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		writeJSON(w, http.StatusOK, out)
 	}
-	writeJSON(w, http.StatusOK, fileEntry(e, req.To))
 }
 
 // fsBody reads a file operation's JSON body, with wake its only query

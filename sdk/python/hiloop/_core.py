@@ -11,6 +11,7 @@ client that sends it."""
 import base64
 import datetime
 import hashlib
+import http.client as http_client
 import ipaddress
 import json
 import os
@@ -764,3 +765,217 @@ def pong_frame(payload: bytes) -> bytes:
 def close_reply(payload: bytes) -> bytes:
     return encode_frame(OP_CLOSE, payload[:2])
 
+
+
+# -- file operations (docs/api.md "File operations") ----------------------
+
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file as lstat says of it (api.FileEntry): type is "file",
+    "dir", "symlink" or "other"; mode the permission bits with setuid,
+    setgid and sticky (0o644); mtime an aware datetime in UTC, to the
+    second. path is set on the answers of stat, mkdir and rename, "" in a
+    listing."""
+
+    name: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    mtime: Optional[datetime.datetime] = None
+    path: str = ""
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileEntry":
+        """The entry of an answer; one without a string name and type
+        raises HiloopError (code bad_answer)."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or \
+                not isinstance(data.get("type"), str):
+            raise HiloopError("the answer is not a file entry", code="bad_answer")
+        return cls(data["name"], data["type"], _int(data.get("size")) or 0, (_int(data.get("mode")) or 0) & 0o7777,
+                   parse_time(data.get("mtime")), _str(data.get("path")))
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+
+@dataclass(frozen=True)
+class FileList:
+    """A directory's entries sorted by name (api.FileList); truncated
+    when the directory held more than the server lists (10,000)."""
+
+    path: str
+    entries: List[FileEntry]
+    truncated: bool = False
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileList":
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+            raise HiloopError("the answer is not a directory listing", code="bad_answer")
+        return cls(_str(data.get("path")), [FileEntry.from_json(e) for e in data["entries"]],
+                   data.get("truncated") is True)
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def fs_path(sandbox_id: str, op: str, wake: bool, **q: str) -> str:
+    if wake:
+        q["wake"] = "true"
+    return sandbox_path(sandbox_id, "/fs/" + op + ("?" + urlencode(q) if q else ""))
+
+
+def fs_list_call(sandbox_id: str, path: str, wake: bool) -> Call:
+    return json_call("GET", fs_path(sandbox_id, "list", wake, path=path), timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def fs_stat_call(sandbox_id: str, path: str, wake: bool) -> Call:
+    return json_call("GET", fs_path(sandbox_id, "stat", wake, path=path), timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def fs_change_call(sandbox_id: str, op: str, req: Dict[str, Any], wake: bool) -> Call:
+    """POST .../fs/remove, mkdir or rename. Each is the same change sent
+    twice (a remove of what is gone is file_not_found, a mkdir of what
+    exists is no error), so none carries a key."""
+    return json_call("POST", fs_path(sandbox_id, op, wake), req, timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def exists_answer(err: HiloopError) -> bool:
+    """exists' answer to a refused stat: False for file_not_found; any
+    other refusal (a sandbox's not_found included) raises."""
+    if err.code == "file_not_found":
+        return False
+    raise err
+
+
+# How long a file operation's answer may take: the server's limit of one
+# operation (api.FSTimeout, 10 minutes) and a margin.
+FS_WAIT = 600.0 + RUN_MARGIN
+
+
+# -- background processes (docs/api.md "Background processes") -----------
+
+OUTPUT_OFFSET_HEADER = "hiloop-output-offset"
+# The signals a process may be sent (api.ProcessSignals).
+PROCESS_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT")
+# The most bytes one write_stdin sends (api.MaxProcessStdin).
+MAX_PROCESS_STDIN = 64 << 10
+# How long a quiet follow of a process's output is waited on: the server
+# ends a follow after 24 hours.
+FOLLOW_WAIT = MAX_EXEC_TIMEOUT + EXEC_MARGIN
+# How long wait and attach pause before asking again after a cut.
+REATTACH_PAUSE = 1.0
+
+
+@dataclass(frozen=True)
+class Process:
+    """A background process (api.Process): state is "running", "exited"
+    (exit_code set: its status, or 128 plus the signal's number) or
+    "ended" (gone without an exit status; reason says why).
+    output_bytes is how much it has written in all, as the sandbox said,
+    None when it was not asked."""
+
+    id: str
+    sandbox_id: str = ""
+    command: List[str] = field(default_factory=list)
+    state: str = ""
+    exit_code: Optional[int] = None
+    reason: str = ""
+    started_at: Optional[datetime.datetime] = None
+    ended_at: Optional[datetime.datetime] = None
+    output_bytes: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Process":
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise HiloopError("the answer is not a process", code="bad_answer")
+        cmd = data.get("command")
+        return cls(data["id"], _str(data.get("sandbox_id")),
+                   [str(a) for a in cmd] if isinstance(cmd, list) else [], _str(data.get("state")),
+                   _int(data.get("exit_code")), _str(data.get("reason")), parse_time(data.get("started_at")),
+                   parse_time(data.get("ended_at")), _int(data.get("output_bytes")))
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+def process_path(sandbox_id: str, pid: str, rest: str = "") -> str:
+    return sandbox_path(sandbox_id, "/processes/" + quote(pid, safe="") + rest)
+
+
+def process_start_call(sandbox_id: str, cmd: Command, wake: bool) -> Call:
+    """POST .../processes: sent once, never retried on a dead connection
+    (it may have started the command)."""
+    path = sandbox_path(sandbox_id, "/processes" + ("?wake=true" if wake else ""))
+    return json_call("POST", path, {"command": argv(cmd)}, timeout=RUN_MARGIN + (WAKE_WAIT if wake else 0))
+
+
+def processes_items(data: Any) -> List[Process]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise HiloopError("the answer is not a list of processes", code="bad_answer")
+    return [Process.from_json(p) for p in data["items"]]
+
+
+def signal_call(sandbox_id: str, pid: str, signal: str) -> Call:
+    sig = signal.upper()
+    if sig.startswith("SIG"):
+        sig = sig[3:]
+    return json_call("POST", process_path(sandbox_id, pid, "/signal"), {"signal": sig})
+
+
+def stdin_call(sandbox_id: str, pid: str, data: Union[bytes, str], close: bool) -> Call:
+    """POST .../stdin with the raw bytes (text as UTF-8): sent once, never
+    retried (it may have reached the process)."""
+    b = data.encode() if isinstance(data, str) else bytes(data)
+    if len(b) > MAX_PROCESS_STDIN:
+        raise ValueError("write_stdin sends at most %d bytes at a time, not %d" % (MAX_PROCESS_STDIN, len(b)))
+    path = process_path(sandbox_id, pid, "/stdin" + ("?close=true" if close else ""))
+    return Call("POST", path, b, {"Content-Type": "application/octet-stream"})
+
+
+def output_call(sandbox_id: str, pid: str, offset: int, follow: bool) -> Call:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError("offset: want a byte offset, 0 or more")
+    q = {"offset": str(offset)}
+    if follow:
+        q["follow"] = "true"
+    return Call("GET", process_path(sandbox_id, pid, "/output?" + urlencode(q)))
+
+
+def output_start(headers: Mapping[str, str], offset: int) -> int:
+    """The offset an output's body begins at (Hiloop-Output-Offset;
+    headers' names lower case), else the one asked."""
+    v = headers.get(OUTPUT_OFFSET_HEADER, "")
+    return int(v) if v.isdigit() else offset
+
+
+def reattach(err: BaseException) -> bool:
+    """Reports whether wait or attach asks again after err: a cut body, or
+    output that moved on or ended with its process (the process's state
+    then tells)."""
+    if isinstance(err, HiloopError):
+        return err.code in ("output_gone", "process_not_running", "stream_lost")
+    return isinstance(err, (OSError, http_client.HTTPException))
+
+
+def attach_over(p: Process, cut: BaseException) -> bool:
+    """Reports whether attach is over after the cut, p the process as it
+    stands since: it is when the process no longer runs; output that
+    moved on past the offset while it runs raises (bytes were lost)."""
+    if not p.running:
+        return True
+    if isinstance(cut, HiloopError) and cut.code == "output_gone":
+        raise cut
+    return False

@@ -169,6 +169,7 @@ class SandboxInfo:
     resources: Dict[str, str] = field(default_factory=dict)
     volumes: List[Dict[str, str]] = field(default_factory=list)
     labels: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
     transports: List[str] = field(default_factory=list)
     isolation: str = ""
     runtime_observed: str = ""
@@ -219,12 +220,15 @@ class CommandResult:
     with signal naming it), or timed_out with exit_code None."""
 
     def __init__(self, exit_code: Optional[int], stdout: bytes, stderr: bytes, timed_out: bool = False,
-                 signal: str = "") -> None:
+                 signal: str = "", encoding: str = "") -> None:
         self.exit_code = exit_code
         self.stdout = stdout
         self.stderr = stderr
         self.timed_out = timed_out
         self.signal = signal
+        # How run's answer carried the output ("utf-8" or "base64"); the
+        # bytes are the command's either way. "" for exec.
+        self.encoding = encoding
 
     @property
     def ok(self) -> bool:
@@ -304,7 +308,8 @@ def json_call(method: str, path: str, payload: Any = None, headers: Optional[Map
 def create_call(image: str, idempotency_key: str, ttl: Optional[Duration] = None,
                 volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                 transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
-                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None) -> Call:
+                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None,
+                env: Optional[Mapping[str, str]] = None) -> Call:
     req: Dict[str, Any] = {"image": image}
     if ttl is not None:
         req["ttl"] = duration(ttl, "ttl")
@@ -313,7 +318,7 @@ def create_call(image: str, idempotency_key: str, ttl: Optional[Duration] = None
     for k, v in (("volumes", volumes), ("transports", transports)):
         if v is not None:
             req[k] = [dict(x) if isinstance(x, Mapping) else x for x in v]
-    for k, m in (("labels", labels), ("resources", resources)):
+    for k, m in (("labels", labels), ("resources", resources), ("env", env)):
         if m is not None:
             req[k] = dict(m)
     if shutdown_policy is not None:
@@ -381,11 +386,22 @@ def events_items(data: Any) -> List[Dict[str, Any]]:
     return items
 
 
+def command_request(cmd: Command, env: Optional[Mapping[str, str]], cwd: Optional[str]) -> Dict[str, Any]:
+    """The command of an exec or run, with the variables added to its
+    environment and the directory it runs in, when given."""
+    req: Dict[str, Any] = {"command": argv(cmd)}
+    if env is not None:
+        req["env"] = dict(env)
+    if cwd is not None:
+        req["cwd"] = cwd
+    return req
+
+
 def run_call(sandbox_id: str, cmd: Command, timeout: Optional[float], stdin: Optional[Union[str, bytes]],
-             wake: bool) -> Call:
+             wake: bool, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> Call:
     """POST .../exec/run, waiting for the answer the command's timeout
     and a margin (and a wake's time when it may wake the sandbox)."""
-    req: Dict[str, Any] = {"command": argv(cmd)}
+    req = command_request(cmd, env, cwd)
     if timeout is not None:
         req["timeout"] = "%dms" % int(timeout * 1000)
     if stdin is not None:
@@ -400,9 +416,25 @@ def run_result(res: Any) -> CommandResult:
     if not isinstance(res, dict) or not isinstance(res.get("stdout"), str) or not isinstance(res.get("stderr"), str):
         raise HiloopError("the answer is not a command's result", code="bad_answer")
     code = res.get("exit_code")
+    enc = res.get("encoding") or "utf-8"
+    out, err = run_output(res["stdout"], enc), run_output(res["stderr"], enc)
     return CommandResult(code if isinstance(code, int) and not isinstance(code, bool) else None,
-                         res["stdout"].encode(), res["stderr"].encode(), bool(res.get("timed_out")),
-                         str(res.get("signal", "")))
+                         out, err, bool(res.get("timed_out")), str(res.get("signal", "")), enc)
+
+
+def run_output(text: str, encoding: Any) -> bytes:
+    """A stream of run's answer as the command wrote it: the text itself
+    (utf-8, or no encoding from a server before the field), or base64's
+    bytes; any other encoding, or base64 that is not, is bad_answer."""
+    if encoding == "utf-8":
+        return text.encode()
+    if encoding == "base64":
+        try:
+            return base64.b64decode(text.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError):
+            pass
+    raise HiloopError("the command's output is in no encoding the client reads (%.40r)" % encoding,
+                      code="bad_answer")
 
 
 def files_path(sandbox_id: str, path: str, wake: bool, **extra: str) -> str:
@@ -456,7 +488,8 @@ def retry_wait(err: HiloopError, attempt: int, max_retries: int) -> Optional[flo
 def stream_status(code: str) -> int:
     """The HTTP status the code has outside a stream, for its family."""
     return {"session_ended": 409, "exec_failed": 502, "cluster_unavailable": 503,
-            "invalid_frame": 400}.get(code, 500)
+            "invalid_frame": 400, "invalid_field": 400, "invalid_env": 422, "shell_unavailable": 422,
+            "file_not_found": 404, "path_conflict": 409}.get(code, 500)
 
 
 def timeout_error(call: Call, wait: float) -> TimeoutError:
@@ -490,8 +523,10 @@ def exec_deadline_after(timeout: Optional[float]) -> float:
     return (timeout if timeout is not None else MAX_EXEC_TIMEOUT) + EXEC_MARGIN
 
 
-def start_message(cmd: Command) -> bytes:
-    return json.dumps({"command": argv(cmd)}).encode()
+def start_message(cmd: Command, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> bytes:
+    """The exec stream's first message: the command, its env and cwd, all
+    out of the URL (the environment may hold credentials)."""
+    return json.dumps(command_request(cmd, env, cwd)).encode()
 
 
 def stdin_message(chunk: bytes) -> bytes:
@@ -573,7 +608,8 @@ def exit_result(payload: bytes, out: bytes, errs: bytes) -> CommandResult:
         code = str(e.get("code", ""))
         if code == "exec_timeout":
             return CommandResult(None, out, errs, timed_out=True)
-        raise error_for(stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")))
+        raise error_for(stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")),
+                        str(e.get("field", "")))
     exit_code = f.get("exit_code")
     if not isinstance(exit_code, int) or isinstance(exit_code, bool):
         raise StreamLostError("the exit frame carried no exit code", code="stream_lost")

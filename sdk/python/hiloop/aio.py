@@ -501,11 +501,12 @@ class Sandboxes:
                volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None, wait: bool = True,
-               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None) -> "_Opening[Sandbox]":
+               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None) -> "_Opening[Sandbox]":
         """Creates a sandbox as hiloop.Client's create does. Await it, or
         use it with `async with`, which deletes the sandbox on exit."""
         call = _core.create_call(image, idempotency_key or uuid.uuid4().hex, ttl, volumes, labels, transports,
-                                 resources, shutdown_policy, idle_timeout)
+                                 resources, shutdown_policy, idle_timeout, env)
 
         async def create() -> Sandbox:
             sb = Sandbox(self._c, await self._c._call(call))
@@ -594,13 +595,15 @@ class Sandbox(_core.SandboxBase):
                 await asyncio.sleep(0.2)
 
     async def run(self, cmd: Command, timeout: Optional[float] = None,
-                  stdin: Optional[Union[str, bytes]] = None) -> CommandResult:
+                  stdin: Optional[Union[str, bytes]] = None, env: Optional[Mapping[str, str]] = None,
+                  cwd: Optional[str] = None) -> CommandResult:
         """Runs a one-shot command (POST .../exec/run), as
         hiloop.Sandbox.run."""
-        return _core.run_result(await self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake)))
+        return _core.run_result(await self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake, env, cwd)))
 
     def open_exec(self, cmd: Command, stdin: bool = False, tty: bool = False,
-                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None) -> "_Opening[ExecSession]":
+                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> "_Opening[ExecSession]":
         """Starts a command over the exec WebSocket, as
         hiloop.Sandbox.open_exec. Await it, or use it with `async with`,
         which closes the session on exit."""
@@ -611,7 +614,7 @@ class Sandbox(_core.SandboxBase):
             ws._conn.deadline = time.monotonic() + _core.exec_deadline_after(timeout)
             s = ExecSession(ws)
             try:
-                await s._send(_core.OP_TEXT, _core.start_message(cmd))
+                await s._send(_core.OP_TEXT, _core.start_message(cmd, env, cwd))
                 if size is not None:
                     await s.resize(*size)
             except BaseException:
@@ -623,10 +626,12 @@ class Sandbox(_core.SandboxBase):
     async def exec(self, cmd: Command, on_stdout: Optional[Callable[[bytes], None]] = None,
                    on_stderr: Optional[Callable[[bytes], None]] = None, timeout: Optional[float] = None,
                    stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT, tty: bool = False,
-                   size: Optional[Tuple[int, int]] = None) -> CommandResult:
+                   size: Optional[Tuple[int, int]] = None, env: Optional[Mapping[str, str]] = None,
+                   cwd: Optional[str] = None) -> CommandResult:
         """Runs a command over the exec WebSocket, as hiloop.Sandbox.exec
         (on_stdout and on_stderr are plain functions)."""
-        async with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout) as s:
+        async with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout, env=env,
+                                  cwd=cwd) as s:
             if stdin is not None:
                 reader = io.BytesIO(stdin) if isinstance(stdin, bytes) else stdin
                 while True:

@@ -300,13 +300,14 @@ class Sandboxes:
                volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None, wait: bool = True,
-               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None) -> "Sandbox":
+               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None) -> "Sandbox":
         """Creates a sandbox and, with wait, waits until it runs. Every try
         of the call carries one Idempotency-Key, so retries make one
         sandbox. ttl and idle_timeout are durations: "1h", seconds, or a
         timedelta."""
         call = _core.create_call(image, idempotency_key or uuid.uuid4().hex, ttl, volumes, labels, transports,
-                                 resources, shutdown_policy, idle_timeout)
+                                 resources, shutdown_policy, idle_timeout, env)
         sb = Sandbox(self._c, self._c._call(call))
         if wait:
             sb.wait("running", timeout=wait_timeout)
@@ -394,25 +395,33 @@ class Sandbox(_core.SandboxBase):
                 time.sleep(0.2)
 
     def run(self, cmd: Command, timeout: Optional[float] = None,
-            stdin: Optional[Union[str, bytes]] = None) -> CommandResult:
+            stdin: Optional[Union[str, bytes]] = None, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None) -> CommandResult:
         """Runs a one-shot command (POST .../exec/run): each of stdout and
-        stderr holds up to 1 MiB. A command past timeout (seconds) comes
-        back with timed_out, not an exception."""
-        return _core.run_result(self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake)))
+        stderr holds up to 1 MiB, as bytes, exactly as the command wrote
+        them (the answer's base64 decoded). A command past timeout
+        (seconds) comes back with timed_out, not an exception. env adds
+        variables to its environment and cwd is the absolute directory it
+        runs in, both as given (no shell reads them); a cwd the sandbox
+        lacks raises NotFoundError (file_not_found, field cwd) and nothing
+        ran."""
+        return _core.run_result(self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake, env, cwd)))
 
     def open_exec(self, cmd: Command, stdin: bool = False, tty: bool = False,
-                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None) -> "ExecSession":
+                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> "ExecSession":
         """Starts a command over the exec WebSocket and returns its live
         session: write to its stdin (stdin=True), resize its terminal
         (tty=True, which implies stdin; size is the first (width,
         height)), read its output as it comes, then its exit status. Close
-        it (or leave `with`)."""
+        it (or leave `with`). env and cwd are run's, sent in the first
+        message, never the URL."""
         url, handshake = _core.exec_url(self._c.url, self.id, stdin or tty, tty, timeout, self._c.wake)
         ws = self._c._ws_connect(url, handshake)
         ws.deadline = time.monotonic() + _core.exec_deadline_after(timeout)
         s = ExecSession(ws)
         try:
-            s._send(_ws.OP_TEXT, _core.start_message(cmd))
+            s._send(_ws.OP_TEXT, _core.start_message(cmd, env, cwd))
             if size is not None:
                 s.resize(*size)
         except BaseException:
@@ -423,7 +432,8 @@ class Sandbox(_core.SandboxBase):
     def exec(self, cmd: Command, on_stdout: Optional[Callable[[bytes], None]] = None,
              on_stderr: Optional[Callable[[bytes], None]] = None, timeout: Optional[float] = None,
              stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT, tty: bool = False,
-             size: Optional[Tuple[int, int]] = None) -> CommandResult:
+             size: Optional[Tuple[int, int]] = None, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None) -> CommandResult:
         """Runs a command over the exec WebSocket, calling on_stdout and
         on_stderr with each chunk as it comes (without them the output is
         collected in the result, up to max_output bytes each: past that,
@@ -433,7 +443,8 @@ class Sandbox(_core.SandboxBase):
         minute; a command past timeout comes back with timed_out. With
         tty, the command runs in a terminal of size (width, height), its
         output all on stdout; stdin, if given, is typed into it."""
-        with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout) as s:
+        with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout, env=env,
+                            cwd=cwd) as s:
             if stdin is not None:
                 reader = io.BytesIO(stdin) if isinstance(stdin, bytes) else stdin
                 while True:

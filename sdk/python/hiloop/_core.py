@@ -1015,3 +1015,51 @@ def attach_over(p: Process, cut: BaseException) -> bool:
     if isinstance(cut, HiloopError) and cut.code == "output_gone":
         raise cut
     return False
+
+
+# -- previews (docs/api.md "Previews") ------------------------------------
+
+@dataclass(frozen=True)
+class Preview:
+    """A URL that serves a TCP port of a sandbox (api.Preview). url is
+    where to visit; the answer to a create of a token preview carries the
+    token in it (and in token), and only that answer does. auth is
+    "token" or "key" (a visitor sends an API key of the organization)."""
+
+    id: str
+    sandbox_id: str = ""
+    port: int = 0
+    auth: str = ""
+    url: str = ""
+    token: str = field(default="", repr=False)
+    created_at: Optional[datetime.datetime] = None
+    expires_at: Optional[datetime.datetime] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Preview":
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("url"), str):
+            raise HiloopError("the answer is not a preview", code="bad_answer")
+        return cls(data["id"], _str(data.get("sandbox_id")), _int(data.get("port")) or 0, _str(data.get("auth")),
+                   data["url"], _str(data.get("token")), parse_time(data.get("created_at")),
+                   parse_time(data.get("expires_at")))
+
+
+def preview_create_call(sandbox_id: str, port: int, auth: str, ttl: Optional[Duration]) -> Call:
+    """POST .../previews: sent once, never retried (a second try would make
+    a second preview)."""
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError("port: want an int, not %s" % type(port).__name__)
+    req: Dict[str, Any] = {"port": port, "auth": auth}
+    if ttl is not None:
+        req["ttl"] = duration(ttl, "ttl")
+    return json_call("POST", sandbox_path(sandbox_id, "/previews"), req)
+
+
+def previews_items(data: Any) -> List[Preview]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise HiloopError("the answer is not a list of previews", code="bad_answer")
+    return [Preview.from_json(p) for p in data["items"]]
+
+
+def preview_path(sandbox_id: str, preview_id: str) -> str:
+    return sandbox_path(sandbox_id, "/previews/" + quote(preview_id, safe=""))

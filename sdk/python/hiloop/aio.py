@@ -30,11 +30,12 @@ from typing import (IO, Any, AsyncIterator, Awaitable, BinaryIO, Callable, Dict,
 
 from . import _core, _tar
 from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
-                    ConnectionClosed, Duration, FileEntry, FileList, HandshakeError, Process, SandboxInfo, json_call)
+                    ConnectionClosed, Duration, FileEntry, FileList, HandshakeError, Preview, Process, SandboxInfo,
+                    json_call)
 from .errors import ConflictError, HiloopError, StreamLostError
 
 __all__ = ["Client", "Sandboxes", "Sandbox", "Files", "Processes", "ProcessOutput", "ExecSession", "Response",
-           "CommandResult", "SandboxInfo", "FileEntry", "FileList", "Process"]
+           "CommandResult", "SandboxInfo", "FileEntry", "FileList", "Process", "Previews", "Preview"]
 
 T = TypeVar("T")
 
@@ -540,6 +541,7 @@ class Sandbox(_core.SandboxBase):
         self._c = client
         self.files = Files(self)
         self.processes = Processes(self)
+        self.previews = Previews(self)
 
     async def __aenter__(self) -> "Sandbox":
         return self
@@ -981,3 +983,30 @@ class ProcessOutput:
     def close(self) -> None:
         """Ends the reading."""
         self._resp.close()
+
+
+class Previews:
+    """sb.previews: URLs that serve the sandbox's ports (docs/api.md
+    "Previews"). The deployment needs serve --preview-domain (else
+    NotFoundError, previews_disabled) and the sandbox the forward
+    transport."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    async def create(self, port: int, auth: str = "token", ttl: Optional[Duration] = None) -> Preview:
+        """Serves port (on the sandbox's loopback) at preview.url: with
+        auth "token" (the default) the URL carries a fresh token, shown
+        in this answer only; with "key" a visitor sends an API key of the
+        organization. ttl ("2h", seconds, a timedelta) is 24h when None.
+        Sent once, never retried."""
+        return Preview.from_json(await self._sb._c._call(_core.preview_create_call(self._sb.id, port, auth, ttl)))
+
+    async def list(self) -> List[Preview]:
+        """The live previews, oldest first, their URLs without tokens."""
+        return _core.previews_items(await self._sb._c._call(json_call("GET", self._sb._path("/previews"))))
+
+    async def revoke(self, preview_id: str) -> None:
+        """Revokes the preview: its URL stops working at once, and what
+        is open through it is closed."""
+        await self._sb._c._call(json_call("DELETE", _core.preview_path(self._sb.id, preview_id)))

@@ -19,11 +19,11 @@ from typing import (IO, Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, 
 
 from . import _core, _tar, _ws
 from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
-                    Duration, FileEntry, FileList, Process, SandboxInfo, json_call)
+                    Duration, FileEntry, FileList, Preview, Process, SandboxInfo, json_call)
 from .errors import ConflictError, HiloopError, StreamLostError
 
 __all__ = ["Client", "Sandboxes", "Sandbox", "Files", "Processes", "ProcessOutput", "ExecSession", "CommandResult",
-           "SandboxInfo", "FileEntry", "FileList", "Process", "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
+           "SandboxInfo", "FileEntry", "FileList", "Process", "Previews", "Preview", "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
 
 
 class _Deadline:
@@ -338,6 +338,7 @@ class Sandbox(_core.SandboxBase):
         self._c = client
         self.files = Files(self)
         self.processes = Processes(self)
+        self.previews = Previews(self)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -853,3 +854,30 @@ class ProcessOutput:
         else:
             self._resp._hiloop_conn.close()  # type: ignore[attr-defined]
         self._done = True
+
+
+class Previews:
+    """sb.previews: URLs that serve the sandbox's ports (docs/api.md
+    "Previews"). The deployment needs serve --preview-domain (else
+    NotFoundError, previews_disabled) and the sandbox the forward
+    transport."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def create(self, port: int, auth: str = "token", ttl: Optional[Duration] = None) -> Preview:
+        """Serves port (on the sandbox's loopback) at preview.url: with
+        auth "token" (the default) the URL carries a fresh token, shown
+        in this answer only; with "key" a visitor sends an API key of the
+        organization. ttl ("2h", seconds, a timedelta) is 24h when None.
+        Sent once, never retried."""
+        return Preview.from_json(self._sb._c._call(_core.preview_create_call(self._sb.id, port, auth, ttl)))
+
+    def list(self) -> List[Preview]:
+        """The live previews, oldest first, their URLs without tokens."""
+        return _core.previews_items(self._sb._c._call(json_call("GET", self._sb._path("/previews"))))
+
+    def revoke(self, preview_id: str) -> None:
+        """Revokes the preview: its URL stops working at once, and what
+        is open through it is closed."""
+        self._sb._c._call(json_call("DELETE", _core.preview_path(self._sb.id, preview_id)))

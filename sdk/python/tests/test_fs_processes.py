@@ -50,7 +50,7 @@ class FSProcessTest(unittest.TestCase):
         fs.write(work + "/a/x.txt", "x")
         listing = fs.list(work + "/a")
         self.assertIsInstance(listing, hiloop.FileList)
-        self.assertEqual(([e.name for e in listing], listing.truncated), (["b", odd, "x.txt"], False))
+        self.assertEqual(([e.name for e in listing], listing.truncated), ([odd, "b", "x.txt"], False))
         e = fs.stat(work + "/a/" + odd)
         self.assertEqual((e.type, e.size, e.mode, e.path), ("file", 5, 0o600, work + "/a/" + odd))
         assert e.mtime is not None

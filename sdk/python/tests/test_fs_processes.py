@@ -1,10 +1,16 @@
-"""File operations, background processes, and run and exec's env and cwd,
-with both clients, against a live hiloop (as test_sdk)."""
+"""File operations, background processes, run and exec's env and cwd,
+and previews, with both clients, against a live hiloop (as test_sdk;
+HILOOP_TEST_PREVIEWS says the server has previews on and the forward
+transport)."""
 
+import asyncio
 import datetime
 import os
+import re
 import unittest
-from typing import Any, Callable, List, Tuple, Type
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import hiloop
 from hiloop import aio
@@ -14,11 +20,40 @@ from test_sdk import LIVE, workdir
 ECHO = ["sh", "-c", "echo hello; read x; echo got $x; exit 7"]
 
 
+FULL = LIVE and not os.environ.get("HILOOP_TEST_NO_TAR")
+PREVIEWS = FULL and bool(os.environ.get("HILOOP_TEST_PREVIEWS"))
+# A dev server on a free port of the sandbox's loopback, saying which.
+DEV_SERVER = ["python3", "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory"]
+
+
 def other_org() -> str:
     return os.environ.get("HILOOP_TEST_TOKEN_B", "")
 
 
-@unittest.skipUnless(LIVE, "needs a live hiloop (HILOOP_URL, HILOOP_TOKEN)")
+def listening_port(sb: hiloop.Sandbox, pid: str) -> int:
+    """The port the dev server pid says it listens on, reading its
+    output until it does."""
+    log = b""
+    with sb.processes.output(pid, follow=True) as out:
+        for chunk in out:
+            log += chunk
+            m = re.search(rb"Serving HTTP on \S+ port (\d+)", log)
+            if m:
+                return int(m.group(1))
+    raise AssertionError("the dev server ended: %r" % log)
+
+
+def visit(url: str, headers: Optional[Dict[str, str]] = None) -> Tuple[int, bytes]:
+    """The status and body of a GET of url, an error status included."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@unittest.skipUnless(FULL, "needs a live hiloop (HILOOP_URL, HILOOP_TOKEN)")
 class FSProcessTest(unittest.TestCase):
     client: hiloop.Client
     sb: hiloop.Sandbox
@@ -181,7 +216,7 @@ class FSProcessTest(unittest.TestCase):
         self.assertTrue(self.sb.processes.get(p.id).running)
 
 
-@unittest.skipUnless(LIVE, "needs a live hiloop (HILOOP_URL, HILOOP_TOKEN)")
+@unittest.skipUnless(FULL, "needs a live hiloop (HILOOP_URL, HILOOP_TOKEN)")
 class AioFSProcessTest(unittest.IsolatedAsyncioTestCase):
     sync: hiloop.Client
     sb_id: str
@@ -287,3 +322,113 @@ class AioFSProcessTest(unittest.IsolatedAsyncioTestCase):
             with self.subTest(call=name):
                 await self.assertRefused(hiloop.NotFoundError, "not_found", call)
         self.assertTrue((await self.sb.processes.kill(p.id)).id)
+
+
+@unittest.skipUnless(PREVIEWS, "needs a live hiloop with previews (HILOOP_TEST_PREVIEWS)")
+class PreviewTest(unittest.TestCase):
+    client: hiloop.Client
+    sb: hiloop.Sandbox
+    port: int
+    server: hiloop.Process
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.client = hiloop.Client()
+        cls.sb = cls.client.sandboxes.create("busybox", ttl="1h")
+        work = workdir()
+        cls.sb.files.write(work + "/page.txt", "hello from the sandbox\n")
+        cls.server = cls.sb.processes.start(DEV_SERVER + [work])
+        cls.port = listening_port(cls.sb, cls.server.id)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.sb.processes.kill(cls.server.id)
+        cls.sb.delete()
+        cls.client.close()
+
+    def test_token_and_key_previews(self) -> None:
+        pv = self.sb.previews.create(self.port, ttl="10m")
+        self.assertIsInstance(pv, hiloop.Preview)
+        self.assertEqual((pv.port, pv.auth, pv.sandbox_id), (self.port, "token", self.sb.id))
+        self.assertTrue(pv.id.startswith("pv_") and pv.token.startswith("hlp_"), pv)
+        self.assertTrue(pv.url.startswith("http://pv-") and "hiloop_preview_token=" + pv.token in pv.url, pv.url)
+        self.assertNotIn(pv.token, repr(pv))
+        assert pv.expires_at is not None and pv.created_at is not None
+        self.assertEqual(round((pv.expires_at - pv.created_at).total_seconds()), 600)
+        base = pv.url.split("?")[0]
+        self.assertEqual(visit(base + "page.txt", {"Authorization": "Bearer " + pv.token}),
+                         (200, b"hello from the sandbox\n"))
+        self.assertEqual(visit(base + "page.txt")[0], 404)
+        self.assertEqual(visit(base + "page.txt", {"Authorization": "Bearer " + self.client.token})[0], 404)
+
+        key = self.sb.previews.create(self.port, auth="key")
+        self.assertEqual((key.auth, key.token), ("key", ""))
+        self.assertEqual(visit(key.url + "page.txt", {"Authorization": "Bearer " + self.client.token})[0], 200)
+        self.assertEqual(visit(key.url + "page.txt", {"Authorization": "Bearer " + pv.token})[0], 404)
+
+        listed = {p.id: p for p in self.sb.previews.list()}
+        self.assertIn(pv.id, listed)
+        self.assertIn(key.id, listed)
+        self.assertEqual(listed[pv.id].token, "")
+        self.assertNotIn("hiloop_preview_token", listed[pv.id].url)
+        self.sb.previews.revoke(pv.id)
+        self.assertEqual(visit(base + "page.txt", {"Authorization": "Bearer " + pv.token})[0], 404)
+        self.assertNotIn(pv.id, [p.id for p in self.sb.previews.list()])
+        self.sb.previews.revoke(key.id)
+
+    def test_refusals(self) -> None:
+        pvs = self.sb.previews
+        for kw, fld in (({"port": 0}, "port"), ({"port": 70000}, "port"), ({"port": 80, "auth": "nobody"}, "auth"),
+                        ({"port": 80, "ttl": "forever"}, "ttl"), ({"port": 80, "ttl": "1000h"}, "ttl")):
+            with self.subTest(kw=kw):
+                with self.assertRaises(hiloop.InvalidRequestError) as e:
+                    pvs.create(**kw)  # type: ignore[arg-type]
+                self.assertEqual((e.exception.code, e.exception.field), ("invalid_field", fld))
+        with self.assertRaises(TypeError):
+            pvs.create(True)
+        with self.assertRaises(hiloop.NotFoundError) as nf:
+            pvs.revoke("pv_nothing")
+        self.assertEqual(nf.exception.code, "not_found")
+
+    def test_other_organization(self) -> None:
+        token_b = other_org()
+        if not token_b:
+            self.skipTest("no HILOOP_TEST_TOKEN_B")
+        pv = self.sb.previews.create(self.port, auth="key")
+        self.addCleanup(self.sb.previews.revoke, pv.id)
+        b = hiloop.Client(token=token_b)
+        self.addCleanup(b.close)
+        other = hiloop.Sandbox(b, {"id": self.sb.id, "state": "running"})
+        for name, call in (("create", lambda: other.previews.create(self.port)), ("list", other.previews.list),
+                           ("revoke", lambda: other.previews.revoke(pv.id))):
+            with self.subTest(call=name):
+                with self.assertRaises(hiloop.NotFoundError) as e:
+                    call()  # type: ignore[no-untyped-call]
+                self.assertEqual(e.exception.code, "not_found")
+        self.assertEqual(visit(pv.url + "page.txt", {"Authorization": "Bearer " + token_b})[0], 404)
+        self.assertIn(pv.id, [p.id for p in self.sb.previews.list()])
+
+
+@unittest.skipUnless(PREVIEWS, "needs a live hiloop with previews (HILOOP_TEST_PREVIEWS)")
+class AioPreviewTest(unittest.IsolatedAsyncioTestCase):
+    async def test_previews(self) -> None:
+        async with aio.Client() as client:
+            async with client.sandboxes.create("busybox", ttl="1h") as sb:
+                work = workdir()
+                await sb.files.write(work + "/page.txt", "async page")
+                server = await sb.processes.start(DEV_SERVER + [work])
+                sync = hiloop.Client()
+                self.addCleanup(sync.close)
+                port = await asyncio.get_running_loop().run_in_executor(
+                    None, listening_port, sync.sandboxes.get(sb.id), server.id)
+                pv = await sb.previews.create(port, ttl=datetime.timedelta(minutes=5))
+                got = await asyncio.get_running_loop().run_in_executor(
+                    None, visit, pv.url.split("?")[0] + "page.txt", {"Authorization": "Bearer " + pv.token})
+                self.assertEqual(got, (200, b"async page"))
+                self.assertEqual([p.id for p in await sb.previews.list()], [pv.id])
+                await sb.previews.revoke(pv.id)
+                self.assertEqual(await sb.previews.list(), [])
+                with self.assertRaises(hiloop.InvalidRequestError):
+                    await sb.previews.create(0)
+                await sb.processes.kill(server.id)
+                self.assertEqual((await sb.processes.wait(server.id)).exit_code, 137)

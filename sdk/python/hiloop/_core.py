@@ -1031,9 +1031,15 @@ class Preview:
     port: int = 0
     auth: str = ""
     url: str = ""
-    token: str = field(default="", repr=False)
+    token: str = ""
     created_at: Optional[datetime.datetime] = None
     expires_at: Optional[datetime.datetime] = None
+
+    def __repr__(self) -> str:
+        # The token stays out of logs and tracebacks: in url too.
+        url = self.url.replace(self.token, "...") if self.token else self.url
+        return "Preview(id=%r, sandbox_id=%r, port=%r, auth=%r, url=%r, expires_at=%r)" % (
+            self.id, self.sandbox_id, self.port, self.auth, url, self.expires_at)
 
     @classmethod
     def from_json(cls, data: Any) -> "Preview":

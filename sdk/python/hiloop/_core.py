@@ -912,6 +912,8 @@ MAX_PROCESS_STDIN = 64 << 10
 FOLLOW_WAIT = MAX_EXEC_TIMEOUT + EXEC_MARGIN
 # How long wait and attach pause before asking again after a cut.
 REATTACH_PAUSE = 1.0
+# How many cuts in a row that read nothing attach takes before it raises.
+MAX_EMPTY_CUTS = 5
 
 
 @dataclass(frozen=True)
@@ -1006,13 +1008,15 @@ def reattach(err: BaseException) -> bool:
     return isinstance(err, (OSError, http_client.HTTPException))
 
 
-def attach_over(p: Process, cut: BaseException) -> bool:
+def attach_over(p: Process, cut: BaseException, empty_cuts: int) -> bool:
     """Reports whether attach is over after the cut, p the process as it
-    stands since: it is when the process no longer runs; output that
-    moved on past the offset while it runs raises (bytes were lost)."""
+    stands since, empty_cuts how many cuts in a row read nothing: it is
+    when the process no longer runs. Output that moved on past the offset
+    while it runs raises (bytes were lost), as does the cut after
+    MAX_EMPTY_CUTS that read nothing (a server that cannot serve it)."""
     if not p.running:
         return True
-    if isinstance(cut, HiloopError) and cut.code == "output_gone":
+    if isinstance(cut, HiloopError) and cut.code == "output_gone" or empty_cuts > MAX_EMPTY_CUTS:
         raise cut
     return False
 

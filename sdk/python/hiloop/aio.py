@@ -915,7 +915,9 @@ class Processes:
         """Follows the output from offset into on_output (a function or a
         coroutine function) until the process ended, attaching again
         after a cut; returns the process, as hiloop.Processes.attach."""
+        empty_cuts = 0
         while True:
+            start = offset
             try:
                 out = await self.output(pid, offset, follow=True)
             except (HiloopError, OSError, http.client.HTTPException) as e:
@@ -932,8 +934,9 @@ class Processes:
                         return await self.get(pid)
                     except StreamLostError as e:
                         offset, cut = out.offset, e
+            empty_cuts = empty_cuts + 1 if offset == start else 0
             p = await self.get(pid)
-            if _core.attach_over(p, cut):
+            if _core.attach_over(p, cut, empty_cuts):
                 return p
             await asyncio.sleep(_core.REATTACH_PAUSE)
 

@@ -775,8 +775,11 @@ class Processes:
         on_output, until the process ended; returns it then (exited with
         its exit code, or ended). A cut stream is attached again from the
         next offset, so on_output sees every byte once. An offset older
-        than what is kept raises (output_gone) while the process runs."""
+        than what is kept raises (output_gone) while the process runs, as
+        does the sixth cut in a row that read nothing (StreamLostError)."""
+        empty_cuts = 0
         while True:
+            start = offset
             try:
                 out = self.output(pid, offset, follow=True)
             except (HiloopError, OSError, http.client.HTTPException) as e:
@@ -791,8 +794,9 @@ class Processes:
                         return self.get(pid)
                     except StreamLostError as e:
                         offset, cut = out.offset, e
+            empty_cuts = empty_cuts + 1 if offset == start else 0
             p = self.get(pid)
-            if _core.attach_over(p, cut):
+            if _core.attach_over(p, cut, empty_cuts):
                 return p
             time.sleep(_core.REATTACH_PAUSE)
 

@@ -31,7 +31,8 @@ def chunked(h: http.server.BaseHTTPRequestHandler, offset: int, data: bytes, who
     h.send_header("Hiloop-Output-Offset", str(offset))
     h.send_header("Transfer-Encoding", "chunked")
     h.end_headers()
-    h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+    if data:
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
     if whole:
         h.wfile.write(b"0\r\n\r\n")
     h.wfile.flush()
@@ -105,6 +106,17 @@ class ProcessOutputTest(unittest.TestCase):
         with self.assertRaises(hiloop.HiloopError) as e:
             stand.sandbox.processes.attach("proc_1", lambda b: None)
         self.assertEqual((e.exception.code, e.exception.status), ("output_gone", 410))
+
+    def test_cuts_that_read_nothing_raise(self) -> None:
+        def handler(method: str, h: http.server.BaseHTTPRequestHandler) -> None:
+            if "/output?" in h.path:
+                chunked(h, 0, b"", whole=False)
+            else:
+                send_json(h, 200, RUNNING)
+        stand = Stand(self, handler)
+        with self.assertRaises(hiloop.StreamLostError):
+            stand.sandbox.processes.attach("proc_1", lambda b: None)
+        self.assertEqual(len([r for r in stand.requests if "/output?" in r[1]]), _core.MAX_EMPTY_CUTS + 1)
 
     def test_stdin_sent_once_and_capped(self) -> None:
         stand = Stand(self, lambda m, h: send_json(h, 409, {"error": {"code": "process_not_running"}}))

@@ -866,6 +866,11 @@ class FileList:
         return len(self.entries)
 
 
+# How long a file operation's answer may take: the server's limit of one
+# operation (api.FSTimeout, 10 minutes) and a margin.
+FS_WAIT = 600.0 + RUN_MARGIN
+
+
 def fs_path(sandbox_id: str, op: str, wake: bool, **q: str) -> str:
     if wake:
         q["wake"] = "true"
@@ -894,10 +899,6 @@ def exists_answer(err: HiloopError) -> bool:
         return False
     raise err
 
-
-# How long a file operation's answer may take: the server's limit of one
-# operation (api.FSTimeout, 10 minutes) and a margin.
-FS_WAIT = 600.0 + RUN_MARGIN
 
 
 # -- background processes (docs/api.md "Background processes") -----------

@@ -871,24 +871,48 @@ class FileList:
 FS_WAIT = 600.0 + RUN_MARGIN
 
 
-def fs_path(sandbox_id: str, op: str, wake: bool, **q: str) -> str:
+def fs_path(sandbox_id: str, op: str, wake: bool, **q: Union[str, bytes]) -> str:
     if wake:
         q["wake"] = "true"
     return sandbox_path(sandbox_id, "/fs/" + op + ("?" + urlencode(q) if q else ""))
 
 
+def query_path(path: str) -> bytes:
+    """A path for the query, which takes any byte: a name that is not
+    UTF-8 (os.fsdecode's surrogate escapes) goes as its own bytes."""
+    return path.encode("utf-8", "surrogateescape")
+
+
+def body_path(name: str, path: str) -> str:
+    """A path for a JSON body, which is UTF-8: one that is not (a
+    surrogate escape of a name's raw byte) would reach the server as
+    U+FFFD or a refusal, so it is refused here (invalid_path, naming
+    name), as the Go client does; such a file is removed or renamed with
+    exec."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error_for(400, "invalid_path", "%s: not valid UTF-8, which a JSON body cannot carry" % name,
+                        field=name) from None
+    return path
+
+
 def fs_list_call(sandbox_id: str, path: str, wake: bool) -> Call:
-    return json_call("GET", fs_path(sandbox_id, "list", wake, path=path), timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+    return json_call("GET", fs_path(sandbox_id, "list", wake, path=query_path(path)),
+                     timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
 
 
 def fs_stat_call(sandbox_id: str, path: str, wake: bool) -> Call:
-    return json_call("GET", fs_path(sandbox_id, "stat", wake, path=path), timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+    return json_call("GET", fs_path(sandbox_id, "stat", wake, path=query_path(path)),
+                     timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
 
 
 def fs_change_call(sandbox_id: str, op: str, req: Dict[str, Any], wake: bool) -> Call:
-    """POST .../fs/remove, mkdir or rename. Each is the same change sent
-    twice (a remove of what is gone is file_not_found, a mkdir of what
-    exists is no error), so none carries a key."""
+    """POST .../fs/remove, mkdir or rename, its paths checked as
+    body_path does."""
+    for name in ("path", "from", "to"):
+        if isinstance(req.get(name), str):
+            body_path(name, req[name])
     return json_call("POST", fs_path(sandbox_id, op, wake), req, timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
 
 

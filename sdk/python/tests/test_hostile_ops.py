@@ -7,6 +7,7 @@ import asyncio
 import base64
 import http.server
 import json
+import os
 import unittest
 from typing import Any, List
 from unittest import mock
@@ -163,6 +164,20 @@ class AnswerTest(unittest.TestCase):
                 with self.assertRaises(hiloop.HiloopError) as err:
                     cls.from_json(bad)  # type: ignore[attr-defined]
                 self.assertEqual(err.exception.code, "bad_answer")
+
+    def test_paths_not_utf8(self) -> None:
+        stand = Stand(self, lambda m, h: send_json(h, 200, {"path": "/", "entries": []}))
+        raw = os.fsdecode(b"/tmp/\xff")
+        stand.sandbox.files.list(raw)
+        self.assertIn("path=%2Ftmp%2F%FF", stand.requests[0][1])
+        for name, call in (("path", lambda: stand.sandbox.files.remove(raw)),
+                           ("path", lambda: stand.sandbox.files.mkdir(raw)),
+                           ("from", lambda: stand.sandbox.files.rename(raw, "/b")),
+                           ("to", lambda: stand.sandbox.files.rename("/a", raw))):
+            with self.assertRaises(hiloop.InvalidRequestError) as e:
+                call()
+            self.assertEqual((e.exception.code, e.exception.field), ("invalid_path", name))
+        self.assertEqual(len(stand.requests), 1)
 
     def test_exists_only_false_for_file_not_found(self) -> None:
         for code, status in (("file_not_found", 404), ("not_found", 404), ("shell_unavailable", 422)):

@@ -39,15 +39,19 @@ func unittest(t *testing.T, sdk string, env ...string) string {
 }
 
 // TestPythonSDK runs the Python SDK's unittest suite against a live
-// hiloop serve on the local cluster, with a second organization's key for
-// the isolation tests.
+// hiloop serve on the local cluster, with previews on (the forward
+// transport, preview.localhost: HILOOP_TEST_PREVIEWS) and a second
+// organization's key for the isolation tests.
 func TestPythonSDK(t *testing.T) {
 	sdk := installPython(t)
 	if got, err := os.ReadDir(filepath.Join(sdk, "hiloop")); err != nil || len(got) == 0 {
 		t.Fatalf("pip installed no package hiloop: %v", err)
 	}
-	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
-	out := unittest(t, sdk, "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token, "HILOOP_TEST_TOKEN_B="+in.NewOrg("py-b", 5, 5))
+	e2e.Helpers(t)
+	in := e2e.ServeInProcess(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t),
+		append(previewServeFlags(t), "--agent-image", "hiloop-agent:local")...)
+	out := unittest(t, sdk, "HILOOP_URL="+in.URL, "HILOOP_TOKEN="+in.Token, "HILOOP_TEST_TOKEN_B="+in.NewOrg("py-b", 5, 5),
+		"HILOOP_TEST_PREVIEWS=1")
 	if strings.Contains(out, "skipped 'needs a live hiloop (HILOOP_URL") {
 		t.Errorf("the live tests were skipped:\n%s", out)
 	}

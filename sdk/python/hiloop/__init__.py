@@ -7,12 +7,14 @@
         print(sb.run(["python3", "/work/main.py"]).stdout)
 """
 
-from .client import Client, CommandResult, ExecSession, Files, Sandbox, SandboxInfo, Sandboxes
+from .client import (Client, CommandResult, ExecSession, FileEntry, FileList, Files, Preview, Previews, Process,
+                     ProcessOutput, Processes, Sandbox, SandboxInfo, Sandboxes)
 from .errors import (AuthenticationError, ConflictError, ExtractError, HiloopError, InvalidRequestError, LimitError,
                      NotFoundError, QuotaError, StreamLostError, UnavailableError, UnsupportedError, WaitError)
 
 __all__ = [
-    "Client", "CommandResult", "ExecSession", "Files", "Sandbox", "SandboxInfo", "Sandboxes",
+    "Client", "CommandResult", "ExecSession", "FileEntry", "FileList", "Files", "Preview", "Previews", "Process",
+    "ProcessOutput", "Processes", "Sandbox", "SandboxInfo", "Sandboxes",
     "HiloopError", "AuthenticationError", "ConflictError", "ExtractError", "InvalidRequestError", "LimitError",
     "NotFoundError", "QuotaError", "StreamLostError", "UnavailableError", "UnsupportedError", "WaitError",
 ]

@@ -11,6 +11,7 @@ client that sends it."""
 import base64
 import datetime
 import hashlib
+import http.client as http_client
 import ipaddress
 import json
 import os
@@ -168,6 +169,7 @@ class SandboxInfo:
     resources: Dict[str, str] = field(default_factory=dict)
     volumes: List[Dict[str, str]] = field(default_factory=list)
     labels: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
     transports: List[str] = field(default_factory=list)
     isolation: str = ""
     runtime_observed: str = ""
@@ -218,12 +220,15 @@ class CommandResult:
     with signal naming it), or timed_out with exit_code None."""
 
     def __init__(self, exit_code: Optional[int], stdout: bytes, stderr: bytes, timed_out: bool = False,
-                 signal: str = "") -> None:
+                 signal: str = "", encoding: str = "") -> None:
         self.exit_code = exit_code
         self.stdout = stdout
         self.stderr = stderr
         self.timed_out = timed_out
         self.signal = signal
+        # How run's answer carried the output ("utf-8" or "base64"); the
+        # bytes are the command's either way. "" for exec.
+        self.encoding = encoding
 
     @property
     def ok(self) -> bool:
@@ -303,7 +308,8 @@ def json_call(method: str, path: str, payload: Any = None, headers: Optional[Map
 def create_call(image: str, idempotency_key: str, ttl: Optional[Duration] = None,
                 volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                 transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
-                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None) -> Call:
+                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None,
+                env: Optional[Mapping[str, str]] = None) -> Call:
     req: Dict[str, Any] = {"image": image}
     if ttl is not None:
         req["ttl"] = duration(ttl, "ttl")
@@ -312,7 +318,7 @@ def create_call(image: str, idempotency_key: str, ttl: Optional[Duration] = None
     for k, v in (("volumes", volumes), ("transports", transports)):
         if v is not None:
             req[k] = [dict(x) if isinstance(x, Mapping) else x for x in v]
-    for k, m in (("labels", labels), ("resources", resources)):
+    for k, m in (("labels", labels), ("resources", resources), ("env", env)):
         if m is not None:
             req[k] = dict(m)
     if shutdown_policy is not None:
@@ -380,11 +386,22 @@ def events_items(data: Any) -> List[Dict[str, Any]]:
     return items
 
 
+def command_request(cmd: Command, env: Optional[Mapping[str, str]], cwd: Optional[str]) -> Dict[str, Any]:
+    """The command of an exec or run, with the variables added to its
+    environment and the directory it runs in, when given."""
+    req: Dict[str, Any] = {"command": argv(cmd)}
+    if env is not None:
+        req["env"] = dict(env)
+    if cwd is not None:
+        req["cwd"] = cwd
+    return req
+
+
 def run_call(sandbox_id: str, cmd: Command, timeout: Optional[float], stdin: Optional[Union[str, bytes]],
-             wake: bool) -> Call:
+             wake: bool, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> Call:
     """POST .../exec/run, waiting for the answer the command's timeout
     and a margin (and a wake's time when it may wake the sandbox)."""
-    req: Dict[str, Any] = {"command": argv(cmd)}
+    req = command_request(cmd, env, cwd)
     if timeout is not None:
         req["timeout"] = "%dms" % int(timeout * 1000)
     if stdin is not None:
@@ -399,9 +416,25 @@ def run_result(res: Any) -> CommandResult:
     if not isinstance(res, dict) or not isinstance(res.get("stdout"), str) or not isinstance(res.get("stderr"), str):
         raise HiloopError("the answer is not a command's result", code="bad_answer")
     code = res.get("exit_code")
+    enc = res.get("encoding") or "utf-8"
+    out, err = run_output(res["stdout"], enc), run_output(res["stderr"], enc)
     return CommandResult(code if isinstance(code, int) and not isinstance(code, bool) else None,
-                         res["stdout"].encode(), res["stderr"].encode(), bool(res.get("timed_out")),
-                         str(res.get("signal", "")))
+                         out, err, bool(res.get("timed_out")), str(res.get("signal", "")), enc)
+
+
+def run_output(text: str, encoding: Any) -> bytes:
+    """A stream of run's answer as the command wrote it: the text itself
+    (utf-8, or no encoding from a server before the field), or base64's
+    bytes; any other encoding, or base64 that is not, is bad_answer."""
+    if encoding == "utf-8":
+        return text.encode()
+    if encoding == "base64":
+        try:
+            return base64.b64decode(text.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError):
+            pass
+    raise HiloopError("the command's output is in no encoding the client reads (%.40r)" % encoding,
+                      code="bad_answer")
 
 
 def files_path(sandbox_id: str, path: str, wake: bool, **extra: str) -> str:
@@ -455,7 +488,8 @@ def retry_wait(err: HiloopError, attempt: int, max_retries: int) -> Optional[flo
 def stream_status(code: str) -> int:
     """The HTTP status the code has outside a stream, for its family."""
     return {"session_ended": 409, "exec_failed": 502, "cluster_unavailable": 503,
-            "invalid_frame": 400}.get(code, 500)
+            "invalid_frame": 400, "invalid_field": 400, "invalid_env": 422, "shell_unavailable": 422,
+            "file_not_found": 404, "path_conflict": 409}.get(code, 500)
 
 
 def timeout_error(call: Call, wait: float) -> TimeoutError:
@@ -489,8 +523,10 @@ def exec_deadline_after(timeout: Optional[float]) -> float:
     return (timeout if timeout is not None else MAX_EXEC_TIMEOUT) + EXEC_MARGIN
 
 
-def start_message(cmd: Command) -> bytes:
-    return json.dumps({"command": argv(cmd)}).encode()
+def start_message(cmd: Command, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> bytes:
+    """The exec stream's first message: the command, its env and cwd, all
+    out of the URL (the environment may hold credentials)."""
+    return json.dumps(command_request(cmd, env, cwd)).encode()
 
 
 def stdin_message(chunk: bytes) -> bytes:
@@ -572,7 +608,8 @@ def exit_result(payload: bytes, out: bytes, errs: bytes) -> CommandResult:
         code = str(e.get("code", ""))
         if code == "exec_timeout":
             return CommandResult(None, out, errs, timed_out=True)
-        raise error_for(stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")))
+        raise error_for(stream_status(code), code, str(e.get("message", "")), str(e.get("request_id", "")),
+                        str(e.get("field", "")))
     exit_code = f.get("exit_code")
     if not isinstance(exit_code, int) or isinstance(exit_code, bool):
         raise StreamLostError("the exit frame carried no exit code", code="stream_lost")
@@ -764,3 +801,300 @@ def pong_frame(payload: bytes) -> bytes:
 def close_reply(payload: bytes) -> bytes:
     return encode_frame(OP_CLOSE, payload[:2])
 
+
+
+# -- file operations (docs/api.md "File operations") ----------------------
+
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file as lstat says of it (api.FileEntry): type is "file",
+    "dir", "symlink" or "other"; mode the permission bits with setuid,
+    setgid and sticky (0o644); mtime an aware datetime in UTC, to the
+    second. path is set on the answers of stat, mkdir and rename, "" in a
+    listing."""
+
+    name: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    mtime: Optional[datetime.datetime] = None
+    path: str = ""
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileEntry":
+        """The entry of an answer; one without a string name and type
+        raises HiloopError (code bad_answer)."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or \
+                not isinstance(data.get("type"), str):
+            raise HiloopError("the answer is not a file entry", code="bad_answer")
+        return cls(data["name"], data["type"], _int(data.get("size")) or 0, (_int(data.get("mode")) or 0) & 0o7777,
+                   parse_time(data.get("mtime")), _str(data.get("path")))
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+
+@dataclass(frozen=True)
+class FileList:
+    """A directory's entries sorted by name (api.FileList); truncated
+    when the directory held more than the server lists (10,000)."""
+
+    path: str
+    entries: List[FileEntry]
+    truncated: bool = False
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileList":
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+            raise HiloopError("the answer is not a directory listing", code="bad_answer")
+        return cls(_str(data.get("path")), [FileEntry.from_json(e) for e in data["entries"]],
+                   data.get("truncated") is True)
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+# How long a file operation's answer may take: the server's limit of one
+# operation (api.FSTimeout, 10 minutes) and a margin.
+FS_WAIT = 600.0 + RUN_MARGIN
+
+
+def fs_path(sandbox_id: str, op: str, wake: bool, **q: Union[str, bytes]) -> str:
+    if wake:
+        q["wake"] = "true"
+    return sandbox_path(sandbox_id, "/fs/" + op + ("?" + urlencode(q) if q else ""))
+
+
+def query_path(path: str) -> bytes:
+    """A path for the query, which takes any byte: a name that is not
+    UTF-8 (os.fsdecode's surrogate escapes) goes as its own bytes."""
+    return path.encode("utf-8", "surrogateescape")
+
+
+def body_path(name: str, path: str) -> str:
+    """A path for a JSON body, which is UTF-8: one that is not (a
+    surrogate escape of a name's raw byte) would reach the server as
+    U+FFFD or a refusal, so it is refused here (invalid_path, naming
+    name), as the Go client does; such a file is removed or renamed with
+    exec."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error_for(400, "invalid_path", "%s: not valid UTF-8, which a JSON body cannot carry" % name,
+                        field=name) from None
+    return path
+
+
+def fs_list_call(sandbox_id: str, path: str, wake: bool) -> Call:
+    return json_call("GET", fs_path(sandbox_id, "list", wake, path=query_path(path)),
+                     timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def fs_stat_call(sandbox_id: str, path: str, wake: bool) -> Call:
+    return json_call("GET", fs_path(sandbox_id, "stat", wake, path=query_path(path)),
+                     timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def fs_change_call(sandbox_id: str, op: str, req: Dict[str, Any], wake: bool) -> Call:
+    """POST .../fs/remove, mkdir or rename, its paths checked as
+    body_path does."""
+    for name in ("path", "from", "to"):
+        if isinstance(req.get(name), str):
+            body_path(name, req[name])
+    return json_call("POST", fs_path(sandbox_id, op, wake), req, timeout=FS_WAIT + (WAKE_WAIT if wake else 0))
+
+
+def exists_answer(err: HiloopError) -> bool:
+    """exists' answer to a refused stat: False for file_not_found; any
+    other refusal (a sandbox's not_found included) raises."""
+    if err.code == "file_not_found":
+        return False
+    raise err
+
+
+
+# -- background processes (docs/api.md "Background processes") -----------
+
+OUTPUT_OFFSET_HEADER = "hiloop-output-offset"
+# The signals a process may be sent (api.ProcessSignals).
+PROCESS_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT")
+# The most bytes one write_stdin sends (api.MaxProcessStdin).
+MAX_PROCESS_STDIN = 64 << 10
+# How long a quiet follow of a process's output is waited on: the server
+# ends a follow after 24 hours.
+FOLLOW_WAIT = MAX_EXEC_TIMEOUT + EXEC_MARGIN
+# How long wait and attach pause before asking again after a cut.
+REATTACH_PAUSE = 1.0
+# How many cuts in a row that read nothing attach takes before it raises.
+MAX_EMPTY_CUTS = 5
+
+
+@dataclass(frozen=True)
+class Process:
+    """A background process (api.Process): state is "running", "exited"
+    (exit_code set: its status, or 128 plus the signal's number) or
+    "ended" (gone without an exit status; reason says why).
+    output_bytes is how much it has written in all, as the sandbox said,
+    None when it was not asked."""
+
+    id: str
+    sandbox_id: str = ""
+    command: List[str] = field(default_factory=list)
+    state: str = ""
+    exit_code: Optional[int] = None
+    reason: str = ""
+    started_at: Optional[datetime.datetime] = None
+    ended_at: Optional[datetime.datetime] = None
+    output_bytes: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Process":
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise HiloopError("the answer is not a process", code="bad_answer")
+        cmd = data.get("command")
+        return cls(data["id"], _str(data.get("sandbox_id")),
+                   [str(a) for a in cmd] if isinstance(cmd, list) else [], _str(data.get("state")),
+                   _int(data.get("exit_code")), _str(data.get("reason")), parse_time(data.get("started_at")),
+                   parse_time(data.get("ended_at")), _int(data.get("output_bytes")))
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+def process_path(sandbox_id: str, pid: str, rest: str = "") -> str:
+    return sandbox_path(sandbox_id, "/processes/" + quote(pid, safe="") + rest)
+
+
+def process_start_call(sandbox_id: str, cmd: Command, wake: bool) -> Call:
+    """POST .../processes: sent once, never retried on a dead connection
+    (it may have started the command)."""
+    path = sandbox_path(sandbox_id, "/processes" + ("?wake=true" if wake else ""))
+    return json_call("POST", path, {"command": argv(cmd)}, timeout=RUN_MARGIN + (WAKE_WAIT if wake else 0))
+
+
+def processes_items(data: Any) -> List[Process]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise HiloopError("the answer is not a list of processes", code="bad_answer")
+    return [Process.from_json(p) for p in data["items"]]
+
+
+def signal_call(sandbox_id: str, pid: str, signal: str) -> Call:
+    sig = signal.upper()
+    if sig.startswith("SIG"):
+        sig = sig[3:]
+    return json_call("POST", process_path(sandbox_id, pid, "/signal"), {"signal": sig})
+
+
+def stdin_call(sandbox_id: str, pid: str, data: Union[bytes, str], close: bool) -> Call:
+    """POST .../stdin with the raw bytes (text as UTF-8): sent once, never
+    retried (it may have reached the process)."""
+    b = data.encode() if isinstance(data, str) else bytes(data)
+    if len(b) > MAX_PROCESS_STDIN:
+        raise ValueError("write_stdin sends at most %d bytes at a time, not %d" % (MAX_PROCESS_STDIN, len(b)))
+    path = process_path(sandbox_id, pid, "/stdin" + ("?close=true" if close else ""))
+    return Call("POST", path, b, {"Content-Type": "application/octet-stream"})
+
+
+def output_call(sandbox_id: str, pid: str, offset: int, follow: bool) -> Call:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError("offset: want a byte offset, 0 or more")
+    q = {"offset": str(offset)}
+    if follow:
+        q["follow"] = "true"
+    return Call("GET", process_path(sandbox_id, pid, "/output?" + urlencode(q)))
+
+
+def output_start(headers: Mapping[str, str], offset: int) -> int:
+    """The offset an output's body begins at (Hiloop-Output-Offset;
+    headers' names lower case), else the one asked."""
+    v = headers.get(OUTPUT_OFFSET_HEADER, "")
+    return int(v) if v.isdigit() else offset
+
+
+def reattach(err: BaseException) -> bool:
+    """Reports whether wait or attach asks again after err: a cut body, or
+    output that moved on or ended with its process (the process's state
+    then tells)."""
+    if isinstance(err, HiloopError):
+        return err.code in ("output_gone", "process_not_running", "stream_lost")
+    return isinstance(err, (OSError, http_client.HTTPException))
+
+
+def attach_over(p: Process, cut: BaseException, empty_cuts: int) -> bool:
+    """Reports whether attach is over after the cut, p the process as it
+    stands since, empty_cuts how many cuts in a row read nothing: it is
+    when the process no longer runs. Output that moved on past the offset
+    while it runs raises (bytes were lost), as does the cut after
+    MAX_EMPTY_CUTS that read nothing (a server that cannot serve it)."""
+    if not p.running:
+        return True
+    if isinstance(cut, HiloopError) and cut.code == "output_gone" or empty_cuts > MAX_EMPTY_CUTS:
+        raise cut
+    return False
+
+
+# -- previews (docs/api.md "Previews") ------------------------------------
+
+@dataclass(frozen=True)
+class Preview:
+    """A URL that serves a TCP port of a sandbox (api.Preview). url is
+    where to visit; the answer to a create of a token preview carries the
+    token in it (and in token), and only that answer does. auth is
+    "token" or "key" (a visitor sends an API key of the organization)."""
+
+    id: str
+    sandbox_id: str = ""
+    port: int = 0
+    auth: str = ""
+    url: str = ""
+    token: str = ""
+    created_at: Optional[datetime.datetime] = None
+    expires_at: Optional[datetime.datetime] = None
+
+    def __repr__(self) -> str:
+        # The token stays out of logs and tracebacks: in url too.
+        url = self.url.replace(self.token, "...") if self.token else self.url
+        return "Preview(id=%r, sandbox_id=%r, port=%r, auth=%r, url=%r, expires_at=%r)" % (
+            self.id, self.sandbox_id, self.port, self.auth, url, self.expires_at)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Preview":
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("url"), str):
+            raise HiloopError("the answer is not a preview", code="bad_answer")
+        return cls(data["id"], _str(data.get("sandbox_id")), _int(data.get("port")) or 0, _str(data.get("auth")),
+                   data["url"], _str(data.get("token")), parse_time(data.get("created_at")),
+                   parse_time(data.get("expires_at")))
+
+
+def preview_create_call(sandbox_id: str, port: int, auth: str, ttl: Optional[Duration]) -> Call:
+    """POST .../previews: sent once, never retried (a second try would make
+    a second preview)."""
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError("port: want an int, not %s" % type(port).__name__)
+    req: Dict[str, Any] = {"port": port, "auth": auth}
+    if ttl is not None:
+        req["ttl"] = duration(ttl, "ttl")
+    return json_call("POST", sandbox_path(sandbox_id, "/previews"), req)
+
+
+def previews_items(data: Any) -> List[Preview]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise HiloopError("the answer is not a list of previews", code="bad_answer")
+    return [Preview.from_json(p) for p in data["items"]]
+
+
+def preview_path(sandbox_id: str, preview_id: str) -> str:
+    return sandbox_path(sandbox_id, "/previews/" + quote(preview_id, safe=""))

@@ -30,10 +30,12 @@ from typing import (IO, Any, AsyncIterator, Awaitable, BinaryIO, Callable, Dict,
 
 from . import _core, _tar
 from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
-                    ConnectionClosed, Duration, HandshakeError, SandboxInfo, json_call)
-from .errors import ConflictError
+                    ConnectionClosed, Duration, FileEntry, FileList, HandshakeError, Preview, Process, SandboxInfo,
+                    json_call)
+from .errors import ConflictError, HiloopError, StreamLostError
 
-__all__ = ["Client", "Sandboxes", "Sandbox", "Files", "ExecSession", "Response", "CommandResult", "SandboxInfo"]
+__all__ = ["Client", "Sandboxes", "Sandbox", "Files", "Processes", "ProcessOutput", "ExecSession", "Response",
+           "CommandResult", "SandboxInfo", "FileEntry", "FileList", "Process", "Previews", "Preview"]
 
 T = TypeVar("T")
 
@@ -500,11 +502,12 @@ class Sandboxes:
                volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None, wait: bool = True,
-               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None) -> "_Opening[Sandbox]":
+               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None) -> "_Opening[Sandbox]":
         """Creates a sandbox as hiloop.Client's create does. Await it, or
         use it with `async with`, which deletes the sandbox on exit."""
         call = _core.create_call(image, idempotency_key or uuid.uuid4().hex, ttl, volumes, labels, transports,
-                                 resources, shutdown_policy, idle_timeout)
+                                 resources, shutdown_policy, idle_timeout, env)
 
         async def create() -> Sandbox:
             sb = Sandbox(self._c, await self._c._call(call))
@@ -537,6 +540,8 @@ class Sandbox(_core.SandboxBase):
         super().__init__(data)
         self._c = client
         self.files = Files(self)
+        self.processes = Processes(self)
+        self.previews = Previews(self)
 
     async def __aenter__(self) -> "Sandbox":
         return self
@@ -592,13 +597,15 @@ class Sandbox(_core.SandboxBase):
                 await asyncio.sleep(0.2)
 
     async def run(self, cmd: Command, timeout: Optional[float] = None,
-                  stdin: Optional[Union[str, bytes]] = None) -> CommandResult:
+                  stdin: Optional[Union[str, bytes]] = None, env: Optional[Mapping[str, str]] = None,
+                  cwd: Optional[str] = None) -> CommandResult:
         """Runs a one-shot command (POST .../exec/run), as
         hiloop.Sandbox.run."""
-        return _core.run_result(await self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake)))
+        return _core.run_result(await self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake, env, cwd)))
 
     def open_exec(self, cmd: Command, stdin: bool = False, tty: bool = False,
-                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None) -> "_Opening[ExecSession]":
+                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> "_Opening[ExecSession]":
         """Starts a command over the exec WebSocket, as
         hiloop.Sandbox.open_exec. Await it, or use it with `async with`,
         which closes the session on exit."""
@@ -609,7 +616,7 @@ class Sandbox(_core.SandboxBase):
             ws._conn.deadline = time.monotonic() + _core.exec_deadline_after(timeout)
             s = ExecSession(ws)
             try:
-                await s._send(_core.OP_TEXT, _core.start_message(cmd))
+                await s._send(_core.OP_TEXT, _core.start_message(cmd, env, cwd))
                 if size is not None:
                     await s.resize(*size)
             except BaseException:
@@ -621,10 +628,12 @@ class Sandbox(_core.SandboxBase):
     async def exec(self, cmd: Command, on_stdout: Optional[Callable[[bytes], None]] = None,
                    on_stderr: Optional[Callable[[bytes], None]] = None, timeout: Optional[float] = None,
                    stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT, tty: bool = False,
-                   size: Optional[Tuple[int, int]] = None) -> CommandResult:
+                   size: Optional[Tuple[int, int]] = None, env: Optional[Mapping[str, str]] = None,
+                   cwd: Optional[str] = None) -> CommandResult:
         """Runs a command over the exec WebSocket, as hiloop.Sandbox.exec
         (on_stdout and on_stderr are plain functions)."""
-        async with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout) as s:
+        async with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout, env=env,
+                                  cwd=cwd) as s:
             if stdin is not None:
                 reader = io.BytesIO(stdin) if isinstance(stdin, bytes) else stdin
                 while True:
@@ -756,6 +765,41 @@ class Files:
             return f
         return await self._upload(self._path(path, **extra), "application/octet-stream", f, size, rewind)
 
+    async def list(self, path: str) -> FileList:
+        """Lists the directory at path, as hiloop.Files.list."""
+        return FileList.from_json(await self._sb._c._call(_core.fs_list_call(self._sb.id, path, self._sb._c.wake)))
+
+    async def stat(self, path: str) -> FileEntry:
+        """The entry at path as lstat says, as hiloop.Files.stat."""
+        return FileEntry.from_json(await self._sb._c._call(_core.fs_stat_call(self._sb.id, path, self._sb._c.wake)))
+
+    async def exists(self, path: str) -> bool:
+        """Reports whether anything is at path; only file_not_found is
+        False (a sandbox's not_found raises), as hiloop.Files.exists."""
+        try:
+            await self.stat(path)
+        except HiloopError as e:
+            return _core.exists_answer(e)
+        return True
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, a link or an empty directory (with recursive,
+        anything), as hiloop.Files.remove."""
+        await self._sb._c._call(_core.fs_change_call(self._sb.id, "remove", {"path": path, "recursive": recursive},
+                                                     self._sb._c.wake))
+
+    async def mkdir(self, path: str) -> FileEntry:
+        """Makes the directory and its missing parents, as
+        hiloop.Files.mkdir."""
+        return FileEntry.from_json(await self._sb._c._call(
+            _core.fs_change_call(self._sb.id, "mkdir", {"path": path}, self._sb._c.wake)))
+
+    async def rename(self, src: str, dst: str, overwrite: bool = False) -> FileEntry:
+        """Renames src to dst, as hiloop.Files.rename."""
+        req = {"from": src, "to": dst, "overwrite": overwrite}
+        return FileEntry.from_json(await self._sb._c._call(
+            _core.fs_change_call(self._sb.id, "rename", req, self._sb._c.wake)))
+
     async def _upload(self, path: str, content_type: str, body: Any, size: int,
                       rewind: Optional[Callable[[], Any]]) -> Dict[str, Any]:
         c = self._sb._c
@@ -821,3 +865,151 @@ class Files:
                                        path, local, dest, exists, max_bytes, max_entries)
         finally:
             resp._conn.close()
+
+
+class Processes:
+    """sb.processes: background processes, as hiloop.Processes."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    async def _call(self, call: Call) -> Any:
+        return await self._sb._c._call(call)
+
+    async def start(self, cmd: Command) -> Process:
+        """Starts cmd detached and returns it running."""
+        return Process.from_json(await self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake)))
+
+    async def list(self) -> List[Process]:
+        """The sandbox's processes, newest first."""
+        return _core.processes_items(await self._call(json_call("GET", self._sb._path("/processes"))))
+
+    async def get(self, pid: str) -> Process:
+        return Process.from_json(await self._call(json_call("GET", _core.process_path(self._sb.id, pid))))
+
+    async def kill(self, pid: str) -> Process:
+        """Sends KILL to the process's group."""
+        return Process.from_json(await self._call(json_call("DELETE", _core.process_path(self._sb.id, pid))))
+
+    async def signal(self, pid: str, signal: str) -> Process:
+        """Sends signal ("TERM", "INT", ...) to the process's group."""
+        return Process.from_json(await self._call(_core.signal_call(self._sb.id, pid, signal)))
+
+    async def write_stdin(self, pid: str, data: Union[bytes, str], close: bool = False) -> None:
+        """Writes data (at most 64 KiB) to the process's stdin, then, with
+        close, closes it. Sent once, never retried."""
+        await self._call(_core.stdin_call(self._sb.id, pid, data, close))
+
+    async def close_stdin(self, pid: str) -> None:
+        await self.write_stdin(pid, b"", close=True)
+
+    async def output(self, pid: str, offset: int = 0, follow: bool = False) -> "ProcessOutput":
+        """Opens the process's output from offset, as
+        hiloop.Processes.output. Close it (or use `async with`)."""
+        c = self._sb._c
+        resp = await c._open(_core.output_call(self._sb.id, pid, offset, follow),
+                             timeout=_core.FOLLOW_WAIT if follow else c.timeout)
+        return ProcessOutput(resp, _core.output_start(resp.headers, offset))
+
+    async def attach(self, pid: str, on_output: Callable[[bytes], Any], offset: int = 0) -> Process:
+        """Follows the output from offset into on_output (a function or a
+        coroutine function) until the process ended, attaching again
+        after a cut; returns the process, as hiloop.Processes.attach."""
+        empty_cuts = 0
+        while True:
+            start = offset
+            try:
+                out = await self.output(pid, offset, follow=True)
+            except (HiloopError, OSError, http.client.HTTPException) as e:
+                if not _core.reattach(e):
+                    raise
+                cut: BaseException = e
+            else:
+                async with out:
+                    try:
+                        async for chunk in out:
+                            r = on_output(chunk)
+                            if asyncio.iscoroutine(r):
+                                await r
+                        return await self.get(pid)
+                    except StreamLostError as e:
+                        offset, cut = out.offset, e
+            empty_cuts = empty_cuts + 1 if offset == start else 0
+            p = await self.get(pid)
+            if _core.attach_over(p, cut, empty_cuts):
+                return p
+            await asyncio.sleep(_core.REATTACH_PAUSE)
+
+    async def wait(self, pid: str) -> Process:
+        """Waits until the process exited or ended, and returns it."""
+        p = await self.get(pid)
+        if not p.running:
+            return p
+        return await self.attach(pid, lambda _: None, p.output_bytes or 0)
+
+
+class ProcessOutput:
+    """A process's output as it comes, as hiloop.ProcessOutput: `async
+    for` its chunks, or read(n); offset is where to attach again."""
+
+    def __init__(self, resp: Response, offset: int) -> None:
+        self._resp = resp
+        self.offset = offset
+
+    async def __aenter__(self) -> "ProcessOutput":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[bytes]:
+        while True:
+            b = await self.read()
+            if not b:
+                return
+            yield b
+
+    async def read(self, n: int = 1 << 16) -> bytes:
+        """Up to n bytes as they come; b"" at the end."""
+        try:
+            b = await self._resp.read(n)
+        except (OSError, http.client.HTTPException, asyncio.TimeoutError) as e:
+            self._resp.close()
+            raise StreamLostError("the process output was cut at offset %d: %s" % (self.offset, e),
+                                  code="stream_lost") from None
+        self.offset += len(b)
+        return b
+
+    def close(self) -> None:
+        """Ends the reading."""
+        self._resp.close()
+
+
+class Previews:
+    """sb.previews: URLs that serve the sandbox's ports (docs/api.md
+    "Previews"). The deployment needs serve --preview-domain (else
+    NotFoundError, previews_disabled) and the sandbox the forward
+    transport."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    async def create(self, port: int, auth: str = "token", ttl: Optional[Duration] = None) -> Preview:
+        """Serves port (on the sandbox's loopback) at preview.url: with
+        auth "token" (the default) the URL carries a fresh token, shown
+        in this answer only; with "key" a visitor sends an API key of the
+        organization. ttl ("2h", seconds, a timedelta) is 24h when None.
+        Sent once, never retried."""
+        return Preview.from_json(await self._sb._c._call(_core.preview_create_call(self._sb.id, port, auth, ttl)))
+
+    async def list(self) -> List[Preview]:
+        """The live previews, oldest first, their URLs without tokens."""
+        return _core.previews_items(await self._sb._c._call(json_call("GET", self._sb._path("/previews"))))
+
+    async def revoke(self, preview_id: str) -> None:
+        """Revokes the preview: its URL stops working at once, and what
+        is open through it is closed."""
+        await self._sb._c._call(json_call("DELETE", _core.preview_path(self._sb.id, preview_id)))

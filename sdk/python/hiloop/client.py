@@ -19,11 +19,11 @@ from typing import (IO, Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, 
 
 from . import _core, _tar, _ws
 from ._core import (MAX_ENTRIES, MAX_FILE_BYTES, MAX_OUTPUT, TAR_MEDIA_TYPE, Call, Command, CommandResult,
-                    Duration, SandboxInfo, json_call)
-from .errors import ConflictError
+                    Duration, FileEntry, FileList, Preview, Process, SandboxInfo, json_call)
+from .errors import ConflictError, HiloopError, StreamLostError
 
-__all__ = ["Client", "Sandboxes", "Sandbox", "Files", "ExecSession", "CommandResult", "SandboxInfo",
-           "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
+__all__ = ["Client", "Sandboxes", "Sandbox", "Files", "Processes", "ProcessOutput", "ExecSession", "CommandResult",
+           "SandboxInfo", "FileEntry", "FileList", "Process", "Previews", "Preview", "MAX_FILE_BYTES", "MAX_ENTRIES", "MAX_OUTPUT"]
 
 
 class _Deadline:
@@ -300,13 +300,14 @@ class Sandboxes:
                volumes: Optional[Sequence[Mapping[str, str]]] = None, labels: Optional[Mapping[str, str]] = None,
                transports: Optional[Sequence[str]] = None, resources: Optional[Mapping[str, str]] = None,
                shutdown_policy: Optional[str] = None, idle_timeout: Optional[Duration] = None, wait: bool = True,
-               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None) -> "Sandbox":
+               wait_timeout: float = 300.0, idempotency_key: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None) -> "Sandbox":
         """Creates a sandbox and, with wait, waits until it runs. Every try
         of the call carries one Idempotency-Key, so retries make one
         sandbox. ttl and idle_timeout are durations: "1h", seconds, or a
         timedelta."""
         call = _core.create_call(image, idempotency_key or uuid.uuid4().hex, ttl, volumes, labels, transports,
-                                 resources, shutdown_policy, idle_timeout)
+                                 resources, shutdown_policy, idle_timeout, env)
         sb = Sandbox(self._c, self._c._call(call))
         if wait:
             sb.wait("running", timeout=wait_timeout)
@@ -336,6 +337,8 @@ class Sandbox(_core.SandboxBase):
         super().__init__(data)
         self._c = client
         self.files = Files(self)
+        self.processes = Processes(self)
+        self.previews = Previews(self)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -393,25 +396,33 @@ class Sandbox(_core.SandboxBase):
                 time.sleep(0.2)
 
     def run(self, cmd: Command, timeout: Optional[float] = None,
-            stdin: Optional[Union[str, bytes]] = None) -> CommandResult:
+            stdin: Optional[Union[str, bytes]] = None, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None) -> CommandResult:
         """Runs a one-shot command (POST .../exec/run): each of stdout and
-        stderr holds up to 1 MiB. A command past timeout (seconds) comes
-        back with timed_out, not an exception."""
-        return _core.run_result(self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake)))
+        stderr holds up to 1 MiB, as bytes, exactly as the command wrote
+        them (the answer's base64 decoded). A command past timeout
+        (seconds) comes back with timed_out, not an exception. env adds
+        variables to its environment and cwd is the absolute directory it
+        runs in, both as given (no shell reads them); a cwd the sandbox
+        lacks raises NotFoundError (file_not_found, field cwd) and nothing
+        ran."""
+        return _core.run_result(self._c._call(_core.run_call(self.id, cmd, timeout, stdin, self._c.wake, env, cwd)))
 
     def open_exec(self, cmd: Command, stdin: bool = False, tty: bool = False,
-                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None) -> "ExecSession":
+                  size: Optional[Tuple[int, int]] = None, timeout: Optional[float] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> "ExecSession":
         """Starts a command over the exec WebSocket and returns its live
         session: write to its stdin (stdin=True), resize its terminal
         (tty=True, which implies stdin; size is the first (width,
         height)), read its output as it comes, then its exit status. Close
-        it (or leave `with`)."""
+        it (or leave `with`). env and cwd are run's, sent in the first
+        message, never the URL."""
         url, handshake = _core.exec_url(self._c.url, self.id, stdin or tty, tty, timeout, self._c.wake)
         ws = self._c._ws_connect(url, handshake)
         ws.deadline = time.monotonic() + _core.exec_deadline_after(timeout)
         s = ExecSession(ws)
         try:
-            s._send(_ws.OP_TEXT, _core.start_message(cmd))
+            s._send(_ws.OP_TEXT, _core.start_message(cmd, env, cwd))
             if size is not None:
                 s.resize(*size)
         except BaseException:
@@ -422,7 +433,8 @@ class Sandbox(_core.SandboxBase):
     def exec(self, cmd: Command, on_stdout: Optional[Callable[[bytes], None]] = None,
              on_stderr: Optional[Callable[[bytes], None]] = None, timeout: Optional[float] = None,
              stdin: Optional[Union[bytes, BinaryIO]] = None, max_output: int = MAX_OUTPUT, tty: bool = False,
-             size: Optional[Tuple[int, int]] = None) -> CommandResult:
+             size: Optional[Tuple[int, int]] = None, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None) -> CommandResult:
         """Runs a command over the exec WebSocket, calling on_stdout and
         on_stderr with each chunk as it comes (without them the output is
         collected in the result, up to max_output bytes each: past that,
@@ -432,7 +444,8 @@ class Sandbox(_core.SandboxBase):
         minute; a command past timeout comes back with timed_out. With
         tty, the command runs in a terminal of size (width, height), its
         output all on stdout; stdin, if given, is typed into it."""
-        with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout) as s:
+        with self.open_exec(cmd, stdin=stdin is not None, tty=tty, size=size, timeout=timeout, env=env,
+                            cwd=cwd) as s:
             if stdin is not None:
                 reader = io.BytesIO(stdin) if isinstance(stdin, bytes) else stdin
                 while True:
@@ -558,6 +571,53 @@ class Files:
                 return data
         return self._upload(self._path(path, **extra), "application/octet-stream", body, size, rewind)
 
+    def list(self, path: str) -> FileList:
+        """Lists the directory at path (or the one a link there points
+        to): its entries sorted by name, without . and ..; at most 10,000
+        of them, with truncated set past that. NotFoundError
+        (file_not_found) when nothing is there, ConflictError
+        (path_conflict) for a path that is not a directory."""
+        return FileList.from_json(self._sb._c._call(_core.fs_list_call(self._sb.id, path, self._sb._c.wake)))
+
+    def stat(self, path: str) -> FileEntry:
+        """The entry at path as lstat says (a link is itself);
+        NotFoundError (file_not_found) when nothing is there."""
+        return FileEntry.from_json(self._sb._c._call(_core.fs_stat_call(self._sb.id, path, self._sb._c.wake)))
+
+    def exists(self, path: str) -> bool:
+        """Reports whether anything (a dangling link included) is at path.
+        Only file_not_found is False: a sandbox that is not found (or not
+        yours) raises NotFoundError (not_found), as any other refusal."""
+        try:
+            self.stat(path)
+        except HiloopError as e:
+            return _core.exists_answer(e)
+        return True
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, a link or an empty directory; with recursive, a
+        directory and everything in it. ConflictError
+        (directory_not_empty) for a directory that holds anything
+        without recursive, NotFoundError (file_not_found) for nothing
+        there."""
+        self._sb._c._call(_core.fs_change_call(self._sb.id, "remove", {"path": path, "recursive": recursive},
+                                               self._sb._c.wake))
+
+    def mkdir(self, path: str) -> FileEntry:
+        """Makes the directory and its missing parents (one that exists is
+        no error) and returns its entry."""
+        return FileEntry.from_json(self._sb._c._call(_core.fs_change_call(self._sb.id, "mkdir", {"path": path},
+                                                                          self._sb._c.wake)))
+
+    def rename(self, src: str, dst: str, overwrite: bool = False) -> FileEntry:
+        """Renames src to dst (making dst's missing parents) and returns
+        dst's entry. A dst that exists is ConflictError (path_conflict)
+        unless overwrite, which replaces a file, a link or an empty
+        directory."""
+        req = {"from": src, "to": dst, "overwrite": overwrite}
+        return FileEntry.from_json(self._sb._c._call(_core.fs_change_call(self._sb.id, "rename", req,
+                                                                          self._sb._c.wake)))
+
     def _upload(self, path: str, content_type: str, body: Any, size: int,
                 rewind: Optional[Callable[[], Any]]) -> Dict[str, Any]:
         c = self._sb._c
@@ -655,3 +715,173 @@ class Files:
                         max_bytes, max_entries)
         finally:
             resp._hiloop_conn.close()  # type: ignore[attr-defined]
+
+
+class Processes:
+    """sb.processes: commands started detached in the sandbox, reached by
+    their id (docs/api.md "Background processes")."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def _call(self, call: Call) -> Any:
+        return self._sb._c._call(call)
+
+    def start(self, cmd: Command) -> Process:
+        """Starts cmd (a string runs through sh -c) detached and returns
+        it running; it outlives this call. Its stdout and stderr are one
+        output. Wakes a sandbox stopped for idleness, as run does."""
+        return Process.from_json(self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake)))
+
+    def list(self) -> List[Process]:
+        """The sandbox's processes, newest first."""
+        return _core.processes_items(self._call(json_call("GET", self._sb._path("/processes"))))
+
+    def get(self, pid: str) -> Process:
+        """One process, its state as the sandbox tells it now."""
+        return Process.from_json(self._call(json_call("GET", _core.process_path(self._sb.id, pid))))
+
+    def kill(self, pid: str) -> Process:
+        """Sends KILL to the process's group; returns it as it stood then
+        (wait tells its end)."""
+        return Process.from_json(self._call(json_call("DELETE", _core.process_path(self._sb.id, pid))))
+
+    def signal(self, pid: str, signal: str) -> Process:
+        """Sends signal ("TERM", "INT", "HUP", ... or "SIGTERM") to the
+        process's group."""
+        return Process.from_json(self._call(_core.signal_call(self._sb.id, pid, signal)))
+
+    def write_stdin(self, pid: str, data: Union[bytes, str], close: bool = False) -> None:
+        """Writes data (at most 64 KiB; text as UTF-8) to the process's
+        stdin, then, with close, closes it. Sent once, never retried."""
+        self._call(_core.stdin_call(self._sb.id, pid, data, close))
+
+    def close_stdin(self, pid: str) -> None:
+        """Closes the process's stdin: it reads end of file."""
+        self.write_stdin(pid, b"", close=True)
+
+    def output(self, pid: str, offset: int = 0, follow: bool = False) -> "ProcessOutput":
+        """Opens the process's output (stdout and stderr together) from
+        offset: what is there now, or with follow, on as it comes until
+        the process ended. HiloopError (output_gone, status 410) for an
+        offset older than what the sandbox keeps. Close it."""
+        c = self._sb._c
+        resp = c._open(_core.output_call(self._sb.id, pid, offset, follow),
+                       timeout=_core.FOLLOW_WAIT if follow else c.timeout)
+        return ProcessOutput(c, resp, _core.output_start({k.lower(): v for k, v in resp.getheaders()}, offset))
+
+    def attach(self, pid: str, on_output: Callable[[bytes], None], offset: int = 0) -> Process:
+        """Follows the process's output from offset, handing each chunk to
+        on_output, until the process ended; returns it then (exited with
+        its exit code, or ended). A cut stream is attached again from the
+        next offset, so on_output sees every byte once. An offset older
+        than what is kept raises (output_gone) while the process runs, as
+        does the sixth cut in a row that read nothing (StreamLostError)."""
+        empty_cuts = 0
+        while True:
+            start = offset
+            try:
+                out = self.output(pid, offset, follow=True)
+            except (HiloopError, OSError, http.client.HTTPException) as e:
+                if not _core.reattach(e):
+                    raise
+                cut: BaseException = e
+            else:
+                with out:
+                    try:
+                        for chunk in out:
+                            on_output(chunk)
+                        return self.get(pid)
+                    except StreamLostError as e:
+                        offset, cut = out.offset, e
+            empty_cuts = empty_cuts + 1 if offset == start else 0
+            p = self.get(pid)
+            if _core.attach_over(p, cut, empty_cuts):
+                return p
+            time.sleep(_core.REATTACH_PAUSE)
+
+    def wait(self, pid: str) -> Process:
+        """Waits until the process exited (exit_code set) or ended, and
+        returns it. It follows the output from where it stands without
+        keeping it."""
+        p = self.get(pid)
+        if not p.running:
+            return p
+        return self.attach(pid, lambda _: None, p.output_bytes or 0)
+
+
+class ProcessOutput:
+    """A process's output as it comes (Processes.output): iterate for its
+    chunks of bytes, or read(n). offset is where the next byte sits: where
+    to attach again after a cut. The end of a follow means the process
+    ended; a cut raises StreamLostError (stream_lost)."""
+
+    def __init__(self, client: Client, resp: http.client.HTTPResponse, offset: int) -> None:
+        self._c, self._resp = client, resp
+        self.offset = offset
+        self._done = False
+
+    def __enter__(self) -> "ProcessOutput":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            b = self.read()
+            if not b:
+                return
+            yield b
+
+    def read(self, n: int = 1 << 16) -> bytes:
+        """Up to n bytes as they come; b"" at the end."""
+        if self._done:
+            return b""
+        try:
+            b = self._resp.read1(n)
+            if not b:
+                _check_whole(self._resp)
+                self._done = True
+        except (OSError, http.client.HTTPException) as e:
+            self._resp._hiloop_conn.close()  # type: ignore[attr-defined]
+            self._done = True
+            raise StreamLostError("the process output was cut at offset %d: %s" % (self.offset, e),
+                                  code="stream_lost") from None
+        self.offset += len(b)
+        return b
+
+    def close(self) -> None:
+        """Ends the reading."""
+        if self._done and self._resp.isclosed():
+            self._c._release(self._resp)
+        else:
+            self._resp._hiloop_conn.close()  # type: ignore[attr-defined]
+        self._done = True
+
+
+class Previews:
+    """sb.previews: URLs that serve the sandbox's ports (docs/api.md
+    "Previews"). The deployment needs serve --preview-domain (else
+    NotFoundError, previews_disabled) and the sandbox the forward
+    transport."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def create(self, port: int, auth: str = "token", ttl: Optional[Duration] = None) -> Preview:
+        """Serves port (on the sandbox's loopback) at preview.url: with
+        auth "token" (the default) the URL carries a fresh token, shown
+        in this answer only; with "key" a visitor sends an API key of the
+        organization. ttl ("2h", seconds, a timedelta) is 24h when None.
+        Sent once, never retried."""
+        return Preview.from_json(self._sb._c._call(_core.preview_create_call(self._sb.id, port, auth, ttl)))
+
+    def list(self) -> List[Preview]:
+        """The live previews, oldest first, their URLs without tokens."""
+        return _core.previews_items(self._sb._c._call(json_call("GET", self._sb._path("/previews"))))
+
+    def revoke(self, preview_id: str) -> None:
+        """Revokes the preview: its URL stops working at once, and what
+        is open through it is closed."""
+        self._sb._c._call(json_call("DELETE", _core.preview_path(self._sb.id, preview_id)))

@@ -563,7 +563,7 @@ func FuzzPreviewVisit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, label, query, cookie, authorization string) {
 		fill := strings.NewReplacer("$ID", pid, "$TOKEN", p.Token)
 		label, query, cookie, authorization = fill.Replace(label), fill.Replace(query), fill.Replace(cookie), fill.Replace(authorization)
-		if !fieldValue(cookie) || !fieldValue(authorization) || !fieldValue(label) {
+		if _, err := url.ParseRequestURI("/?" + query); err != nil || !fieldValue(cookie) || !fieldValue(authorization) || !fieldValue(label) {
 			return // the listener refuses such a request before any handler sees it
 		}
 		req := httptest.NewRequest("GET", "/", nil)

@@ -916,6 +916,17 @@ class CoreTest(unittest.TestCase):
                 hiloop.SandboxInfo.from_json(bad)
             self.assertEqual(e.exception.code, "bad_answer")
 
+    def test_run_result_encodings(self) -> None:
+        r = _core.run_result({"stdout": "/wBh", "stderr": "", "encoding": "base64", "exit_code": 0})
+        self.assertEqual((r.exit_code, r.stdout, r.stderr), (0, b"\xff\x00a", b""))
+        # An answer without encoding (an older server) is text.
+        self.assertEqual(_core.run_result({"stdout": "/wBh", "stderr": ""}).stdout, b"/wBh")
+        for bad in ({"stdout": "not base64!", "stderr": "", "encoding": "base64"},
+                    {"stdout": "", "stderr": "", "encoding": "rot13"}, {"stdout": "", "stderr": "", "encoding": 7}):
+            with self.assertRaises(hiloop.HiloopError) as e:
+                _core.run_result(bad)
+            self.assertEqual(e.exception.code, "bad_answer")
+
     def test_frames(self) -> None:
         r = _core.FrameReader()
         stream = (bytes([0x02, 3]) + b"\x01ab" + bytes([0x89, 1]) + b"p" + bytes([0x80, 2]) + b"cd"

@@ -173,6 +173,14 @@ class SandboxTest(unittest.TestCase):
         # head -c: not every cluster delivers stdin's end to a command.
         self.assertEqual(self.sb.run(["head", "-c", "4"], stdin="fed\n").stdout, b"fed\n")
 
+    def test_run_output_not_utf8(self) -> None:
+        # Output that is not UTF-8 comes back byte for byte; a byte that is
+        # not UTF-8 in stderr alone leaves stdout's text as it was.
+        r = self.sb.run(["printf", "\\377\\000a"])
+        self.assertEqual((r.exit_code, r.stdout, r.stderr), (0, b"\xff\x00a", b""))
+        r = self.sb.run(["sh", "-c", "printf 'h\\303\\251llo'; printf '\\376' >&2"])
+        self.assertEqual((r.stdout, r.stderr), ("h\u00e9llo".encode(), b"\xfe"))
+
     def test_exec_streaming(self) -> None:
         chunks: List[bytes] = []
         r = self.sb.exec("for i in 1 2 3; do echo $i; done; echo e >&2; exit 3", on_stdout=chunks.append)
@@ -386,6 +394,8 @@ class AioSandboxTest(unittest.IsolatedAsyncioTestCase):
     async def test_run_and_exec(self) -> None:
         r = await self.sb.run("echo out; echo err >&2; exit 3")
         self.assertEqual((r.exit_code, r.stdout, r.stderr), (3, b"out\n", b"err\n"))
+        r = await self.sb.run(["sh", "-c", "printf 'h\\303\\251llo'; printf '\\376' >&2"])
+        self.assertEqual((r.stdout, r.stderr), ("h\u00e9llo".encode(), b"\xfe"))
         self.assertTrue((await self.sb.run(["sleep", "30"], timeout=1)).timed_out)
         chunks: List[bytes] = []
         r = await self.sb.exec("for i in 1 2 3; do echo $i; done; echo e >&2; exit 3", on_stdout=chunks.append)

@@ -90,6 +90,12 @@ describe("a running sandbox", { skip: !LIVE && "needs a live hiloop (HILOOP_URL,
     // head -c: not every cluster delivers stdin's end to a command.
     assert.equal((await sb.run(["head", "-c", "4"], { stdin: "fed\n" })).stdout, "fed\n");
     await refused(() => sb.run([]), hiloop.InvalidRequestError, "invalid_field");
+    // Output that is not UTF-8 comes back byte for byte; a byte that is
+    // not UTF-8 in stderr alone leaves stdout's text as it was.
+    r = await sb.run(["printf", "\\377\\000a"]);
+    assert.deepEqual([r.exitCode, [...r.stdoutBytes], [...r.stderrBytes]], [0, [0xff, 0, 0x61], []]);
+    r = await sb.run(["sh", "-c", "printf 'h\\303\\251llo'; printf '\\376' >&2"]);
+    assert.deepEqual([r.stdout, [...r.stderrBytes]], ["h\u00e9llo", [0xfe]]);
   });
 
   it("streams a command's output and exit status", async () => {

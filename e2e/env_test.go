@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hiloop/hiloop/api"
+	"github.com/hiloop/hiloop/control"
 	"github.com/hiloop/hiloop/internal/e2e"
 	"github.com/hiloop/hiloop/k8s"
 )
@@ -191,8 +193,99 @@ func TestExecEnvAndCwd(t *testing.T) {
 		}
 		checkEnv(t, "stream", environ(out.String()), want)
 	})
+	t.Run("the ready line forged by the command or a value", func(t *testing.T) {
+		// The set-up's ready line is what hides it from the caller: a
+		// command that prints it itself, or a value that holds it, is
+		// output like any other, and cannot make a directory the
+		// sandbox lacks look entered.
+		forged := map[string]string{"V": "x\n" + "hiloop-exec-ready" + "\ny", "W": "\nhiloop-exec-ready\r\n"}
+		script := `echo hiloop-exec-ready; printf %s "$V"`
+		req, _ := json.Marshal(api.ExecRunRequest{Command: []string{"sh", "-c", script}, Env: forged, Cwd: dir})
+		status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		var run api.ExecRunResponse
+		json.Unmarshal([]byte(body), &run)
+		if status != 200 || run.ExitCode == nil || *run.ExitCode != 0 || run.Stdout != "hiloop-exec-ready\n"+forged["V"] {
+			t.Errorf("run: %d %s", status, body)
+		}
+		req, _ = json.Marshal(api.ExecRunRequest{Command: []string{"sh", "-c", script}, Env: forged, Cwd: "/nonexistent/hiloop"})
+		status, body = in.Call(in.Token, "POST", "/v1/sandboxes/"+sb.ID+"/exec/run", string(req))
+		var e api.ErrorBody
+		json.Unmarshal([]byte(body), &e)
+		if status != 404 || e.Error.Code != api.CodeFileNotFound || e.Error.Field != "cwd" {
+			t.Errorf("run in a missing directory: %d %s", status, body)
+		}
+		var out bytes.Buffer
+		st, err := sdk(in, in.Token).Exec(t.Context(), sb.ID, api.ExecOptions{Command: []string{"sh", "-c", script}, Env: forged, Cwd: dir, Stdout: &out})
+		if err != nil || st.Code != 0 || out.String() != "hiloop-exec-ready\n"+forged["V"] {
+			t.Errorf("Exec: %+v %v %q", st, err, out.String())
+		}
+	})
 	if _, err := os.Stat("/tmp/hiloop-env-pwned"); err == nil {
 		t.Error("a value was run by a shell")
+	}
+}
+
+// TestCreateEnvAtTheLimits: a create's env of the most variables and bytes
+// the API takes, names that differ only in case, and values full of the
+// kubelet's $(...) and $$, is admitted by the cluster's policy, rendered
+// as plain values (every $ doubled, so the Sandbox holds nearly twice the
+// bytes) and returned exactly.
+func TestCreateEnvAtTheLimits(t *testing.T) {
+	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	env := map[string]string{"PATH": "", "Path": ""}
+	for i := range control.MaxEnvVars - 2 {
+		env[fmt.Sprintf("V%02d", i)] = ""
+	}
+	room := control.MaxEnvBytes
+	for k := range env {
+		room -= len(k) + 2
+	}
+	i := 0
+	for k := range env {
+		n := room / control.MaxEnvVars
+		if i == 0 {
+			n += room % control.MaxEnvVars
+		}
+		env[k] = (strings.Repeat("$(PATH)$$", n/9+1) + "$")[:n]
+		i++
+	}
+	if err := control.ValidateEnv("env", env); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := json.Marshal(api.CreateSandboxRequest{Image: "busybox", Env: env})
+	status, body := in.Call(in.Token, "POST", "/v1/sandboxes", string(req))
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(body), &sb); status != 201 || err != nil {
+		t.Fatalf("create: %d %.300s", status, body)
+	}
+	in.WaitState(in.Token, sb.ID, "running")
+	status, body = in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID, "")
+	var got api.Sandbox
+	if err := json.Unmarshal([]byte(body), &got); status != 200 || err != nil {
+		t.Fatalf("get: %d %.300s", status, body)
+	}
+	if diff := cmp.Diff(env, got.Env); diff != "" {
+		t.Errorf("env (-want +got):\n%s", diff)
+	}
+	pod, err := quietAdmin(t).Kube.CoreV1().Pods(in.NS).Get(t.Context(), k8s.ObjectName(sb.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := pod.Spec.Containers[0]; len(c.Env) != len(env) {
+		t.Fatalf("the pod's env: %d variables", len(c.Env))
+	}
+	for _, e := range pod.Spec.Containers[0].Env {
+		if e.ValueFrom != nil || e.Value != strings.ReplaceAll(env[e.Name], "$", "$$") {
+			t.Errorf("the pod's %s: %.80q", e.Name, e.Value)
+		}
+	}
+	// One byte more is refused, and nothing is made.
+	env["PATH"] += "x"
+	req, _ = json.Marshal(api.CreateSandboxRequest{Image: "busybox", Env: env})
+	status, body = in.Call(in.Token, "POST", "/v1/sandboxes", string(req))
+	var e api.ErrorBody
+	if json.Unmarshal([]byte(body), &e); status != 400 || e.Error.Code != api.CodeInvalidEnv {
+		t.Errorf("one byte more: %d %.300s", status, body)
 	}
 }
 

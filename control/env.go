@@ -6,6 +6,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hiloop/hiloop/api"
 )
@@ -41,7 +42,9 @@ var envName = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // ValidateEnv reports whether env is an environment a sandbox or a command
 // may be given: at most MaxEnvVars names, each a portable name (letters,
 // digits and _, not starting with a digit) not starting with
-// ReservedEnvPrefix in any case, values without NUL bytes, and at most
+// ReservedEnvPrefix in any case, values of UTF-8 without NUL bytes (the
+// kubelet's runtime API carries a command's arguments, which the set-up
+// makes of the values, as protobuf strings, which must be UTF-8), and at most
 // MaxEnvBytes in all. It returns a *FieldError (ErrInvalidEnv) naming
 // field, or field.NAME for a bad value. Names are checked in order, so the
 // same bad environment always gets the same answer.
@@ -60,6 +63,8 @@ func ValidateEnv(field string, env map[string]string) error {
 			return bad(field, fmt.Sprintf("%q: names starting with %s are hiloop's", Truncate(k), ReservedEnvPrefix))
 		case strings.IndexByte(v, 0) >= 0:
 			return bad(field+"."+k, "a value cannot contain NUL bytes")
+		case !utf8.ValidString(v):
+			return bad(field+"."+k, "a value must be UTF-8 (the cluster carries a command's environment as text)")
 		}
 		total += len(k) + len(v) + 2
 	}
@@ -70,11 +75,11 @@ func ValidateEnv(field string, env map[string]string) error {
 }
 
 // ValidatePath reports whether p is a path in a sandbox a caller may name:
-// absolute and clean, at most api.MaxPathBytes, with no NUL or other
-// control character. Paths reach the sandbox only as arguments, but a
-// control character in one is never what a caller meant, and would garble
-// logs and listings. It returns a *FieldError (ErrInvalidPath) naming
-// field.
+// absolute and clean, at most api.MaxPathBytes, UTF-8, with no NUL or
+// other control character. Paths reach the sandbox only as arguments, which
+// the kubelet's runtime API carries only as UTF-8; a control character in
+// one is never what a caller meant, and would garble logs and listings. It
+// returns a *FieldError (ErrInvalidPath) naming field.
 func ValidatePath(field, p string) error {
 	bad := func(msg string) error { return &FieldError{Field: field, Message: msg, Err: ErrInvalidPath} }
 	switch {
@@ -84,6 +89,8 @@ func ValidatePath(field, p string) error {
 		return bad(fmt.Sprintf("longer than %d bytes", api.MaxPathBytes))
 	case !strings.HasPrefix(p, "/"):
 		return bad("must be absolute")
+	case !utf8.ValidString(p):
+		return bad("must be UTF-8")
 	case strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
 		return bad("must not contain NUL or other control characters")
 	case path.Clean(p) != p:

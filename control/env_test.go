@@ -32,7 +32,7 @@ func TestValidateEnvAndCwd(t *testing.T) {
 	}{
 		{name: "nothing"},
 		{name: "plain", env: map[string]string{"A": "1", "_b9": "", "PATH": "/bin"}, cwd: "/tmp"},
-		{name: "values are anything but NUL", env: map[string]string{"V": "$(rm -rf /) `id` \"'\n\t\u00e9\xff"}},
+		{name: "values are any UTF-8 but NUL", env: map[string]string{"V": "$(rm -rf /) `id` \"'\n\t\u00e9\U0001F600\x7f\x1b"}},
 		{name: "root", cwd: "/"},
 		{name: "the most variables", env: func() map[string]string {
 			m := map[string]string{}
@@ -54,6 +54,12 @@ func TestValidateEnvAndCwd(t *testing.T) {
 		{name: "reserved in any case", env: map[string]string{"hiLoop_x": "x"}, field: "env", kind: ErrInvalidEnv},
 		{name: "the prefix alone", env: map[string]string{"HILOOP_": "x"}, field: "env", kind: ErrInvalidEnv},
 		{name: "NUL in a value", env: map[string]string{"A": "x\x00y"}, field: "env.A", kind: ErrInvalidEnv},
+		// The kubelet's runtime API carries a command's arguments as
+		// protobuf strings, which must be UTF-8: such a value could only
+		// fail in the cluster.
+		{name: "a value not UTF-8", env: map[string]string{"A": "x\xffy"}, field: "env.A", kind: ErrInvalidEnv},
+		{name: "a value with half a character", env: map[string]string{"A": "\xe4\xb8"}, field: "env.A", kind: ErrInvalidEnv},
+		{name: "cwd not UTF-8", cwd: "/tmp/\xff", field: "cwd", kind: ErrInvalidPath},
 		{name: "relative", cwd: "tmp", field: "cwd", kind: ErrInvalidPath},
 		{name: "dot", cwd: "/tmp/.", field: "cwd", kind: ErrInvalidPath},
 		{name: "dot dot", cwd: "/tmp/../etc", field: "cwd", kind: ErrInvalidPath},
@@ -213,5 +219,19 @@ func TestSetupScript(t *testing.T) {
 				t.Error("a value was run by the shell")
 			}
 		})
+	}
+}
+
+// TestCheckArgvUTF8: a command line that is not UTF-8 is refused before
+// anything runs, as the kubelet's runtime API could not carry it.
+func TestCheckArgvUTF8(t *testing.T) {
+	for _, argv := range [][]string{{"echo", "\xff"}, {"\xc3"}, {"sh", "-c", "echo \xe4\xb8"}} {
+		var ae *ArgvError
+		if err := CheckArgv(argv); !errors.As(err, &ae) {
+			t.Errorf("%q: %v", argv, err)
+		}
+	}
+	if err := CheckArgv([]string{"printf", "h\u00e9llo \U0001F600 \x1b\x7f"}); err != nil {
+		t.Errorf("UTF-8 refused: %v", err)
 	}
 }

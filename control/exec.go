@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
 )
 
-// ArgvError is a command line no sandbox is given: empty, with a NUL byte,
-// or past api.MaxArgs arguments or api.MaxArgvBytes bytes.
+// ArgvError is a command line no sandbox is given: empty, with a NUL byte
+// or an argument that is not UTF-8 (the kubelet's runtime API carries
+// arguments only as UTF-8), or past api.MaxArgs arguments or
+// api.MaxArgvBytes bytes.
 type ArgvError struct{ Problem string }
 
 func (e *ArgvError) Error() string { return "command " + e.Problem }
@@ -31,6 +34,9 @@ func CheckArgv(argv []string) error {
 		total += len(a) + 1
 		if strings.ContainsRune(a, 0) {
 			return &ArgvError{"arguments cannot contain NUL bytes"}
+		}
+		if !utf8.ValidString(a) {
+			return &ArgvError{"arguments must be UTF-8"}
 		}
 	}
 	if total > api.MaxArgvBytes {

@@ -384,19 +384,30 @@ func TestExecEnvRefused(t *testing.T) {
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("a refused command ran")
 	}
-	// In the URL: the same refusals, before the upgrade; env and cwd only
-	// beside a command there.
-	for _, q := range []url.Values{
-		{"command": {"true"}, "env": {"HILOOP_X=1"}},
-		{"command": {"true"}, "env": {"NOEQUALS"}},
-		{"command": {"true"}, "env": {"A=1", "A=2"}},
-		{"command": {"true"}, "cwd": {"rel"}},
-		{"command": {"true"}, "cwd": {"/a", "/b"}},
-		{"env": {"A=1"}},
-		{"cwd": {"/tmp"}},
+	// In the URL: the same refusals, before the upgrade (each with its
+	// code: a request that is no WebSocket one is 400 too); env and cwd
+	// only beside a command there.
+	for _, tc := range []struct {
+		q    url.Values
+		code string
+	}{
+		{url.Values{"command": {"true"}, "env": {"HILOOP_X=1"}}, api.CodeInvalidEnv},
+		{url.Values{"command": {"true"}, "env": {"NOEQUALS"}}, api.CodeInvalidEnv},
+		{url.Values{"command": {"true"}, "env": {"A=1", "A=2"}}, api.CodeInvalidEnv},
+		{url.Values{"command": {"true"}, "cwd": {"rel"}}, api.CodeInvalidPath},
+		{url.Values{"command": {"true"}, "cwd": {"/a", "/b"}}, api.CodeInvalidPath},
+		// Not UTF-8: the kubelet's runtime API would refuse it, and the
+		// refusal would read as the cluster's failure.
+		{url.Values{"command": {"true"}, "env": {"A=\xff"}}, api.CodeInvalidEnv},
+		{url.Values{"command": {"true"}, "cwd": {"/tmp/\xff"}}, api.CodeInvalidPath},
+		{url.Values{"command": {"echo", "\xe4\xb8"}}, api.CodeInvalidField},
+		{url.Values{"env": {"A=1"}}, api.CodeInvalidField},
+		{url.Values{"cwd": {"/tmp"}}, api.CodeInvalidField},
 	} {
-		if status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+q.Encode(), ""); status != 400 {
-			t.Errorf("stream ?%s: %d %s", q.Encode(), status, body)
+		status, body := in.Call(in.Token, "GET", "/v1/sandboxes/"+sb.ID+"/exec?"+tc.q.Encode(), "")
+		var e api.ErrorBody
+		if json.Unmarshal([]byte(body), &e); status != 400 || e.Error.Code != tc.code {
+			t.Errorf("stream ?%s: %d %s, want 400 %s", tc.q.Encode(), status, body, tc.code)
 		}
 	}
 

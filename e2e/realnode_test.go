@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/gorilla/websocket"
 
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/internal/e2e"
@@ -161,6 +163,9 @@ func TestRealNode(t *testing.T) {
 	})
 	t.Run("file operations with busybox, and a stat that lies", func(t *testing.T) {
 		realNodeFileOperations(t, in, sb.ID, exec1)
+	})
+	t.Run("env and cwd with a sh that lies, and values no kubelet takes", func(t *testing.T) {
+		realNodeHostileSetup(t, in, sb.ID, exec1)
 	})
 	u := newSSHUser(t, in, in.Token)
 	t.Run("ssh", func(t *testing.T) {
@@ -460,5 +465,68 @@ func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 fun
 	restore()
 	if l, code, errOut := ls(); code != 0 || len(l.Entries) != len(hostileNames)-1 {
 		t.Errorf("fs ls once sh is back: %d %d entries %s", code, len(l.Entries), errOut)
+	}
+}
+
+// realNodeHostileSetup: an exec's env and cwd under gVisor when the
+// workload replaced sh, which runs their set-up. Whatever that sh does,
+// every answer is well formed, bounded and comes by the run's deadline,
+// never a 5xx: a sh that says the command is ready and exits is believed
+// (the sandbox is its owner's own), one that never says so is an env the
+// sandbox could not set up, one that never ends is the run's timeout. And
+// a value the kubelet's runtime API cannot carry (not UTF-8) is refused
+// before anything is asked of the cluster.
+func realNodeHostileSetup(t *testing.T, in *e2e.Instance, id string, exec1 func(string, ...string) (string, string, int)) {
+	for _, q := range []url.Values{
+		{"command": {"true"}, "env": {"A=\xff"}},
+		{"command": {"true"}, "cwd": {"/tmp/\xff"}},
+	} {
+		u := strings.Replace(in.URL, "http://", "ws://", 1) + "/v1/sandboxes/" + id + "/exec?" + q.Encode()
+		c, resp, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + in.Token}})
+		if err == nil {
+			f := readExit(t, c)
+			c.Close()
+			t.Errorf("stream ?%s: upgraded, exit frame %+v %+v", q.Encode(), f, f.Error)
+			continue
+		}
+		if resp == nil || resp.StatusCode != 400 {
+			t.Errorf("stream ?%s: %v %+v", q.Encode(), err, resp)
+		}
+	}
+
+	hostile := "#!/bin/busybox sh\ncase \"$(cat /tmp/hostile-sh)\" in\n" +
+		"lie) echo hiloop-exec-ready; echo after; exit 42;;\n" +
+		"silent) printf 'the sandbox\\033[31m says\\n%.0s' $(seq 1000); exit 0;;\n" +
+		"flood) while :; do echo flood; done;;\n" +
+		"esac\n"
+	if _, errOut, code := in.CLIInput(in.Token, hostile, "sandbox", "exec", "-i", id, "--", "/bin/busybox", "sh", "-c", "rm -f /bin/sh && cat > /bin/sh && chmod +x /bin/sh"); code != 0 {
+		t.Fatalf("replacing sh: %d %s", code, errOut)
+	}
+	defer func() {
+		if _, errOut, code := exec1("", "/bin/busybox", "sh", "-c", "rm -f /bin/sh && ln /bin/busybox /bin/sh"); code != 0 {
+			t.Fatalf("restoring sh: %d %s", code, errOut)
+		}
+	}()
+	run := func(mode string, timeout string) (int, api.ExecRunResponse, api.ErrorBody, string) {
+		t.Helper()
+		if _, errOut, code := exec1("", "/bin/busybox", "sh", "-c", "echo "+mode+" > /tmp/hostile-sh"); code != 0 {
+			t.Fatalf("mode %s: %d %s", mode, code, errOut)
+		}
+		req, _ := json.Marshal(api.ExecRunRequest{Command: []string{"true"}, Env: map[string]string{"A": "1"}, Cwd: "/tmp", Timeout: timeout})
+		status, body := in.Call(in.Token, "POST", "/v1/sandboxes/"+id+"/exec/run", string(req))
+		var r api.ExecRunResponse
+		var e api.ErrorBody
+		json.Unmarshal([]byte(body), &r)
+		json.Unmarshal([]byte(body), &e)
+		return status, r, e, body
+	}
+	if status, r, _, body := run("lie", ""); status != 200 || r.ExitCode == nil || *r.ExitCode != 42 || r.Stdout != "after\n" {
+		t.Errorf("a sh that says ready and exits 42: %d %.300s", status, body)
+	}
+	if status, _, e, body := run("silent", ""); status != 422 || e.Error.Code != api.CodeInvalidEnv || len(body) > 8<<10 || strings.Contains(body, "\\u001b") {
+		t.Errorf("a sh that never says ready: %d %.300s (%d bytes)", status, body, len(body))
+	}
+	if status, r, _, body := run("flood", "2s"); status != 200 || !r.TimedOut || r.ExitCode != nil || r.Stdout != "" {
+		t.Errorf("a sh that never says ready nor ends: %d %.300s", status, body)
 	}
 }

@@ -280,6 +280,37 @@ var escapes = append([]escape{
 	{name: "envFrom a ConfigMap in the helper", rule: "env", spec: func(s *corev1.PodSpec) {
 		helperOf(s).EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}}}}
 	}},
+	// The helper's exception is its own pod's metadata, nothing of the
+	// node's, and only in the container named the helper: not in an init
+	// container, whatever its name.
+	{name: "env from the node's name in the helper", rule: "env", spec: func(s *corev1.PodSpec) {
+		h := helperOf(s)
+		h.Env = append(h.Env, corev1.EnvVar{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
+	}},
+	{name: "env from the node's address in the helper", rule: "env", spec: func(s *corev1.PodSpec) {
+		h := helperOf(s)
+		h.Env = append(h.Env, corev1.EnvVar{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}})
+	}},
+	{name: "env from a Secret beside the helper's metadata", rule: "env", invalid: true, spec: func(s *corev1.PodSpec) {
+		h := helperOf(s)
+		h.Env[0].ValueFrom.SecretKeyRef = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}
+	}},
+	{name: "a value and a Secret on one variable", rule: "env", invalid: true, spec: func(s *corev1.PodSpec) {
+		s.Containers[0].Env = append(s.Containers[0].Env, corev1.EnvVar{Name: "STOLEN", Value: "v", ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}}})
+	}},
+	{name: "env from a Secret in an init container", rule: "env", spec: func(s *corev1.PodSpec) {
+		s.InitContainers = []corev1.Container{{Name: "init", Image: "busybox", Env: []corev1.EnvVar{{Name: "STOLEN", ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}, Key: "k"}}}}}}
+	}},
+	{name: "envFrom a Secret in an init container", rule: "env", spec: func(s *corev1.PodSpec) {
+		s.InitContainers = []corev1.Container{{Name: "init", Image: "busybox",
+			EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "x"}}}}}}
+	}},
+	{name: "env from the pod's metadata in an init container", rule: "env", spec: func(s *corev1.PodSpec) {
+		s.InitContainers = []corev1.Container{{Name: "init", Image: "busybox", Env: []corev1.EnvVar{{Name: "POD", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}}}
+	}},
 	{name: "a resource claim", rule: "devices", spec: func(s *corev1.PodSpec) {
 		s.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("gpu")}}
 		s.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}

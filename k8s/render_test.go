@@ -134,3 +134,29 @@ func TestObjectNameRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderEnvOnlyInTheWorkload: a sandbox's env, even names that would
+// steer a program's loader or its PATH, goes into the workload container
+// alone: the session helper's environment is its own sandbox id, from its
+// pod's label, and nothing of the caller's.
+func TestRenderEnvOnlyInTheWorkload(t *testing.T) {
+	opts := k8s.RenderOptions{Namespace: "hiloop-sandboxes", RuntimeClass: "gvisor", Transports: receipt.Transports(),
+		AgentImage: "ghcr.io/hiloop/hiloop:dev", GatewayKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGatewayKeyForTheGoldenFileOnly0000000000 hiloop-gateway"}
+	sb := store.Sandbox{ID: "sbx_abcdefghijklmnop", OrgID: "org_qrstuvwxyz234567", DesiredMode: store.ModeRunning,
+		Spec: store.Spec{Image: "busybox", ShutdownPolicy: "retain", Transports: []receipt.Transport{receipt.TransportExec, receipt.TransportForward},
+			Env: map[string]string{"PATH": "/evil", "LD_PRELOAD": "/evil.so", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}}}
+	obj, err := k8s.Render(sb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := obj.Spec.PodTemplate.Spec.Containers
+	if len(cs) != 2 || cs[0].Name != k8s.WorkloadContainer || cs[1].Name != k8s.HelperContainer {
+		t.Fatalf("containers: %+v", cs)
+	}
+	if len(cs[0].Env) != 3 {
+		t.Errorf("the workload's env: %+v", cs[0].Env)
+	}
+	if diff := cmp.Diff(k8s.Helper(opts.AgentImage, k8s.DefaultSessionPort).Env, cs[1].Env); diff != "" || len(cs[1].Env) != 1 || cs[1].EnvFrom != nil {
+		t.Errorf("the helper's env (-want +got):\n%s", diff)
+	}
+}

@@ -577,8 +577,13 @@ func (e *WaitError) Error() string {
 
 // Run runs a one-shot command (POST .../exec/run) and returns how it ended
 // and what it printed, each of stdout and stderr up to MaxRunOutput bytes.
-// A command that ran past its timeout answers TimedOut, not an error.
+// A command that ran past its timeout answers TimedOut, not an error. A
+// command line, Env or Cwd that is not UTF-8 is refused as the server
+// refuses it (an *Error, 400), before anything is sent; Exec does the same.
 func (c *Client) Run(ctx context.Context, id string, req ExecRunRequest) (ExecRunResponse, error) {
+	if err := notUTF8(req.Command, req.Env, req.Cwd); err != nil {
+		return ExecRunResponse{}, err
+	}
 	timeout := DefaultExecTimeout
 	if req.Timeout != "" {
 		if d, err := time.ParseDuration(req.Timeout); err == nil {
@@ -669,6 +674,9 @@ func (c *Client) execStream(ctx context.Context, id string, o ExecOptions) (Exit
 // execDial is the streaming endpoint's URL for o and the dialer for it.
 func (c *Client) execDial(id string, o ExecOptions) (string, websocket.Dialer, error) {
 	if err := c.checkURL(); err != nil {
+		return "", websocket.Dialer{}, err
+	}
+	if err := notUTF8(o.Command, o.Env, o.Cwd); err != nil {
 		return "", websocket.Dialer{}, err
 	}
 	u, err := url.Parse(strings.TrimRight(c.URL, "/") + sandboxPath(id, "/exec"))

@@ -4,9 +4,12 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 )
@@ -61,6 +64,33 @@ type ExecRunRequest struct {
 	// container's own when empty. A directory the sandbox lacks is 404
 	// file_not_found, and the command does not run.
 	Cwd string `json:"cwd,omitempty"`
+}
+
+// notUTF8 is the server's refusal of a command line, an env or a cwd that
+// is not UTF-8 (which no cluster can carry to a command), given before the
+// request is sent: JSON would send such bytes as U+FFFD, and the command
+// would run with text other than what it was given.
+func notUTF8(command []string, env map[string]string, cwd string) error {
+	bad := func(code, field, msg string) error {
+		return &Error{Status: 400, ErrorDetail: ErrorDetail{Code: code, Field: field, Message: msg}}
+	}
+	for _, a := range command {
+		if !utf8.ValidString(a) {
+			return bad(CodeInvalidField, "command", "command arguments must be UTF-8")
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		switch {
+		case !utf8.ValidString(k):
+			return bad(CodeInvalidEnv, "env", "an environment variable's name must be UTF-8")
+		case !utf8.ValidString(env[k]):
+			return bad(CodeInvalidEnv, "env."+k, "a value must be UTF-8")
+		}
+	}
+	if !utf8.ValidString(cwd) {
+		return bad(CodeInvalidPath, "cwd", "must be UTF-8")
+	}
+	return nil
 }
 
 // Encodings of ExecRunResponse's Stdout and Stderr.

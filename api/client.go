@@ -288,6 +288,9 @@ func sandboxPath(id string, rest ...string) string {
 // Idempotency-Key (idempotencyKey, or a random one when empty), so however
 // often a refusal is retried it makes one sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest, idempotencyKey string) (Sandbox, error) {
+	if err := notUTF8(nil, req.Env, ""); err != nil {
+		return Sandbox{}, err
+	}
 	if idempotencyKey == "" {
 		idempotencyKey = NewIdempotencyKey()
 	}

@@ -8,8 +8,8 @@ import (
 )
 
 // TestRunAndExecRefuseNotUTF8: JSON would turn bytes that are not UTF-8
-// into U+FFFD without a word, so the client refuses a command line, env or
-// cwd that holds them, as the server refuses them in a URL, before
+// into U+FFFD without a word, so the client refuses a command line, env
+// (a create's too) or cwd that holds them, as the server refuses them in a URL, before
 // anything is sent (nothing listens at the client's URL).
 func TestRunAndExecRefuseNotUTF8(t *testing.T) {
 	c := &api.Client{URL: "http://127.0.0.1:1", Token: "t"}
@@ -37,6 +37,10 @@ func TestRunAndExecRefuseNotUTF8(t *testing.T) {
 			check("Run", err)
 			_, err = c.Exec(t.Context(), "sbx_aaaaaaaaaaaaaaaa", api.ExecOptions{Command: tc.command, Env: tc.env, Cwd: tc.cwd})
 			check("Exec", err)
+			if tc.env != nil {
+				_, err = c.CreateSandbox(t.Context(), api.CreateSandboxRequest{Image: "busybox", Env: tc.env}, "")
+				check("CreateSandbox", err)
+			}
 		})
 	}
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -215,6 +216,15 @@ func TestSetupScript(t *testing.T) {
 					t.Errorf("cwd %s: %v, want %v", tc.cwd, err, tc.kind)
 				}
 			}
+			// bash keeps EUID read-only: `command export` keeps the
+			// refusal from ending the shell, so the script says so with
+			// its own status, and the command does not run.
+			if name == "bash" {
+				out, code, err := run(cluster.ExecRequest{Env: map[string]string{"EUID": "0"}, Command: []string{"echo", "ran"}})
+				if !errors.Is(err, ErrEnvRefused) || code != exitEnvRefused || out != "" || !strings.Contains(err.Error(), "EUID") {
+					t.Errorf("a read-only variable: exit %d %q %v", code, out, err)
+				}
+			}
 			if _, err := os.Stat("/tmp/hiloop-pwned"); err == nil {
 				t.Error("a value was run by the shell")
 			}
@@ -233,5 +243,40 @@ func TestCheckArgvUTF8(t *testing.T) {
 	}
 	if err := CheckArgv([]string{"printf", "h\u00e9llo \U0001F600 \x1b\x7f"}); err != nil {
 		t.Errorf("UTF-8 refused: %v", err)
+	}
+}
+
+// TestSetupFailed: without the ready line, only the set-up script's own
+// statuses say the command never ran; any other status is the command's,
+// as the ready line can be lost (a terminal whose output the runtime drops
+// when stdin closes at once) or never said (a sh the workload replaced).
+func TestSetupFailed(t *testing.T) {
+	for _, tc := range []struct {
+		ready bool
+		code  int
+		kind  error // nil: the command's own status
+	}{
+		{true, 0, nil},
+		{true, exitCwdMissing, nil},
+		{true, exitEnvRefused, nil},
+		{false, exitCwdMissing, ErrCwdNotFound},
+		{false, exitCwdNotDir, ErrCwdNotDir},
+		{false, exitCwdDenied, ErrCwdDenied},
+		{false, exitEnvRefused, ErrEnvRefused},
+		{false, 0, nil},
+		{false, 1, nil},
+		{false, 2, nil},
+		{false, 127, nil},
+		{false, 137, nil},
+	} {
+		_, s := withSetup(cluster.ExecRequest{Command: []string{"true"}, Env: map[string]string{"A": "1"}, Cwd: "/x"})
+		if tc.ready {
+			s.stdout = io.Discard
+			(*setupStdout)(s).Write([]byte(setupReady + "\n"))
+		}
+		err := s.failed(cluster.ExitStatus{Code: tc.code})
+		if (tc.kind == nil) != (err == nil) || (tc.kind != nil && !errors.Is(err, tc.kind)) {
+			t.Errorf("ready %v, status %d: %v, want %v", tc.ready, tc.code, err, tc.kind)
+		}
 	}
 }

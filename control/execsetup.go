@@ -23,9 +23,15 @@ import (
 //
 // The script says on stdout, at the end of a line, that the command is
 // about to start (setupReady), then execs it. The line never reaches the
-// caller; whatever exit status comes without it is the script's, not the
-// command's: the command never ran. That way a missing directory is an
-// error of its own, never mistaken for a command's exit code.
+// caller. A set-up that fails exits with a status of its own (92 to 95,
+// `command export` keeping a refused variable from ending the shell
+// before it can say so), and without the ready line such a status is the
+// script's, not the command's: the command never ran. That way a missing
+// directory is an error of its own, never mistaken for a command's exit
+// code. Any other status is the command's even without the line, which
+// can be lost: a kubelet's terminal can drop all output when stdin closes
+// at once, and a sh the workload replaced may say nothing; what was
+// written before the line never came is dropped.
 //
 // The loop variable is in the reserved prefix, so no variable of the
 // caller's can be the one the loop writes.
@@ -34,7 +40,7 @@ shift
 for HILOOP_SETUP_ARG in "$@"; do
   shift
   [ "$HILOOP_SETUP_ARG" = -- ] && break
-  export "$HILOOP_SETUP_ARG" || exit 95
+  command export "$HILOOP_SETUP_ARG" || exit 95
 done
 echo ` + setupReady + `
 exec "$@"`
@@ -43,11 +49,12 @@ exec "$@"`
 const setupReady = "hiloop-exec-ready"
 
 // The exit statuses setupScript gives for a working directory it cannot
-// enter.
+// enter, and for a variable its sh refused to set.
 const (
 	exitCwdMissing = 92
 	exitCwdNotDir  = 93
 	exitCwdDenied  = 94
+	exitEnvRefused = 95
 )
 
 // maxSetupOutput caps what the set-up said before it failed that is kept
@@ -142,27 +149,27 @@ func (s *execSetup) keep(p []byte) {
 	}
 }
 
-// failed is the error of a command whose script exited with st without
-// saying it was ready, or nil when the command ran.
+// failed is the error of a command whose script exited with one of its
+// own statuses without saying it was ready, or nil when st is the
+// command's.
 func (s *execSetup) failed(st cluster.ExitStatus) error {
 	if s.ready.Load() {
 		return nil
 	}
-	s.mu.Lock()
-	out := strings.TrimSpace(api.Printable(string(s.said)))
-	s.mu.Unlock()
-	e := &SetupError{Cwd: s.cwd, Code: st.Code, Output: out}
+	e := &SetupError{Cwd: s.cwd, Code: st.Code}
 	switch st.Code {
 	case exitCwdMissing:
-		e.Kind, e.Output = ErrCwdNotFound, ""
+		e.Kind = ErrCwdNotFound
 	case exitCwdNotDir:
-		e.Kind, e.Output = ErrCwdNotDir, ""
+		e.Kind = ErrCwdNotDir
 	case exitCwdDenied:
-		e.Kind, e.Output = ErrCwdDenied, ""
-	case 126, 127:
-		e.Kind = ErrSetupNoShell
+		e.Kind = ErrCwdDenied
+	case exitEnvRefused:
+		s.mu.Lock()
+		e.Kind, e.Output = ErrEnvRefused, strings.TrimSpace(api.Printable(string(s.said)))
+		s.mu.Unlock()
 	default:
-		e.Kind = ErrEnvRefused
+		return nil
 	}
 	return e
 }

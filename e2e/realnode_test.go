@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -472,8 +473,10 @@ func realNodeFileOperations(t *testing.T, in *e2e.Instance, id string, exec1 fun
 // workload replaced sh, which runs their set-up. Whatever that sh does,
 // every answer is well formed, bounded and comes by the run's deadline,
 // never a 5xx: a sh that says the command is ready and exits is believed
-// (the sandbox is its owner's own), one that never says so is an env the
-// sandbox could not set up, one that never ends is the run's timeout. And
+// (the sandbox is its owner's own), as is the status of one that never
+// says so, unless it is the set-up's own (95: a variable refused); one
+// that never ends is the run's timeout. On a terminal the ready line is
+// never shown, and a terminal that lost all output is no set-up error. And
 // a value the kubelet's runtime API cannot carry (not UTF-8) is refused
 // before anything is asked of the cluster.
 func realNodeHostileSetup(t *testing.T, in *e2e.Instance, id string, exec1 func(string, ...string) (string, string, int)) {
@@ -494,9 +497,33 @@ func realNodeHostileSetup(t *testing.T, in *e2e.Instance, id string, exec1 func(
 		}
 	}
 
+	// On a real terminal the set-up's ready line ends in \r\n, and is
+	// still never shown.
+	tty := func(stdin io.Reader) (api.ExitStatus, error, string) {
+		var out bytes.Buffer
+		st, err := sdk(in, in.Token).Exec(t.Context(), id, api.ExecOptions{Command: []string{"sh", "-c", `pwd; printf '%s\n' "$A"`},
+			Env: map[string]string{"A": "v a l"}, Cwd: "/etc", TTY: true, Stdin: stdin, Stdout: &out})
+		return st, err, out.String()
+	}
+	pr, pw := io.Pipe()
+	st, err, out := tty(pr)
+	pw.Close()
+	if err != nil || st.Code != 0 || out != "/etc\r\nv a l\r\n" {
+		t.Errorf("a terminal's exec with env and cwd: %+v %v %q", st, err, out)
+	}
+	// With stdin closed at once, the kubelet's terminal may drop all the
+	// output, the ready line with it: the command still ran, and its exit
+	// status is its own, not a set-up that failed.
+	for range 3 {
+		if st, err, out := tty(strings.NewReader("")); err != nil || st.Code != 0 || (out != "" && out != "/etc\r\nv a l\r\n") {
+			t.Errorf("a terminal's exec with env and cwd, stdin closed at once: %+v %v %q", st, err, out)
+		}
+	}
+
 	hostile := "#!/bin/busybox sh\ncase \"$(cat /tmp/hostile-sh)\" in\n" +
 		"lie) echo hiloop-exec-ready; echo after; exit 42;;\n" +
-		"silent) printf 'the sandbox\\033[31m says\\n%.0s' $(seq 1000); exit 0;;\n" +
+		"silent) printf 'the sandbox says\\n%.0s' $(seq 1000); exit 3;;\n" +
+		"refuse) printf 'the sandbox\\033[31m says\\n%.0s' $(seq 1000); exit 95;;\n" +
 		"flood) while :; do echo flood; done;;\n" +
 		"esac\n"
 	if _, errOut, code := in.CLIInput(in.Token, hostile, "sandbox", "exec", "-i", id, "--", "/bin/busybox", "sh", "-c", "rm -f /bin/sh && cat > /bin/sh && chmod +x /bin/sh"); code != 0 {
@@ -523,8 +550,11 @@ func realNodeHostileSetup(t *testing.T, in *e2e.Instance, id string, exec1 func(
 	if status, r, _, body := run("lie", ""); status != 200 || r.ExitCode == nil || *r.ExitCode != 42 || r.Stdout != "after\n" {
 		t.Errorf("a sh that says ready and exits 42: %d %.300s", status, body)
 	}
-	if status, _, e, body := run("silent", ""); status != 422 || e.Error.Code != api.CodeInvalidEnv || len(body) > 8<<10 || strings.Contains(body, "\\u001b") {
-		t.Errorf("a sh that never says ready: %d %.300s (%d bytes)", status, body, len(body))
+	if status, r, _, body := run("silent", ""); status != 200 || r.ExitCode == nil || *r.ExitCode != 3 || r.Stdout != "" {
+		t.Errorf("a sh that never says ready: %d %.300s", status, body)
+	}
+	if status, _, e, body := run("refuse", ""); status != 422 || e.Error.Code != api.CodeInvalidEnv || len(body) > 8<<10 || strings.Contains(body, "\\u001b") {
+		t.Errorf("a sh that exits as the set-up does when a variable is refused: %d %.300s (%d bytes)", status, body, len(body))
 	}
 	if status, r, _, body := run("flood", "2s"); status != 200 || !r.TimedOut || r.ExitCode != nil || r.Stdout != "" {
 		t.Errorf("a sh that never says ready nor ends: %d %.300s", status, body)

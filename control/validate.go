@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/hiloop/hiloop/api"
 	"github.com/hiloop/hiloop/cluster"
 	"github.com/hiloop/hiloop/receipt"
@@ -307,7 +305,7 @@ func validatePair(field, request, limit, min, max string) error {
 	if request == "" || limit == "" {
 		return nil
 	}
-	rq, lq := resource.MustParse(request), resource.MustParse(limit)
+	rq, lq := mustQuantity(request), mustQuantity(limit)
 	if rq.Cmp(lq) > 0 {
 		return invalid(field+"_request", fmt.Sprintf("%s exceeds the limit %s", request, limit))
 	}
@@ -321,17 +319,17 @@ func validateQuantity(field, v, min, max string, required bool) error {
 		}
 		return nil
 	}
-	q, err := resource.ParseQuantity(v)
+	q, err := parseQuantity(v)
 	if err != nil {
 		return invalid(field, fmt.Sprintf("%q is not a quantity such as 500m, 2 or 1Gi", Truncate(v)))
 	}
 	if q.Sign() <= 0 {
 		return invalid(field, fmt.Sprintf("%s must be positive", v))
 	}
-	if m := resource.MustParse(min); q.Cmp(m) < 0 {
+	if m := mustQuantity(min); q.Cmp(m) < 0 {
 		return invalid(field, fmt.Sprintf("%s is below the minimum %s", v, min))
 	}
-	if m := resource.MustParse(max); q.Cmp(m) > 0 {
+	if m := mustQuantity(max); q.Cmp(m) > 0 {
 		return invalid(field, fmt.Sprintf("%s exceeds the maximum %s", v, max))
 	}
 	return nil

@@ -57,7 +57,8 @@ var imports = map[string][]string{
 var hidden = []string{"control", "server", "sshd"}
 
 // TestCallsRunDownward: every package imports exactly the hiloop packages
-// the map names, the core and the ways in reach no k8s, and the binary
+// the map names, the core and the ways in reach no k8s nor any module of
+// Kubernetes' (k8s.io, sigs.k8s.io), and the binary
 // links no testing package.
 func TestCallsRunDownward(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"/...").CombinedOutput()
@@ -100,6 +101,18 @@ func TestCallsRunDownward(t *testing.T) {
 	for _, pkg := range hidden {
 		if reaches(pkg, "k8s") {
 			t.Errorf("%s reaches k8s", pkg)
+		}
+	}
+
+	for _, pkg := range hidden {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", mod+"/"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list: %v\n%s", err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "k8s.io/") || strings.HasPrefix(dep, "sigs.k8s.io/") {
+				t.Errorf("%s links Kubernetes' %s", pkg, dep)
+			}
 		}
 	}
 

@@ -366,9 +366,19 @@ func TestSSHTerminal(t *testing.T) {
 		return strings.Contains(s, "30 100") && regexp.MustCompile(`TERM=(screen|tmux)`).MatchString(s), nil
 	})
 	term.Resize(120, 40)
-	time.Sleep(300 * time.Millisecond)
-	term.Type("stty size")
-	eventually.Within(t, "the resize", 20*time.Second, func() (bool, error) { return strings.Contains(term.Screen(), "40 120"), nil })
+	// The window change travels tmux, ssh, the gateway and the sandbox on
+	// its own way: ask the sandbox's terminal again until it has it.
+	var asked time.Time
+	eventually.Within(t, "the resize", 30*time.Second, func() (bool, error) {
+		if strings.Contains(term.Screen(), "40 120") {
+			return true, nil
+		}
+		if time.Since(asked) > time.Second {
+			term.Type("stty size")
+			asked = time.Now()
+		}
+		return false, nil
+	})
 	term.Type("exit 3")
 	eventually.Within(t, "exit 3", 20*time.Second, func() (bool, error) {
 		if strings.Contains(term.Screen(), "EXIT=3") {

@@ -187,6 +187,33 @@ func (s *Config) bootstrapKeyFile() string {
 // Check checks the flags, naming the flag that fails (serve's Validate,
 // which kong reports with exit 2).
 func (s *Config) Check() error {
+	for _, check := range []func() error{
+		s.checkListeners,
+		func() error {
+			if s.DB == "" {
+				return errors.New("--db: must not be empty")
+			}
+			return nil
+		},
+		s.ClusterFlags.Check,
+		s.checkTransports,
+		s.checkSandboxDefaults,
+		s.checkPreviews,
+		s.checkDefaultLimits,
+		s.checkServerLimits,
+		s.validateSSHLimits,
+		s.validateAPILimits,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkListeners checks the addresses hiloop listens on and the SSH
+// gateway's keep-alive and idle timeout.
+func (s *Config) checkListeners() error {
 	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
 		return fmt.Errorf("--listen: %q is not host:port", s.Listen)
 	}
@@ -206,12 +233,12 @@ func (s *Config) Check() error {
 	if s.SSHIdleTimeout < 0 {
 		return errors.New("--ssh-idle-timeout: must not be negative")
 	}
-	if s.DB == "" {
-		return errors.New("--db: must not be empty")
-	}
-	if err := s.ClusterFlags.Check(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// checkTransports checks the admin organization's name and that every
+// transport offered is known and has what it needs to run.
+func (s *Config) checkTransports() error {
 	if !dnsLabelRE.MatchString(s.AdminOrg) {
 		return fmt.Errorf("--admin-org: %q is not a lower-case DNS label", s.AdminOrg)
 	}
@@ -226,6 +253,12 @@ func (s *Config) Check() error {
 	if slices.Contains(s.Transports, receipt.TransportSSH) && s.SSHListen == "" {
 		return errors.New("--transports: ssh needs the gateway (--ssh-listen)")
 	}
+	return nil
+}
+
+// checkSandboxDefaults checks the request rates, event retention and the
+// idle and wake timeouts.
+func (s *Config) checkSandboxDefaults() error {
 	if s.RateLimit < 0 || s.CreateRateLimit < 0 {
 		return errors.New("--rate-limit, --create-rate-limit: must not be negative")
 	}
@@ -238,14 +271,23 @@ func (s *Config) Check() error {
 	if s.WakeTimeout <= 0 {
 		return errors.New("--wake-timeout: must be positive")
 	}
-	if err := s.checkPreviews(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// checkDefaultLimits checks the CPU and memory limits given to sandboxes
+// whose requests name none.
+func (s *Config) checkDefaultLimits() error {
 	for flag, v := range map[string]string{"--default-cpu-limit": s.DefaultCPULimit, "--default-memory-limit": s.DefaultMemoryLimit} {
 		if q, err := resource.ParseQuantity(v); err != nil || q.Sign() <= 0 {
 			return fmt.Errorf("%s: %q is not a positive quantity", flag, v)
 		}
 	}
+	return nil
+}
+
+// checkServerLimits checks the server's own intervals, exec sessions,
+// file sizes and HTTP read limits.
+func (s *Config) checkServerLimits() error {
 	if s.SelfCheck < time.Second {
 		return errors.New("--self-check-interval: must be at least 1s")
 	}
@@ -270,10 +312,7 @@ func (s *Config) Check() error {
 	if s.HTTPMaxHeaderReadsPerSource < 1 {
 		return errors.New("--http-max-header-reads-per-source: must be at least 1")
 	}
-	if err := s.validateSSHLimits(); err != nil {
-		return err
-	}
-	return s.validateAPILimits()
+	return nil
 }
 
 // validateAPILimits checks the limits per organization and per address.

@@ -141,49 +141,12 @@ func validateSpec(req api.CreateSandboxRequest) (store.Spec, error) {
 	default:
 		return spec, invalid("shutdown_policy", fmt.Sprintf("%q is not retain or delete", Truncate(req.ShutdownPolicy)))
 	}
-	if len(req.Volumes) > MaxVolumes {
-		return spec, invalid("volumes", fmt.Sprintf("at most %d volumes", MaxVolumes))
+	var err error
+	if spec.Volumes, err = validateVolumes(req.Volumes); err != nil {
+		return spec, err
 	}
-	names, mounts := map[string]bool{}, map[string]bool{}
-	for i, v := range req.Volumes {
-		f := fmt.Sprintf("volumes[%d]", i)
-		if !dnsLabel().MatchString(v.Name) {
-			return spec, invalid(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", Truncate(v.Name)))
-		}
-		if strings.HasPrefix(v.Name, cluster.ReservedVolumePrefix) {
-			return spec, invalid(f+".name", fmt.Sprintf("%q: names starting with %q are hiloop's", Truncate(v.Name), cluster.ReservedVolumePrefix))
-		}
-		if names[v.Name] {
-			return spec, invalid(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
-		}
-		names[v.Name] = true
-		if err := validateQuantity(f+".size", v.Size, minVolumeSize, maxVolumeSize, true); err != nil {
-			return spec, err
-		}
-		if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" || strings.ContainsAny(v.MountPath, "\x00:") {
-			return spec, invalid(f+".mount_path", fmt.Sprintf("%q must be a clean absolute path other than /", Truncate(v.MountPath)))
-		}
-		if mounts[v.MountPath] {
-			return spec, invalid(f+".mount_path", fmt.Sprintf("duplicate mount path %q", v.MountPath))
-		}
-		mounts[v.MountPath] = true
-		if v.StorageClass != "" {
-			if !dnsLabel().MatchString(v.StorageClass) && !labelKey().MatchString(v.StorageClass) {
-				return spec, invalid(f+".storage_class", fmt.Sprintf("%q is not a storage class name", Truncate(v.StorageClass)))
-			}
-		}
-		spec.Volumes = append(spec.Volumes, store.Volume{Name: v.Name, Size: v.Size, MountPath: v.MountPath, StorageClass: v.StorageClass})
-	}
-	if len(req.Transports) > MaxTransports {
-		return spec, invalid("transports", fmt.Sprintf("at most %d transports", MaxTransports))
-	}
-	for i, t := range req.Transports {
-		if !transportName().MatchString(t) {
-			return spec, invalid(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", Truncate(t)))
-		}
-		if !slices.Contains(spec.Transports, receipt.Transport(t)) {
-			spec.Transports = append(spec.Transports, receipt.Transport(t))
-		}
+	if spec.Transports, err = validateTransports(req.Transports); err != nil {
+		return spec, err
 	}
 	if err := ValidateLabels("labels", req.Labels); err != nil {
 		return spec, err
@@ -195,6 +158,64 @@ func validateSpec(req api.CreateSandboxRequest) (store.Spec, error) {
 		spec.Env = req.Env
 	}
 	return spec, nil
+}
+
+// validateVolumes checks each volume's name, size, mount path and storage
+// class, and that no two share a name or a mount path.
+func validateVolumes(vols []api.VolumeRequest) ([]store.Volume, error) {
+	if len(vols) > MaxVolumes {
+		return nil, invalid("volumes", fmt.Sprintf("at most %d volumes", MaxVolumes))
+	}
+	var out []store.Volume
+	names, mounts := map[string]bool{}, map[string]bool{}
+	for i, v := range vols {
+		f := fmt.Sprintf("volumes[%d]", i)
+		if !dnsLabel().MatchString(v.Name) {
+			return nil, invalid(f+".name", fmt.Sprintf("%q must be a lower-case DNS label of at most 40 characters", Truncate(v.Name)))
+		}
+		if strings.HasPrefix(v.Name, cluster.ReservedVolumePrefix) {
+			return nil, invalid(f+".name", fmt.Sprintf("%q: names starting with %q are hiloop's", Truncate(v.Name), cluster.ReservedVolumePrefix))
+		}
+		if names[v.Name] {
+			return nil, invalid(f+".name", fmt.Sprintf("duplicate volume name %q", v.Name))
+		}
+		names[v.Name] = true
+		if err := validateQuantity(f+".size", v.Size, minVolumeSize, maxVolumeSize, true); err != nil {
+			return nil, err
+		}
+		if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" || strings.ContainsAny(v.MountPath, "\x00:") {
+			return nil, invalid(f+".mount_path", fmt.Sprintf("%q must be a clean absolute path other than /", Truncate(v.MountPath)))
+		}
+		if mounts[v.MountPath] {
+			return nil, invalid(f+".mount_path", fmt.Sprintf("duplicate mount path %q", v.MountPath))
+		}
+		mounts[v.MountPath] = true
+		if v.StorageClass != "" {
+			if !dnsLabel().MatchString(v.StorageClass) && !labelKey().MatchString(v.StorageClass) {
+				return nil, invalid(f+".storage_class", fmt.Sprintf("%q is not a storage class name", Truncate(v.StorageClass)))
+			}
+		}
+		out = append(out, store.Volume{Name: v.Name, Size: v.Size, MountPath: v.MountPath, StorageClass: v.StorageClass})
+	}
+	return out, nil
+}
+
+// validateTransports checks each transport's name and drops repeats,
+// keeping the order they were asked for in.
+func validateTransports(names []string) ([]receipt.Transport, error) {
+	if len(names) > MaxTransports {
+		return nil, invalid("transports", fmt.Sprintf("at most %d transports", MaxTransports))
+	}
+	var out []receipt.Transport
+	for i, t := range names {
+		if !transportName().MatchString(t) {
+			return nil, invalid(fmt.Sprintf("transports[%d]", i), fmt.Sprintf("%q is not a transport name", Truncate(t)))
+		}
+		if !slices.Contains(out, receipt.Transport(t)) {
+			out = append(out, receipt.Transport(t))
+		}
+	}
+	return out, nil
 }
 
 // NewUpdate checks a PATCH of a sandbox and makes the update that Update

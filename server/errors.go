@@ -45,16 +45,23 @@ var (
 // can name service accounts, pods and nodes, so it is logged, never sent.
 func toAPIError(err error) *apiError {
 	var ae *apiError
-	var fe *control.FieldError
-	var se *control.StateError
-	var te *control.TransportError
-	var nh *control.NotHardenedError
-	var ce *control.ClusterError
-	var kl *store.KeyLimitError
-	var wt *control.WakeTimeoutError
-	switch {
-	case errors.As(err, &ae):
+	if errors.As(err, &ae) {
 		return ae
+	}
+	// The families are tried in this order, and the cases within each in
+	// theirs: an error that matches two answers as the first.
+	for _, family := range []func(error) *apiError{fieldAPIError, recordAPIError, sandboxStateAPIError, callerLimitAPIError, deploymentAPIError} {
+		if ae := family(err); ae != nil {
+			return ae
+		}
+	}
+	return newError(http.StatusInternalServerError, api.CodeInternal, "internal error")
+}
+
+// fieldAPIError answers a request field the core refused, or nil.
+func fieldAPIError(err error) *apiError {
+	var fe *control.FieldError
+	switch {
 	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalidEnv):
 		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidEnv, Field: fe.Field, Message: fe.Error()}}
 	case errors.As(err, &fe) && errors.Is(err, control.ErrInvalidPath):
@@ -63,6 +70,15 @@ func toAPIError(err error) *apiError {
 		return &apiError{status: http.StatusBadRequest, detail: api.ErrorDetail{Code: api.CodeInvalidField, Field: fe.Field, Message: fe.Error()}}
 	case errors.As(err, &fe) && errors.Is(err, control.ErrUnsupported):
 		return &apiError{status: http.StatusUnprocessableEntity, detail: api.ErrorDetail{Code: api.CodeUnsupportedCapability, Field: fe.Field, Message: fe.Message}}
+	}
+	return nil
+}
+
+// recordAPIError answers what the record refused: a revoked key, a missing
+// sandbox, a quota, a key or preview limit, a conflict; or nil.
+func recordAPIError(err error) *apiError {
+	var kl *store.KeyLimitError
+	switch {
 	case errors.Is(err, control.ErrUnauthenticated):
 		// The key was revoked between its authentication and the core's
 		// own look at it.
@@ -83,6 +99,18 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusConflict, api.CodeLastKey, "this is the organization's last live key; create another key first")
 	case errors.Is(err, store.ErrConflict):
 		return newError(http.StatusConflict, api.CodeConflict, err.Error())
+	}
+	return nil
+}
+
+// sandboxStateAPIError answers a call the sandbox's state refuses
+// (quarantined, not running, not woken in time, transport not enabled),
+// or nil.
+func sandboxStateAPIError(err error) *apiError {
+	var se *control.StateError
+	var wt *control.WakeTimeoutError
+	var te *control.TransportError
+	switch {
 	case errors.Is(err, control.ErrQuarantined):
 		return newError(http.StatusConflict, api.CodeSandboxQuarantined, "the sandbox is quarantined; exec is refused")
 	case errors.As(err, &se) && se.Idle():
@@ -94,12 +122,31 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusGatewayTimeout, api.CodeWakeTimeout, wt.Error())
 	case errors.As(err, &te):
 		return newError(http.StatusConflict, api.CodeTransportNotEnabled, te.Error())
+	}
+	return nil
+}
+
+// callerLimitAPIError answers a caller over its limit of waits or exec
+// sessions, or nil.
+func callerLimitAPIError(err error) *apiError {
+	switch {
 	case errors.Is(err, control.ErrTooManyWaits):
 		// A place frees when another of the caller's waits ends, which
 		// is when the sandbox it waits for runs, or gives up.
 		return &apiError{status: http.StatusTooManyRequests, detail: api.ErrorDetail{Code: api.CodeTooManyWaits, Message: err.Error()}, retryAfter: waitRetryAfter}
 	case errors.Is(err, control.ErrSessionLimit):
 		return newError(http.StatusTooManyRequests, api.CodeExecLimit, err.Error())
+	}
+	return nil
+}
+
+// deploymentAPIError answers what this deployment cannot do now: it is
+// shutting down, has no exec backend, or its cluster or storage refused or
+// did not answer; or nil.
+func deploymentAPIError(err error) *apiError {
+	var nh *control.NotHardenedError
+	var ce *control.ClusterError
+	switch {
 	case errors.Is(err, control.ErrShuttingDown):
 		// A wake waiting when hiloop began to shut down, or asked for
 		// after: nothing broke, and the next hiloop may answer.
@@ -125,9 +172,8 @@ func toAPIError(err error) *apiError {
 		return newError(http.StatusServiceUnavailable, api.CodeStorageUnavailable, "the product record cannot be written now; try again")
 	case errors.Is(err, control.ErrClusterUnavailable):
 		return newError(http.StatusServiceUnavailable, api.CodeClusterUnavailable, "the cluster did not answer; try again")
-	default:
-		return newError(http.StatusInternalServerError, api.CodeInternal, "internal error")
 	}
+	return nil
 }
 
 // retryAfter is the Retry-After of every 503, in seconds.

@@ -172,25 +172,11 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 	if container.Resources, err = resources(sb.Spec, o); err != nil {
 		return nil, err
 	}
-	var claims []v1beta1.PersistentVolumeClaimTemplate
-	for _, v := range sb.Spec.Volumes {
-		size, err := resource.ParseQuantity(v.Size)
-		if err != nil {
-			return nil, fmt.Errorf("volume %s: size: %w", v.Name, err)
-		}
-		claim := v1beta1.PersistentVolumeClaimTemplate{
-			EmbeddedObjectMetadata: v1beta1.EmbeddedObjectMetadata{Name: v.Name, Labels: labels},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
-			},
-		}
-		if v.StorageClass != "" {
-			claim.Spec.StorageClassName = ptr.To(v.StorageClass)
-		}
-		claims = append(claims, claim)
-		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: v.MountPath})
+	claims, mounts, err := volumeClaims(sb.Spec.Volumes, labels)
+	if err != nil {
+		return nil, err
 	}
+	container.VolumeMounts = mounts
 	annotations := map[string]string{AnnotationReceipt: rj}
 	containers := []corev1.Container{container}
 	var volumes []corev1.Volume
@@ -200,8 +186,7 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		}
 		annotations[AnnotationGatewayKey] = o.GatewayKey
 		containers = append(containers, Helper(o.AgentImage, promise.SessionPort))
-		volumes = append(volumes, corev1.Volume{Name: GatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
-			Items: []corev1.DownwardAPIVolumeFile{{Path: gatewayKeyFile, FieldRef: &corev1.ObjectFieldSelector{FieldPath: gatewayKeyField}}}}}})
+		volumes = append(volumes, gatewayKeyVolume())
 	}
 	obj := &v1beta1.Sandbox{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1beta1.GroupVersion.String(), Kind: "Sandbox"},
@@ -237,6 +222,39 @@ func Render(sb store.Sandbox, o RenderOptions) (*v1beta1.Sandbox, error) {
 		obj.Spec.ShutdownTime = &metav1.Time{Time: sb.ExpiresAt.UTC().Truncate(time.Second)}
 	}
 	return obj, nil
+}
+
+// volumeClaims renders each volume as a claim template, labelled as the
+// sandbox is, and the workload's mount of it.
+func volumeClaims(vols []store.Volume, labels map[string]string) ([]v1beta1.PersistentVolumeClaimTemplate, []corev1.VolumeMount, error) {
+	var claims []v1beta1.PersistentVolumeClaimTemplate
+	var mounts []corev1.VolumeMount
+	for _, v := range vols {
+		size, err := resource.ParseQuantity(v.Size)
+		if err != nil {
+			return nil, nil, fmt.Errorf("volume %s: size: %w", v.Name, err)
+		}
+		claim := v1beta1.PersistentVolumeClaimTemplate{
+			EmbeddedObjectMetadata: v1beta1.EmbeddedObjectMetadata{Name: v.Name, Labels: labels},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+			},
+		}
+		if v.StorageClass != "" {
+			claim.Spec.StorageClassName = ptr.To(v.StorageClass)
+		}
+		claims = append(claims, claim)
+		mounts = append(mounts, corev1.VolumeMount{Name: v.Name, MountPath: v.MountPath})
+	}
+	return claims, mounts, nil
+}
+
+// gatewayKeyVolume is the downward-API volume through which the session
+// helper reads the gateway's key from the pod's own annotation.
+func gatewayKeyVolume() corev1.Volume {
+	return corev1.Volume{Name: GatewayKeyVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+		Items: []corev1.DownwardAPIVolumeFile{{Path: gatewayKeyFile, FieldRef: &corev1.ObjectFieldSelector{FieldPath: gatewayKeyField}}}}}}
 }
 
 // renderEnv is a sandbox's environment as the workload container's env:

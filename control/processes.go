@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,16 +98,25 @@ func CheckSignal(sig string) error {
 }
 
 // startArgv is the command line that starts process id with command
-// argv, removing the state of the forgotten processes.
-func startArgv(id string, forgot, argv []string) []string {
+// argv in the working directory cwd ("" for the image's) with the
+// variables env, removing the state of the forgotten processes. The
+// caller's directory and variables are arguments of the supervisor's
+// script, never its text.
+func startArgv(id string, forgot, argv []string, env map[string]string, cwd string) []string {
 	out := append([]string{"sh", "-c", startScript, "sh", supervisorScript, id, strconv.Itoa(len(forgot))}, forgot...)
+	out = append(out, cwd)
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	out = append(out, "--")
 	return append(out, argv...)
 }
 
 // CheckProcessArgv holds a process's command line to CheckArgv's limits,
-// with room for the scripts that start it and for the state of the
-// finished processes a start removes.
-func CheckProcessArgv(argv []string) error {
+// with room for its environment and working directory, the scripts that
+// start it and the state of the finished processes a start removes. The
+// environment and directory themselves are ValidateExecSetup's.
+func CheckProcessArgv(argv []string, env map[string]string, cwd string) error {
 	if err := CheckArgv(argv); err != nil {
 		return err
 	}
@@ -113,20 +124,27 @@ func CheckProcessArgv(argv []string) error {
 	for i := range forgot {
 		forgot[i] = store.NewID("proc")
 	}
-	if CheckArgv(startArgv(store.NewID("proc"), forgot, argv)) != nil {
-		return &ArgvError{fmt.Sprintf("exceeds %d bytes, with what starts it in the background", api.MaxArgvBytes)}
+	if CheckArgv(startArgv(store.NewID("proc"), forgot, argv, env, cwd)) != nil {
+		return &ArgvError{fmt.Sprintf("exceeds %d bytes, with its env and cwd and what starts it in the background", api.MaxArgvBytes)}
 	}
 	return nil
 }
 
-// StartProcess starts argv detached in the session's sandbox: recorded
-// running first, then started, and recorded ended (start_failed) when the
-// sandbox did not start it. It refuses with store.ErrProcessLimit when the
-// sandbox has MaxProcesses running (having asked the sandbox which still
-// run), with an *ArgvError, or fails with a *ProcessError or an error of
-// Exec.
-func (s *Session) StartProcess(ctx context.Context, argv []string) (store.Process, error) {
-	if err := CheckProcessArgv(argv); err != nil {
+// StartProcess starts argv detached in the session's sandbox, in the
+// working directory cwd ("" for the image's) with the variables env
+// added to the image's: recorded running first, then started, and
+// recorded ended (start_failed) when the sandbox did not start it. It
+// refuses with store.ErrProcessLimit when the sandbox has MaxProcesses
+// running (having asked the sandbox which still run), with an
+// *ArgvError, with a *FieldError of ValidateExecSetup before anything is
+// recorded, or fails with a *SetupError when the sandbox could not enter
+// cwd or set a variable (the command never ran), a *ProcessError or an
+// error of Exec.
+func (s *Session) StartProcess(ctx context.Context, argv []string, env map[string]string, cwd string) (store.Process, error) {
+	if err := ValidateExecSetup(env, cwd); err != nil {
+		return store.Process{}, err
+	}
+	if err := CheckProcessArgv(argv, env, cwd); err != nil {
 		return store.Process{}, err
 	}
 	lim := store.ProcessLimits{Running: MaxProcesses, Finished: keptProcesses}
@@ -145,12 +163,12 @@ func (s *Session) StartProcess(ctx context.Context, argv []string) (store.Proces
 	ctx, cancel := context.WithTimeout(ctx, processTimeout)
 	defer cancel()
 	stdout, stderr := &capWriter{max: maxScriptOutput}, &capWriter{max: maxFileStderr}
-	st, err := s.Exec(ctx, cluster.ExecRequest{Command: startArgv(p.ID, forgot, argv), Stdout: stdout, Stderr: stderr})
+	st, err := s.Exec(ctx, cluster.ExecRequest{Command: startArgv(p.ID, forgot, argv, env, cwd), Stdout: stdout, Stderr: stderr})
 	switch {
 	case err != nil:
 		err = fileExecFailedAs(err)
 	case st.Code != 0:
-		err = procExitError(st.Code, stderr.buf)
+		err = procStartError(st.Code, cwd, stderr.buf)
 	}
 	if err != nil {
 		wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -161,6 +179,26 @@ func (s *Session) StartProcess(ctx context.Context, argv []string) (store.Proces
 		return store.Process{}, err
 	}
 	return rec, nil
+}
+
+// procStartError is the error of a start script's exit status: a
+// *SetupError for a command whose set-up failed, else procExitError's.
+func procStartError(code int, cwd string, stderr []byte) error {
+	e := &SetupError{Cwd: cwd, Code: code + procSetupShift}
+	switch e.Code {
+	case exitCwdMissing:
+		e.Kind = ErrCwdNotFound
+	case exitCwdNotDir:
+		e.Kind = ErrCwdNotDir
+	case exitCwdDenied:
+		e.Kind = ErrCwdDenied
+	case exitEnvRefused:
+		e.Kind = ErrEnvRefused
+		e.Output = strings.TrimSpace(api.Printable(string(stderr)))
+	default:
+		return procExitError(code, stderr)
+	}
+	return e
 }
 
 // procExitError is the ProcessError of a process script's exit status.

@@ -53,7 +53,7 @@ func readPid(t *testing.T, id, name string) int {
 func TestProcessSupervisorKilledEndsItsCommand(t *testing.T) {
 	c, s, _, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func detachedExec(t *testing.T) func(context.Context, cluster.ExecRequest) (clus
 func TestProcessOutputReaderEndsWithItsSession(t *testing.T) {
 	c, s, db, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}

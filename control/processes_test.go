@@ -99,7 +99,7 @@ func follow(t *testing.T, s *Session, id string, offset int64) (string, OutputEn
 func TestProcessLifecycle(t *testing.T) {
 	c, s, _, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sh", "-c", `echo hello; read l; echo "got $l" >&2; exit 7`})
+	p, err := s.StartProcess(ctx, []string{"sh", "-c", `echo hello; read l; echo "got $l" >&2; exit 7`}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestProcessLifecycle(t *testing.T) {
 func TestProcessSignal(t *testing.T) {
 	c, s, _, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sh", "-c", `sleep 300 & wait`})
+	p, err := s.StartProcess(ctx, []string{"sh", "-c", `sleep 300 & wait`}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestProcessSignal(t *testing.T) {
 	if err := s.SignalProcess(ctx, p.ID, "SEGV"); err == nil {
 		t.Error("a signal off the list was sent")
 	}
-	q, err := s.StartProcess(ctx, []string{"sh", "-c", "exit 3"})
+	q, err := s.StartProcess(ctx, []string{"sh", "-c", "exit 3"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestProcessOutputGone(t *testing.T) {
 	_, s, _, _ := procSession(t)
 	ctx := context.Background()
 	total := 7*procChunk + 123
-	p, err := s.StartProcess(ctx, []string{"head", "-c", strconv.Itoa(total), "/dev/zero"})
+	p, err := s.StartProcess(ctx, []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func chunkFiles(t *testing.T, id string) []string {
 func TestProcessStdinClose(t *testing.T) {
 	_, s, _, _ := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"cat"})
+	p, err := s.StartProcess(ctx, []string{"cat"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestProcessScriptsSpellTheLimits(t *testing.T) {
 func TestProcessSupervisorKilled(t *testing.T) {
 	c, s, _, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestProcessSupervisorKilled(t *testing.T) {
 func TestProcessLookIsNoUse(t *testing.T) {
 	c, s, db, who := procSession(t)
 	ctx := context.Background()
-	p, err := s.StartProcess(ctx, []string{"sleep", "300"})
+	p, err := s.StartProcess(ctx, []string{"sleep", "300"}, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}

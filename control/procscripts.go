@@ -46,6 +46,9 @@ const (
 	exitProcNoStart    = 95 // the supervisor did not say it started the command
 	exitOutputGone     = 96 // the offset is older than the output kept
 	exitProcNotRunning = 97 // the process exited
+	// A start whose command's set-up failed exits with setupScript's
+	// status less procSetupShift: 84 to 87.
+	procSetupShift = 8
 )
 
 // procFuncs are the shell functions the scripts share: size prints a
@@ -74,19 +77,37 @@ reap() {
 lost() { [ ! -e "$d/exit" ] && sp=$(cat "$d/sup" 2>/dev/null) && ! kill -s 0 "$sp" 2>/dev/null && [ ! -e "$d/exit" ] && reap; }
 `
 
-// supervisorScript runs the command "$@" with its state in the directory
-// $1. The command is started by a short script ($r) that runs in the new
-// session and then becomes the command (exec): it writes the pid only once
-// the session exists, so a signal sent as soon as the start answered
-// reaches the command's group, and tells the start script the pid through
-// the FIFO $1/ready, which it opens read-write so that it never waits for
-// a reader that is gone.
+// supervisorScript runs a command with its state in the directory $1; the
+// rest of its arguments are the command's working directory ("" for the
+// image's), its NAME=VALUE variables, "--", and the command line. The
+// command is started by a short script ($r) that runs in the new session
+// and then becomes the command (exec): it writes the pid only once the
+// session exists, so a signal sent as soon as the start answered reaches
+// the command's group; then it enters the directory and exports the
+// variables (as setupScript does for an exec: `command export`, so a
+// refused variable fails rather than ending the shell), and tells the
+// start script the pid through the FIFO $1/ready, which it opens
+// read-write so that it never waits for a reader that is gone. A set-up
+// that failed says "setup N" there instead (N as setupScript's exit
+// statuses), writes what sh said of a refused variable to $1/setup, and
+// exits N: the command never runs. Once the caller's variables are set,
+// the script uses only builtins and variables of the reserved prefix, so
+// no PATH or name of the caller's changes what it does.
 // The chunker copies the output FIFO into chunks with dd, which writes
 // each read as it comes, so a reader sees output at once (GNU head -c
 // would hold it in its stdio buffer), and starts the next chunk once one
 // passed M bytes: chunks are named by the offset they start at.
 const supervisorScript = procFuncs + `d=$1; shift
-r='d=$1; shift; echo $$ >"$d/pid.t" && mv "$d/pid.t" "$d/pid" && echo $$ 1<>"$d/ready" && exec "$@"'
+r='HILOOP_D=$1; shift; echo $$ >"$HILOOP_D/pid.t" && mv "$HILOOP_D/pid.t" "$HILOOP_D/pid" || exit 1
+HILOOP_F() { echo "setup $1" 1<>"$HILOOP_D/ready"; exit "$1"; }
+[ -z "$1" ] || cd "$1" 2>/dev/null || { [ -e "$1" ] || HILOOP_F 92; [ -d "$1" ] || HILOOP_F 93; HILOOP_F 94; }
+shift
+for HILOOP_A in "$@"; do
+  shift
+  [ "$HILOOP_A" = -- ] && break
+  command export "$HILOOP_A" 2>"$HILOOP_D/setup" || HILOOP_F 95
+done
+echo $$ 1<>"$HILOOP_D/ready" && exec "$@"'
 M=1048576
 K=5
 chunks() {
@@ -125,10 +146,13 @@ rm -f "$d/in" "$d/o" "$d/ready"`
 
 // startScript starts a process: $1 is the supervisor's script, $2 the
 // process's id, $3 how many ids of forgotten processes follow, whose
-// state it removes, and the rest the command line. It prints the
-// command's pid once the supervisor has started it, and leaves the
-// supervisor detached: in its own session, with no descriptor of the
-// exec's, so the exec ends at once.
+// state it removes, and the rest the supervisor's: working directory,
+// variables, "--" and the command line. It prints the command's pid once
+// the supervisor has started it, and leaves the supervisor detached: in
+// its own session, with no descriptor of the exec's, so the exec ends at
+// once. A set-up that failed exits 84 to 87 (setupScript's 92 to 95, less
+// 8: the start script's own statuses keep their meaning), with what sh
+// said of a refused variable on stderr.
 const startScript = `for c in setsid mkfifo dd head tail ls mkdir mv rm sleep kill printf cat; do command -v $c >/dev/null 2>&1 || exit 127; done
 s=$1; r=` + procRoot + `; d=$r/$2; n=$3; shift 3
 mkdir -p "$r" || exit 94
@@ -138,7 +162,7 @@ mkfifo "$d/ready" || exit 94
 exec 4<>"$d/ready"
 setsid sh -c "$s" sh "$d" "$@" </dev/null >/dev/null 2>&1 4>&- &
 read -r p <&4
-case $p in ''|*[!0-9]*) exit 95;; esac
+case $p in "setup 9"[2-5]) head -c 4096 "$d/setup" >&2 2>/dev/null; exit $((${p#setup } - 8));; ''|*[!0-9]*) exit 95;; esac
 echo "$p"`
 
 // outputScript writes the output of process $1 from byte $2 on: a first

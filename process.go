@@ -50,6 +50,8 @@ type ProcessStartCmd struct {
 	Client  `embed:""`
 	ID      string   `arg:"" help:"Sandbox id."`
 	Wake    bool     `help:"Start the sandbox first if it was stopped for idleness, and wait for it."`
+	Env     []string `sep:"none" placeholder:"NAME=VALUE" help:"Add NAME=VALUE to the process's environment, exactly as given (no shell reads it); repeatable."`
+	Cwd     string   `placeholder:"DIR" help:"Start the process in DIR, an absolute path in the sandbox."`
 	Command []string `arg:"" passthrough:"" help:"Command and arguments, after --."`
 }
 
@@ -61,9 +63,13 @@ func (c *ProcessStartCmd) Run(ctx context.Context, stdout io.Writer) error {
 	if len(c.Command) == 0 {
 		return usageError{errors.New("no command: hiloop sandbox process start ID -- CMD ARGS...")}
 	}
+	env, err := parseEnv("--env", c.Env)
+	if err != nil {
+		return err
+	}
 	client := c.api()
 	client.NoWake = !c.Wake
-	p, err := client.StartProcess(ctx, c.ID, c.Command)
+	p, err := client.StartProcessWith(ctx, c.ID, api.StartProcessRequest{Command: c.Command, Env: env, Cwd: c.Cwd})
 	if err != nil {
 		return err
 	}

@@ -65,6 +65,11 @@ type StartProcessRequest struct {
 	// image's working directory, as the image's user, with stdout and
 	// stderr together as its output.
 	Command []string `json:"command"`
+	// Env is added to the image's environment for this process only; the
+	// same rules as ExecRequest's Env.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the absolute directory it starts in ("" for the image's).
+	Cwd string `json:"cwd,omitempty"`
 }
 
 // Process is a background process.
@@ -109,6 +114,14 @@ func processPath(id, pid string, rest ...string) string {
 // running; it outlives the call. Unless c.NoWake, a sandbox stopped for
 // idleness is woken first.
 func (c *Client) StartProcess(ctx context.Context, id string, command []string) (Process, error) {
+	return c.StartProcessWith(ctx, id, StartProcessRequest{Command: command})
+}
+
+// StartProcessWith is StartProcess with the request's Env and Cwd.
+func (c *Client) StartProcessWith(ctx context.Context, id string, req StartProcessRequest) (Process, error) {
+	if err := notUTF8(req.Command, req.Env, req.Cwd); err != nil {
+		return Process{}, err
+	}
 	q := url.Values{}
 	c.wake(q)
 	p := sandboxPath(id, "/processes")
@@ -116,7 +129,7 @@ func (c *Client) StartProcess(ctx context.Context, id string, command []string) 
 		p += "?" + q.Encode()
 	}
 	var out Process
-	err := c.do(ctx, request{method: http.MethodPost, path: p, in: StartProcessRequest{Command: command}, once: true, timeout: -1}, &out)
+	err := c.do(ctx, request{method: http.MethodPost, path: p, in: req, once: true, timeout: -1}, &out)
 	return out, err
 }
 

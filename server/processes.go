@@ -38,8 +38,12 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if err := control.ValidateExecSetup(req.Env, req.Cwd); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	var ae *control.ArgvError
-	if err := control.CheckProcessArgv(req.Command); errors.As(err, &ae) {
+	if err := control.CheckProcessArgv(req.Command, req.Env, req.Cwd); errors.As(err, &ae) {
 		s.writeError(w, r, fieldError("command", ae.Problem))
 		return
 	}
@@ -48,7 +52,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sess.End()
-	p, err := sess.StartProcess(sess.Context(), req.Command)
+	p, err := sess.StartProcess(sess.Context(), req.Command, req.Env, req.Cwd)
 	if err != nil {
 		s.writeError(w, r, processFailed(err))
 		return
@@ -271,7 +275,10 @@ func processFailed(err error) error {
 	var pe *control.ProcessError
 	var cut *control.UploadCutError
 	var ae *control.ArgvError
+	var sf *control.SetupError
 	switch {
+	case errors.As(err, &sf):
+		return setupFailed(err)
 	case errors.Is(err, store.ErrProcessLimit):
 		return newError(http.StatusTooManyRequests, api.CodeProcessLimit, fmt.Sprintf("the sandbox runs %d processes, the most it may; wait for one to exit or kill one", control.MaxProcesses))
 	case errors.Is(err, store.ErrNotFound):

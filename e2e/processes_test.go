@@ -95,9 +95,11 @@ func output(t *testing.T, in *e2e.Instance, token, id, pid, query string) (statu
 // and a kill end it, and what it is then is reported; its output past
 // what the sandbox keeps is output_gone; bad input gets its codes; the
 // Go SDK and the CLI do the same; another organization finds none of it;
-// a stop of the sandbox ends every process, reported so.
+// a stop of the sandbox ends every process, reported so; env and cwd
+// reach a process exactly (testProcessEnvCwd).
 func TestProcesses(t *testing.T) {
 	in := e2e.Serve(t, filepath.Join(t.TempDir(), "h.db"), e2e.NewNamespace(t))
+	t.Run("env and cwd", func(t *testing.T) { testProcessEnvCwd(t, in) })
 	sb := in.Create(in.Token, "busybox", "--wait")
 	reapProcesses(t, in, in.Token, sb.ID)
 	base := "/v1/sandboxes/" + sb.ID + "/processes"

@@ -978,11 +978,13 @@ def process_path(sandbox_id: str, pid: str, rest: str = "") -> str:
     return sandbox_path(sandbox_id, "/processes/" + quote(pid, safe="") + rest)
 
 
-def process_start_call(sandbox_id: str, cmd: Command, wake: bool) -> Call:
-    """POST .../processes: sent once, never retried on a dead connection
-    (it may have started the command)."""
+def process_start_call(sandbox_id: str, cmd: Command, wake: bool, env: Optional[Mapping[str, str]] = None,
+                       cwd: Optional[str] = None) -> Call:
+    """POST .../processes, with the variables added to the process's
+    environment and the directory it starts in, when given: sent once,
+    never retried on a dead connection (it may have started the command)."""
     path = sandbox_path(sandbox_id, "/processes" + ("?wake=true" if wake else ""))
-    return json_call("POST", path, {"command": argv(cmd)}, timeout=RUN_MARGIN + (WAKE_WAIT if wake else 0))
+    return json_call("POST", path, command_request(cmd, env, cwd), timeout=RUN_MARGIN + (WAKE_WAIT if wake else 0))
 
 
 def processes_items(data: Any) -> List[Process]:

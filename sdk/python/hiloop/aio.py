@@ -876,9 +876,12 @@ class Processes:
     async def _call(self, call: Call) -> Any:
         return await self._sb._c._call(call)
 
-    async def start(self, cmd: Command) -> Process:
-        """Starts cmd detached and returns it running."""
-        return Process.from_json(await self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake)))
+    async def start(self, cmd: Command, env: Optional[Mapping[str, str]] = None,
+                    cwd: Optional[str] = None) -> Process:
+        """Starts cmd detached, with env added to its environment and in
+        the directory cwd when given, and returns it running."""
+        return Process.from_json(await self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake,
+                                                                           env, cwd)))
 
     async def list(self) -> List[Process]:
         """The sandbox's processes, newest first."""

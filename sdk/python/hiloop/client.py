@@ -727,11 +727,14 @@ class Processes:
     def _call(self, call: Call) -> Any:
         return self._sb._c._call(call)
 
-    def start(self, cmd: Command) -> Process:
+    def start(self, cmd: Command, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> Process:
         """Starts cmd (a string runs through sh -c) detached and returns
         it running; it outlives this call. Its stdout and stderr are one
-        output. Wakes a sandbox stopped for idleness, as run does."""
-        return Process.from_json(self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake)))
+        output. env is added to its environment and cwd is the absolute
+        directory it starts in, exactly as given; a cwd the sandbox lacks
+        raises NotFoundError (code file_not_found). Wakes a sandbox stopped for idleness, as run
+        does."""
+        return Process.from_json(self._call(_core.process_start_call(self._sb.id, cmd, self._sb._c.wake, env, cwd)))
 
     def list(self) -> List[Process]:
         """The sandbox's processes, newest first."""

@@ -145,6 +145,11 @@ class FSProcessTest(unittest.TestCase):
             self.assertEqual((out.offset, b"".join(out), out.offset), (6, b"got hi\n", 13))
         self.assertEqual(ps.attach(p.id, chunks.append, offset=13).exit_code, 7)
         self.assertRefused(hiloop.ConflictError, "process_not_running", lambda: ps.write_stdin(p.id, "x"))
+        # env and cwd reach the process exactly; a cwd the sandbox lacks is file_not_found.
+        envd: List[bytes] = []
+        q = ps.start(["sh", "-c", 'pwd; printf %s "$V"'], env={"V": "a 'b' $(c)\n"}, cwd="/tmp")
+        self.assertEqual((ps.attach(q.id, envd.append).exit_code, b"".join(envd)), (0, b"/tmp\na 'b' $(c)\n"))
+        self.assertRefused(hiloop.NotFoundError, "file_not_found", lambda: ps.start(["true"], cwd="/nonexistent"))
 
     def test_process_signals(self) -> None:
         ps = self.sb.processes

@@ -24,12 +24,17 @@ export class Processes {
   constructor(private readonly sb: Sandbox) {}
 
   /** Starts cmd detached in the sandbox (an argv as is; a string through
-   * sh -c) and returns it running. A sandbox stopped for idleness is woken
-   * first, unless the client says not to. */
-  async start(cmd: Command, opts: { signal?: AbortSignal } = {}): Promise<Process> {
+   * sh -c) and returns it running. env is added to its environment and
+   * cwd is the absolute directory it starts in, exactly as given; a cwd
+   * the sandbox lacks is a NotFoundError (code file_not_found). A sandbox
+   * stopped for idleness is woken first, unless the client says not to. */
+  async start(cmd: Command, opts: { env?: Record<string, string>; cwd?: string; signal?: AbortSignal } = {}): Promise<Process> {
     const c = this.sb.client;
+    const payload: Record<string, unknown> = { command: argv(cmd) };
+    if (opts.env !== undefined) payload["env"] = opts.env;
+    if (opts.cwd !== undefined) payload["cwd"] = opts.cwd;
     const info = await c.json<ProcessInfo>({ method: "POST", path: this.sb.path("/processes" + (c.wake ? "?wake=true" : "")),
-      payload: { command: argv(cmd) }, timeout: c.timeout + (c.wake ? WAKE_WAIT : 0), signal: opts.signal });
+      payload, timeout: c.timeout + (c.wake ? WAKE_WAIT : 0), signal: opts.signal });
     return new Process(this.sb, info);
   }
 

@@ -185,6 +185,12 @@ describe("file operations, processes, env and previews", { skip: !LIVE && "needs
     await refused(() => killed.signal("NOPE"), hiloop.InvalidRequestError, "invalid_field");
     await refused(() => sb.processes.get("proc_nosuch"), hiloop.NotFoundError, "not_found");
     await refused(() => sb.processes.start([]), hiloop.InvalidRequestError, "invalid_field");
+    // env and cwd reach the process exactly; a cwd the sandbox lacks is file_not_found.
+    const envd = await sb.processes.start(["sh", "-c", 'pwd; printf %s "$V"'], { env: { V: "a 'b' $(c)\n" }, cwd: "/tmp" });
+    const got = [];
+    for await (const c of envd.attach()) got.push(...c);
+    assert.equal(new TextDecoder().decode(new Uint8Array(got)), "/tmp\na 'b' $(c)\n");
+    await refused(() => sb.processes.start(["true"], { cwd: "/nonexistent" }), hiloop.NotFoundError, "file_not_found");
   });
 
   it("is output_gone for output older than the sandbox keeps", async () => {

@@ -220,6 +220,7 @@ func (a *Agent) handle(ctx context.Context, c net.Conn) {
 	defer stop()
 	go func() {
 		<-m.Done()
+		a.log.Info("gateway disconnected", "remote", c.RemoteAddr().String(), "err", m.Err())
 		cancel()
 	}()
 	var wg sync.WaitGroup

@@ -202,6 +202,7 @@ func (g *Gateway) dialHelper(ctx ssh.Context, conn *gossh.ServerConn, who contro
 		select {
 		case <-ctx.Done():
 		case <-mux.Done():
+			log.Info("forward upstream ended", "err", mux.Err())
 		case <-sess.Context().Done():
 			if !errors.Is(sess.Ended(), control.ErrIdleStopped) {
 				conn.Close()

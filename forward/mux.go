@@ -96,6 +96,11 @@ type Mux struct {
 	wmu  sync.Mutex // serialises frames on conn
 	wbuf []byte
 
+	// omu orders opens: a stream's id is given and its open frame written
+	// under it, so ids reach the other side in the order they were given,
+	// which takes an id that is not above the last as a protocol error.
+	omu sync.Mutex
+
 	mu      sync.Mutex
 	streams map[uint32]*Stream
 	lastID  uint32
@@ -326,20 +331,25 @@ func (m *Mux) Accept() (*Stream, error) {
 // Open opens a stream with request req and waits for the other side's
 // answer, or for done to close; a refusal is an *OpenError.
 func (m *Mux) Open(done <-chan struct{}, req []byte) (*Stream, error) {
+	m.omu.Lock()
 	m.mu.Lock()
 	if m.err != nil {
 		m.mu.Unlock()
+		m.omu.Unlock()
 		return nil, m.err
 	}
 	if len(m.streams) >= m.max {
 		m.mu.Unlock()
+		m.omu.Unlock()
 		return nil, &OpenError{Reason: ResourceShortage, Message: fmt.Sprintf("too many streams open to the session helper (%d)", m.max)}
 	}
 	m.lastID++
 	s := m.newStream(m.lastID)
 	m.streams[s.id] = s
 	m.mu.Unlock()
-	if err := m.writeFrame(frameOpen, s.id, req); err != nil {
+	err := m.writeFrame(frameOpen, s.id, req)
+	m.omu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	select {

@@ -130,3 +130,30 @@ func TestMuxReset(t *testing.T) {
 		t.Errorf("%d streams left", n)
 	}
 }
+
+// TestMuxConcurrentOpens: streams opened at once from many goroutines all
+// open, and the connection stays up: their ids reach the other side in
+// the order they were given, where a later id's open frame overtaking an
+// earlier one's ended the connection as "stream id reused".
+func TestMuxConcurrentOpens(t *testing.T) {
+	cm := muxPair(t, forward.MuxOptions{}, func(st *forward.Stream) {
+		st.Accept()
+		st.Close()
+	})
+	req, _ := forward.EncodeOpen("localhost", 1)
+	errs := make(chan error, 200)
+	for range 200 {
+		go func() {
+			st, err := cm.Open(nil, req)
+			if err == nil {
+				st.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 200 {
+		if err := <-errs; err != nil {
+			t.Fatalf("open: %v (the mux: %v)", err, cm.Err())
+		}
+	}
+}

@@ -16,7 +16,10 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 if ! dpkg-query -W -f '${Status}' libnss-myhostname 2>/dev/null | grep -q 'install ok installed'; then
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnss-myhostname >/dev/null
+	# A machine whose package lists were never fetched knows no package:
+	# fetch them, once, when the install fails.
+	install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnss-myhostname >/dev/null; }
+	install || { apt-get -q update >/dev/null && install; }
 fi
 # The package's own script adds myhostname to the hosts line; a line it
 # left alone gets it before dns.
